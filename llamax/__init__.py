@@ -1,0 +1,7 @@
+"""llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
+attention mask, attention) as a Python library with a C core."""
+from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
+
+__version__ = "0.1.0"
+
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError"]

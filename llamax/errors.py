@@ -1,0 +1,28 @@
+"""The exceptions of llamax's public API (see API.md).
+
+Every failure that the user can cause raises one of these, with the offending
+values in the message, and leaves the memory as it was.
+"""
+
+
+class LlamaxError(Exception):
+    """Base of every llamax error."""
+
+
+class ModelError(LlamaxError):
+    """An unreadable or unsupported GGUF, an unknown architecture or a missing tensor."""
+
+
+class BatchError(LlamaxError, ValueError):
+    """An invalid batch; the message names the token and the rule. Memory unchanged."""
+
+
+class NoKVSlotError(LlamaxError):
+    """The batch does not fit in the KV cache, even after one optimize retry. Memory unchanged."""
+
+
+class StateError(LlamaxError, ValueError):
+    """A truncated, corrupt, foreign or incompatible state blob. The destination is left empty."""
+
+
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError"]
