@@ -1,0 +1,188 @@
+"""The interleaved sliding-window cache (llama.cpp's llama_kv_cache_iswa).
+
+Two KV caches behind one memory: the base cache holds the full-attention layers, the SWA cache
+holds the sliding-window layers and only needs the window (plus one ubatch) per sequence:
+    size_swa = pad256(min(size_base, n_swa * (n_seq_max if unified else 1) + n_ubatch))
+(size_base when swa_full). Every seq_* goes to both; a batch is placed in both or in neither.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+from llamax.batch import Batch
+from llamax.errors import LlamaxError, NoKVSlotError
+from llamax.memory.base import Memory
+from llamax.memory.kv_cache import KVCache, Plan, _pad, make_allocator, split_batch
+from llamax.rope import RoPE
+
+log = logging.getLogger("llamax")
+
+
+def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, unified: bool, n_ubatch: int,
+                   swa_full: bool) -> int:
+    """Cells per stream of the SWA cache, as llama.cpp sizes it."""
+    if swa_full:
+        return kv_size
+    return min(kv_size, _pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, 256))
+
+
+class KVCacheISWA(Memory):
+    """A base KVCache for the full-attention layers and a SWA KVCache for `swa_layers`.
+
+    Args:
+        n_layer, n_head_kv, head_dim, kv_size: as KVCache (kv_size is the base cache's, per stream).
+        swa_layers: the layers with sliding-window attention (llama.cpp's hparams.swa_layers).
+        n_swa, swa_type: the window; swa_type "standard", "chunked" or "symmetric".
+        swa_full: give the SWA cache the full size (llama.cpp's --swa-full); only then can it shift.
+        n_ubatch: the context's ubatch size, part of the SWA cache size.
+        rope, rope_swa: RoPE of the base and the SWA layers (rope_swa defaults to rope).
+        other keywords: as KVCache (head_dim_v, n_seq_max, unified, type_k, type_v, v_trans, n_threads).
+    """
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, kv_size: int, *,
+                 swa_layers: Sequence[int], n_swa: int, swa_type: str = "standard", swa_full: bool = False,
+                 n_ubatch: int = 512, rope: RoPE | None = None, rope_swa: RoPE | None = None,
+                 n_seq_max: int = 1, unified: bool = True, **kw) -> None:
+        swa = sorted({int(i) for i in swa_layers})
+        if any(i < 0 or i >= n_layer for i in swa):
+            raise ValueError(f"swa_layers {swa} outside [0, {n_layer})")
+        if swa_type == "none" or n_swa <= 0:
+            raise ValueError(f"KVCacheISWA needs a sliding window (n_swa {n_swa}, swa_type {swa_type!r})")
+        base = [i for i in range(n_layer) if i not in set(swa)]
+        if not base or not swa:
+            raise ValueError("KVCacheISWA needs both full-attention and sliding-window layers")
+        size_swa = swa_cache_size(kv_size, n_swa, n_seq_max, unified, n_ubatch, swa_full)
+        if swa_full:
+            log.warning("llama_kv_cache_iswa: using full-size SWA cache")
+        log.info("llama_kv_cache_iswa: creating non-SWA KV cache, size = %d cells", kv_size)
+        self.base = KVCache(len(base), n_head_kv, head_dim, kv_size, n_seq_max=n_seq_max, unified=unified,
+                            rope=rope, layer_ids=base, **kw)
+        log.info("llama_kv_cache_iswa: creating     SWA KV cache, size = %d cells", size_swa)
+        self.swa = KVCache(len(swa), n_head_kv, head_dim, size_swa, n_seq_max=n_seq_max, unified=unified,
+                           n_swa=n_swa, swa_type=swa_type, rope=rope_swa if rope_swa is not None else rope,
+                           layer_ids=swa, **kw)
+        self.unified = bool(unified)
+        self.swa_full = bool(swa_full)
+        self.n_layer = n_layer
+        self._of = {il: self.base for il in base} | {il: self.swa for il in swa}
+
+    def cache_of(self, il: int) -> KVCache:
+        """The sub-cache that stores layer il."""
+        try:
+            return self._of[il]
+        except KeyError:
+            raise ValueError(f"layer {il} outside [0, {self.n_layer})") from None
+
+    # ---- shape ----------------------------------------------------------------------------------
+    @property
+    def n_seq_max(self) -> int:
+        return self.base.n_seq_max
+
+    @property
+    def can_shift(self) -> bool:
+        return self.base.can_shift and self.swa.can_shift and self.base.kv_size == self.swa.kv_size
+
+    @property
+    def n_cells(self) -> int:
+        return self.base.n_cells + self.swa.n_cells
+
+    @property
+    def n_used(self) -> int:
+        return self.base.n_used + self.swa.n_used
+
+    def breakdown(self) -> dict[str, int]:
+        b, s = self.base.breakdown(), self.swa.breakdown()
+        return {"k": b["k"], "v": b["v"], "k_swa": s["k"], "v_swa": s["v"]}
+
+    def cells(self) -> list[tuple[int, frozenset[int]]]:
+        """The base cache's cells then the SWA cache's."""
+        return self.base.cells() + self.swa.cells()
+
+    # ---- sequences ------------------------------------------------------------------------------
+    def clear(self, data: bool = True) -> None:
+        self.base.clear(data)
+        self.swa.clear(data)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        r0 = self.base.seq_rm(seq_id, p0, p1)
+        r1 = self.swa.seq_rm(seq_id, p0, p1)
+        return r0 and r1
+
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        self.base.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+        self.swa.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.base.seq_keep(seq_id)
+        self.swa.seq_keep(seq_id)
+
+    def _check_shift(self, what: str) -> None:
+        if not self.can_shift:
+            raise LlamaxError(f"{what}: this iSWA cache cannot shift positions (can_shift is False: "
+                              "the SWA cache is smaller than the base cache; use swa_full=True, and give a RoPE)")
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+        if shift != 0:
+            self._check_shift(f"seq_add({seq_id}, {p0}, {p1}, {shift})")
+        self.base.seq_add(seq_id, p0, p1, shift)
+        self.swa.seq_add(seq_id, p0, p1, shift)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        if d <= 0:
+            raise ValueError(f"seq_div by {d}: the divisor must be positive")
+        if d != 1:
+            self._check_shift(f"seq_div({seq_id}, {p0}, {p1}, {d})")
+        self.base.seq_div(seq_id, p0, p1, d)
+        self.swa.seq_div(seq_id, p0, p1, d)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        """From the SWA cache, as llama.cpp: the oldest position any layer still sees."""
+        return self.swa.seq_pos_min(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return self.swa.seq_pos_max(seq_id)
+
+    # ---- decoding -------------------------------------------------------------------------------
+    def update(self) -> bool:
+        a = self.base.update()
+        b = self.swa.update()
+        return a or b
+
+    def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
+             n_batch: int | None = None, output_all: bool = False) -> Plan:
+        """As KVCache.plan, placing every ubatch in both caches: first with a simple split (unified
+        caches), then with an equal split, as llama_kv_cache_iswa::init_batch does."""
+        if n_ubatch <= 0:
+            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
+        self.update()
+        balloc = make_allocator(self, batch, n_vocab=n_vocab, n_batch=n_batch, output_all=output_all)
+        for equal in ((False, True) if self.unified else (True,)):
+            ubatches = split_batch(balloc, n_ubatch, equal=equal, sequential=not self.unified)
+            if ubatches is None:
+                continue
+            sb = self.base.meta.prepare(ubatches)
+            if sb is None:
+                continue
+            ss = self.swa.meta.prepare(ubatches)
+            if ss is None:
+                continue
+            return Plan(self, balloc, ubatches, [sb, ss])
+        raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
+                            f"(base {self.base.n_used}/{self.base.n_cells}, swa {self.swa.n_used}/{self.swa.n_cells} "
+                            "cells used)")
+
+    def _apply(self, ubatch, slots: list) -> None:
+        self.base._apply(ubatch, slots[:1])
+        self.swa._apply(ubatch, slots[1:])
+
+    def _finish(self) -> None:
+        self.base._finish()
+        self.swa._finish()
+
+    def store(self, il: int, ubatch, k, v) -> None:
+        self.cache_of(il).store(il, ubatch, k, v)
+
+    def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0,
+               causal: bool = True, out=None):
+        return self.cache_of(il).attend(il, ubatch, q, scale=scale, softcap=softcap, causal=causal, out=out)

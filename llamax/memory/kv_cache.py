@@ -1,0 +1,414 @@
+"""The KV cache (llama.cpp's llama_kv_cache): cells in C, K/V rows in numpy buffers.
+
+Layout per layer (n_stream = 1 for a unified cache, else one stream per sequence):
+    K  [n_stream, kv_size, n_head_kv, head_dim]
+    V  [n_stream, kv_size, n_head_kv, head_dim_v]     or, v_trans (flash attention off):
+    V  [n_stream, n_head_kv, head_dim_v, kv_size]     one row per channel, cells along it
+A cell index is the row of its token in every layer. The cell table (positions, sequence sets,
+pending shifts), the slot finder and the mask run in C; this module holds the buffers and the policy.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from llamax._native import attention as _attn
+from llamax._native import kq_mask as _mask
+from llamax._native import rope as _rope
+from llamax._native.cells import SWA_TYPES, KVCells
+from llamax.batch import Batch, BatchAllocator, UBatch
+from llamax.errors import BatchError, LlamaxError, NoKVSlotError
+from llamax.memory.base import Memory
+from llamax.params import resolve_n_threads
+from llamax.rope import RoPE
+
+log = logging.getLogger("llamax")
+
+CACHE_TYPES = {"f32": np.float32, "f16": np.float16}
+QUANT_TYPES = ("q8_0", "q4_0")
+N_KV_PAD = 256  # llama.cpp pads the attended cell count so the graph keeps its shape
+
+MiB = 1024.0 * 1024.0
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def _dtype_of(name: str, what: str) -> np.dtype:
+    if name in QUANT_TYPES:
+        raise ValueError(f"{what} {name!r}: quantized KV cache types are not available yet (use 'f32' or 'f16')")
+    if name not in CACHE_TYPES:
+        raise ValueError(f"{what} {name!r} not in {sorted(CACHE_TYPES) + list(QUANT_TYPES)}")
+    return np.dtype(CACHE_TYPES[name])
+
+
+@dataclass
+class _Active:
+    """The ubatch being applied: its slot and the masks built for it (one per causal flag)."""
+
+    ubatch: UBatch
+    strm: np.ndarray   # uint32 [n_parts]
+    idxs: np.ndarray   # uint32 [n_tokens]
+    contiguous: bool
+    masks: dict
+
+
+class Plan:
+    """The ubatches of one batch with their reserved slots (llama_memory_context_i).
+
+    Iterating applies each ubatch to the cells (apply_ubatch) and yields it; between two steps the
+    caller stores K/V and attends for every layer. A plan that raised nothing fits entirely.
+    """
+
+    def __init__(self, memory: "Memory", balloc: BatchAllocator, ubatches: list[UBatch], slots: list):
+        self.memory = memory
+        self.balloc = balloc
+        self.ubatches = ubatches
+        self.slots = slots  # per sub-cache, a list of (strm, idxs) per ubatch
+
+    def __len__(self) -> int:
+        return len(self.ubatches)
+
+    def __iter__(self) -> Iterator[UBatch]:
+        for u, ub in enumerate(self.ubatches):
+            self.memory._apply(ub, [s[u] for s in self.slots])
+            yield ub
+        self.memory._finish()
+
+    @property
+    def n_outputs(self) -> int:
+        return self.balloc.n_outputs
+
+
+class KVCache(Memory):
+    """llama.cpp's KV cache, usable on its own by Python model code.
+
+    Args:
+        n_layer: layers stored (K/V buffers per layer).
+        n_head_kv, head_dim: K/V heads and K head size; head_dim_v defaults to head_dim.
+        kv_size: cells per stream.
+        n_seq_max: sequence ids accepted, [1, 256].
+        unified: one stream shared by every sequence (llama.cpp's kv_unified), else one stream
+            of kv_size cells per sequence.
+        type_k, type_v: "f32" or "f16".
+        v_trans: store V transposed (llama.cpp does when flash attention is off).
+        n_swa, swa_type: sliding window ("none", "standard", "chunked", "symmetric"); cells that the
+            window hides from their only sequence are reused.
+        rope: enables K-shift (seq_add / seq_div); can_shift is False without it.
+        n_threads: threads of the native kernels (None or -1: every core).
+        layer_ids: the model's layer numbers stored here (default range(n_layer)); store() and
+            attend() take these numbers.
+        name: label in the log lines.
+    """
+
+    def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, kv_size: int, *,
+                 head_dim_v: int | None = None, n_seq_max: int = 1, unified: bool = True,
+                 type_k: str = "f16", type_v: str = "f16", v_trans: bool = False,
+                 n_swa: int = 0, swa_type: str = "none", rope: RoPE | None = None,
+                 n_threads: int | None = None, layer_ids: Sequence[int] | None = None,
+                 name: str = "llama_kv_cache") -> None:
+        for what, val in (("n_layer", n_layer), ("n_head_kv", n_head_kv), ("head_dim", head_dim),
+                          ("kv_size", kv_size)):
+            if not isinstance(val, (int, np.integer)) or val <= 0:
+                raise ValueError(f"{what} must be a positive int, got {val!r}")
+        if not 1 <= n_seq_max <= 256:
+            raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
+        if swa_type not in SWA_TYPES:
+            raise ValueError(f"swa_type {swa_type!r} not in {sorted(SWA_TYPES)}")
+        if swa_type != "none" and n_swa <= 0:
+            raise ValueError(f"swa_type {swa_type!r} needs n_swa > 0, got {n_swa}")
+        if rope is not None and not isinstance(rope, RoPE):
+            raise TypeError(f"rope must be a llamax.RoPE, got {type(rope).__name__}")
+        if rope is not None and rope.n_rot > head_dim:
+            raise ValueError(f"rope.n_rot {rope.n_rot} > head_dim {head_dim}")
+        self.layer_ids = list(range(n_layer)) if layer_ids is None else [int(i) for i in layer_ids]
+        if len(self.layer_ids) != n_layer or len(set(self.layer_ids)) != n_layer:
+            raise ValueError(f"layer_ids must list {n_layer} distinct layers")
+        self._layer = {il: k for k, il in enumerate(self.layer_ids)}
+
+        self.n_layer = n_layer
+        self.n_head_kv = n_head_kv
+        self.head_dim = head_dim
+        self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        self.kv_size = kv_size
+        self._n_seq_max = n_seq_max
+        self.unified = bool(unified)
+        self.n_stream = 1 if unified else n_seq_max
+        self.type_k, self.type_v = type_k, type_v
+        self.dtype_k, self.dtype_v = _dtype_of(type_k, "type_k"), _dtype_of(type_v, "type_v")
+        self.v_trans = bool(v_trans)
+        self.n_swa = int(n_swa) if swa_type != "none" else 0
+        self.swa_type = swa_type
+        self.rope = rope
+        self.n_threads = resolve_n_threads(n_threads)
+        self.name = name
+
+        self.meta = KVCells(kv_size, self.n_stream, n_seq_max, self.n_swa, swa_type)
+        ks = (self.n_stream, kv_size, n_head_kv, head_dim)
+        vs = ((self.n_stream, n_head_kv, self.head_dim_v, kv_size) if self.v_trans
+              else (self.n_stream, kv_size, n_head_kv, self.head_dim_v))
+        self.k = [np.zeros(ks, dtype=self.dtype_k) for _ in range(n_layer)]
+        self.v = [np.zeros(vs, dtype=self.dtype_v) for _ in range(n_layer)]
+        self._pending_copies: list[tuple[int, int]] = []
+        self._active: _Active | None = None
+        log.info("%s", self.summary())
+
+    # ---- shape ----------------------------------------------------------------------------------
+    @property
+    def n_seq_max(self) -> int:
+        return self._n_seq_max
+
+    @property
+    def can_shift(self) -> bool:
+        return self.rope is not None
+
+    @property
+    def n_cells(self) -> int:
+        return self.kv_size * self.n_stream
+
+    @property
+    def n_used(self) -> int:
+        return self.meta.n_used
+
+    def breakdown(self) -> dict[str, int]:
+        """Bytes of the K and V buffers (the cell table is not counted, as in llama.cpp)."""
+        return {"k": sum(a.nbytes for a in self.k), "v": sum(a.nbytes for a in self.v)}
+
+    def summary(self) -> str:
+        """The KV size line llama.cpp logs when it creates a cache."""
+        b = self.breakdown()
+        return ("size = %7.2f MiB (%6u cells, %3d layers, %2u/%u seqs), K (%s): %7.2f MiB, V (%s): %7.2f MiB"
+                % ((b["k"] + b["v"]) / MiB, self.kv_size, self.n_layer, self._n_seq_max, self.n_stream,
+                   self.type_k, b["k"] / MiB, self.type_v, b["v"] / MiB))
+
+    def cells(self) -> list[tuple[int, frozenset[int]]]:
+        return self.meta.cells()
+
+    def __repr__(self) -> str:
+        return f"KVCache({self.summary()}, used {self.n_used})"
+
+    # ---- sequences ------------------------------------------------------------------------------
+    def clear(self, data: bool = True) -> None:
+        self.meta.clear()
+        self._pending_copies.clear()
+        self._active = None
+        if data:
+            for a in self.k + self.v:
+                a.fill(0)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        return self.meta.seq_rm(seq_id, p0, p1)
+
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        pending = self.meta.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+        if pending is not None:
+            self._pending_copies.append(pending)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self.meta.seq_keep(seq_id)
+
+    def _check_shift(self, what: str) -> None:
+        if not self.can_shift:
+            raise LlamaxError(f"{what}: this cache cannot shift positions (can_shift is False: "
+                              + ("no RoPE was given" if self.rope is None else "see can_shift") + ")")
+
+    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+        if shift != 0:
+            self._check_shift(f"seq_add({seq_id}, {p0}, {p1}, {shift})")
+        self.meta.seq_add(seq_id, p0, p1, shift)
+
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        if d <= 0:
+            raise ValueError(f"seq_div by {d}: the divisor must be positive")
+        if d != 1:
+            self._check_shift(f"seq_div({seq_id}, {p0}, {p1}, {d})")
+        self.meta.seq_div(seq_id, p0, p1, d)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        return self.meta.seq_pos_min(seq_id)
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        return self.meta.seq_pos_max(seq_id)
+
+    # ---- update ---------------------------------------------------------------------------------
+    def update(self) -> bool:
+        """Copy pending stream rows (cross-stream seq_cp), then rotate K of shifted cells."""
+        did = False
+        for s0, s1 in self._pending_copies:
+            for a in self.k + self.v:
+                a[s1] = a[s0]
+            did = True
+        self._pending_copies.clear()
+        if self.meta.get_has_shift():
+            assert self.rope is not None, "shifts are refused without a RoPE"
+            r = self.rope
+            for st, cells in enumerate(self.meta.streams):
+                shift = cells.shift_view()
+                if not shift.any():
+                    continue
+                for k in self.k:
+                    _rope.k_shift(k[st].reshape(self.kv_size, -1), shift, self.n_head_kv, self.head_dim,
+                                  r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads)
+            for cells in self.meta.streams:
+                cells.reset_shift()
+            did = True
+        return did
+
+    # ---- planning -------------------------------------------------------------------------------
+    def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
+             n_batch: int | None = None, output_all: bool = False) -> Plan:
+        """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
+        for every one of them (llama_kv_cache::init_batch). Nothing changes until the plan is iterated.
+
+        Raises:
+            BatchError: the batch is invalid (the message names the token and the rule).
+            NoKVSlotError: it does not fit in the cache.
+        """
+        if n_ubatch <= 0:
+            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
+        self.update()
+        balloc = make_allocator(self, batch, n_vocab=n_vocab, n_batch=n_batch, output_all=output_all)
+        ubatches = split_batch(balloc, n_ubatch, equal=self.n_stream > 1, sequential=not self.unified)
+        slots = None if ubatches is None else self.meta.prepare(ubatches)
+        if slots is None:
+            raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
+                                f"({self.n_used}/{self.n_cells} cells used)")
+        return Plan(self, balloc, ubatches, [slots])
+
+    # ---- applying -------------------------------------------------------------------------------
+    def _apply(self, ubatch: UBatch, slots: list) -> None:
+        strm, idxs = slots[0]
+        self.meta.apply_ubatch(ubatch, strm, idxs)
+        self._active = _Active(ubatch, strm, idxs, KVCells.is_contiguous(strm, idxs), {})
+
+    def _finish(self) -> None:
+        self._active = None
+
+    def _active_for(self, il: int, ubatch: UBatch) -> tuple[_Active, int]:
+        act = self._active
+        if act is None or act.ubatch is not ubatch:
+            raise ValueError("this ubatch is not the one being applied: iterate the plan and store/attend "
+                             "inside the loop")
+        if il not in self._layer:
+            raise ValueError(f"layer {il} is not stored in this cache (layers {self.layer_ids[:8]}...)")
+        return act, self._layer[il]
+
+    def store(self, il: int, ubatch: UBatch, k, v) -> None:
+        """Write K/V rows of layer il for the tokens of the ubatch being applied (set_rows).
+
+        Args:
+            k: [n_tokens, n_head_kv, head_dim], float32 or float16.
+            v: [n_tokens, n_head_kv, head_dim_v], float32 or float16.
+        """
+        act, li = self._active_for(il, ubatch)
+        n = ubatch.n_tokens
+        k = _as_float(k, (n, self.n_head_kv, self.head_dim), "k")
+        v = _as_float(v, (n, self.n_head_kv, self.head_dim_v), "v")
+        K, V = self.k[li], self.v[li]
+        n_parts = len(act.strm)
+        n_per = n // n_parts
+        for p in range(n_parts):
+            st = int(act.strm[p])
+            ix = act.idxs[p * n_per:(p + 1) * n_per]
+            sel = slice(int(ix[0]), int(ix[0]) + n_per) if act.contiguous else ix
+            kp, vp = k[p * n_per:(p + 1) * n_per], v[p * n_per:(p + 1) * n_per]
+            K[st, sel] = kp
+            if self.v_trans:
+                V[st][:, :, sel] = vp.transpose(1, 2, 0)
+            else:
+                V[st, sel] = vp
+
+    def n_kv(self, strm: np.ndarray | None = None) -> int:
+        """Cells attention looks at: llama.cpp's get_n_kv (used range padded to 256, at most kv_size)."""
+        streams = range(self.n_stream) if strm is None else (int(s) for s in strm)
+        n = 0
+        for st in streams:
+            used = self.meta.streams[st].used_max_p1
+            n = max(n, min(self.kv_size, max(N_KV_PAD, _pad(used, N_KV_PAD))))
+        return n
+
+    def mask(self, ubatch: UBatch, *, causal: bool = True) -> np.ndarray:
+        """The KQ mask of the ubatch being applied, [n_parts, n_tps_pad, n_kv] (built once per ubatch)."""
+        act = self._active
+        if act is None or act.ubatch is not ubatch:
+            raise ValueError("this ubatch is not the one being applied")
+        m = act.masks.get(causal)
+        if m is None:
+            n_kv = self.n_kv(act.strm)
+            streams = [self.meta.streams[int(s)] for s in act.strm]
+            m = _mask.kq_mask_fill([c.pos_view()[:n_kv] for c in streams],
+                                   [c.seq_view()[:n_kv] for c in streams],
+                                   ubatch.pos, ubatch.seq_id, causal=causal, n_swa=self.n_swa,
+                                   swa_type=SWA_TYPES[self.swa_type], alibi=False, n_threads=self.n_threads)
+            act.masks[causal] = m
+        return m
+
+    def attend(self, il: int, ubatch: UBatch, q, *, scale: float | None = None, softcap: float = 0.0,
+               causal: bool = True, out: np.ndarray | None = None) -> np.ndarray:
+        """Attention of q over layer il with the mask llama.cpp builds, in the native kernel.
+
+        Args:
+            q: [n_tokens, n_head, head_dim] float32 (n_head a multiple of n_head_kv).
+            scale: score scale, default 1/sqrt(head_dim). softcap: logit softcap, 0 = off.
+        Returns:
+            float32 [n_tokens, n_head, head_dim_v].
+        """
+        act, li = self._active_for(il, ubatch)
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        n = ubatch.n_tokens
+        if q.ndim != 3 or q.shape[0] != n or q.shape[2] != self.head_dim or q.shape[1] % self.n_head_kv:
+            raise ValueError(f"q shape {q.shape}: expected ({n}, k*{self.n_head_kv}, {self.head_dim})")
+        m = self.mask(ubatch, causal=causal)
+        s0, s1 = int(act.strm[0]), int(act.strm[-1])
+        if s1 - s0 + 1 != len(act.strm):
+            raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
+        scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
+        return _attn.attn(q, self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], m, out, n_kv=m.shape[2],
+                          scale=scale, softcap=float(softcap), v_trans=self.v_trans, n_threads=self.n_threads)
+
+
+def make_allocator(memory: Memory, batch: Batch, *, n_vocab: int | None, n_batch: int | None,
+                   output_all: bool) -> BatchAllocator:
+    """A batch allocator initialised with `batch`, validated against `memory` (positions, sequences).
+
+    Raises:
+        BatchError: an invalid batch; also a token of several sequences when every sequence has its
+            own stream (the cache cannot share a cell across streams).
+    """
+    balloc = BatchAllocator(n_seq_max=memory.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
+    balloc.init(batch, memory, output_all=output_all)
+    if not getattr(memory, "unified", True):
+        multi = np.flatnonzero(np.asarray(batch.n_seq_id) > 1)
+        if multi.size:
+            raise BatchError(f"token {int(multi[0])} belongs to several sequences, but the cache keeps one "
+                             f"stream per sequence (unified=False): a token can belong to one only")
+    return balloc
+
+
+def split_batch(balloc: BatchAllocator, n_ubatch: int, *, equal: bool, sequential: bool) -> list[UBatch] | None:
+    """Every ubatch of the batch: split_simple, or split_equal (sequential for one stream per
+    sequence); None if the allocator cannot split all of it (llama.cpp's failed prepare)."""
+    balloc.split_reset()
+    ubatches = []
+    while True:
+        ub = balloc.split_equal(n_ubatch, sequential) if equal else balloc.split_simple(n_ubatch)
+        if ub is None or ub.n_tokens == 0:
+            break
+        ubatches.append(ub)
+    if balloc.n_used < balloc.n_tokens:
+        return None
+    return ubatches
+
+
+def _as_float(a, shape: tuple, what: str) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype not in (np.float32, np.float16):
+        raise ValueError(f"{what} must be float32 or float16, got {a.dtype}")
+    if a.shape != shape:
+        raise ValueError(f"{what} shape {a.shape} != {shape}")
+    return a
