@@ -1,7 +1,9 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
 attention mask, attention) as a Python library with a C core."""
 from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
+from llamax.batch import Batch
+from llamax.params import ContextParams
 
 __version__ = "0.1.0"
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError"]
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams"]

@@ -1,0 +1,200 @@
+# cython: language_level=3
+"""RoPE and the K-shift (csrc/rope.h): ggml's CPU rope (ext_factor 0, attn_factor 1), in place.
+
+kind: 0 = norm (GGML_ROPE_TYPE_NORM, pairs (2i, 2i+1)), 2 = neox (GGML_ROPE_TYPE_NEOX, pairs
+(i, i + n_rot/2)). Only the first n_rot values of each head rotate. Thin wrappers: validate with
+the GIL, run the C kernel with the GIL released.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int32_t, int64_t, uint16_t
+
+# the declarations of csrc/rope.h come from rope.pxd (same module name)
+
+cnp.import_array()
+
+cdef extern from *:
+    """
+    #ifdef _OPENMP
+    #include <omp.h>
+    static int lx_rope_max_threads_(void) { return omp_get_max_threads(); }
+    #else
+    static int lx_rope_max_threads_(void) { return 1; }
+    #endif
+    """
+    int lx_rope_max_threads_() nogil
+
+ROPE_NORM = 0
+ROPE_NEOX = 2
+ROPE_MAX_ROT = LX_ROPE_MAX_ROT
+
+
+def resolve_n_threads(n_threads=None) -> int:
+    """sklearn semantics: None or -1 -> every core OpenMP may use; -k -> cores + 1 - k (>= 1).
+
+    Raises:
+        ValueError: n_threads == 0.
+    """
+    cdef int n_max = lx_rope_max_threads_()
+    if n_threads is None:
+        return n_max
+    n = int(n_threads)
+    if n == 0:
+        raise ValueError("n_threads == 0 is invalid: use None or -1 for every core, or a count >= 1")
+    if n < 0:
+        return max(1, n_max + 1 + n)
+    return n
+
+
+cdef lx_rope_params _params(int n_rot, double freq_base, double freq_scale, int kind,
+                            int64_t head_dim) except *:
+    cdef lx_rope_params rp
+    if kind != 0 and kind != 2:
+        raise ValueError(f"kind must be 0 (norm) or 2 (neox), got {kind}")
+    if n_rot < 2 or n_rot % 2 != 0 or n_rot > head_dim or n_rot > LX_ROPE_MAX_ROT:
+        raise ValueError(f"n_rot must be even and in [2, min(head_dim={head_dim}, {LX_ROPE_MAX_ROT})], "
+                         f"got {n_rot}")
+    if not freq_base > 0:
+        raise ValueError(f"freq_base must be > 0, got {freq_base}")
+    rp.n_rot = n_rot
+    rp.freq_base = <float> freq_base
+    rp.freq_scale = <float> freq_scale
+    rp.kind = <lx_rope_kind> kind
+    return rp
+
+
+cdef object _check_pos(object pos, str name, Py_ssize_t n):
+    if not isinstance(pos, np.ndarray) or pos.dtype != np.int32:
+        raise ValueError(f"{name} must be an int32 numpy array")
+    if pos.ndim != 1 or pos.shape[0] != n:
+        raise ValueError(f"{name} must have shape ({n},), got {pos.shape}")
+    if not pos.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    return pos
+
+
+def rope_cache(int p, int n_rot, double freq_base=10000.0, double freq_scale=1.0):
+    """float32 [n_rot]: cos and sin of the angles of position p, interleaved (ggml's rope cache)."""
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, 0, n_rot)
+    out = np.empty(n_rot, dtype=np.float32)
+    cdef float[::1] o = out  # OUT
+    with nogil:
+        lx_rope_cache(&rp, p, &o[0])
+    return out
+
+
+cdef tuple _check_x(object x):
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32:
+        raise ValueError("x must be a float32 numpy array [n_tokens, n_head, head_dim]")
+    if x.ndim != 3:
+        raise ValueError(f"x must be 3-D [n_tokens, n_head, head_dim], got shape {x.shape}")
+    if not x.flags.c_contiguous or not x.flags.writeable:
+        raise ValueError("x must be C-contiguous and writeable (it is rotated in place)")
+    return x.shape[0], x.shape[1], x.shape[2]
+
+
+def rope_f32(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0, int kind=0,
+             n_threads=None):
+    """Rotate x in place, token t by position pos[t] (ggml_rope_ext on Q or K).
+
+    Args:
+        x: float32 [n_tokens, n_head, head_dim], C-contiguous.   # IN/OUT
+        pos: int32 [n_tokens].                                   # IN
+        n_rot: rotated dims per head (even, <= head_dim).
+        freq_base, freq_scale: theta_i = p * freq_scale * freq_base^(-2i/n_rot).
+        kind: 0 norm, 2 neox.
+        n_threads: None/-1 = all cores, 0 invalid.
+
+    Returns:
+        x. O(n_tokens * (n_rot trig + n_head * n_rot)).
+
+    Raises:
+        ValueError: a shape, dtype or parameter is out of range.
+    """
+    cdef int nt = resolve_n_threads(n_threads)
+    n_tokens, n_head, head_dim = _check_x(x)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    _check_pos(pos, "pos", n_tokens)
+    cdef float *xp = <float *> cnp.PyArray_DATA(x)
+    cdef const lx_pos *pp = <const lx_pos *> cnp.PyArray_DATA(pos)
+    cdef int64_t a = n_tokens, b = n_head, c = head_dim
+    with nogil:
+        lx_rope_f32(&rp, xp, pp, a, b, c, nt)
+    return x
+
+
+def rope_f32_ref(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0, int kind=0):
+    """Scalar oracle of rope_f32 (same arguments, one thread)."""
+    n_tokens, n_head, head_dim = _check_x(x)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    _check_pos(pos, "pos", n_tokens)
+    cdef float *xp = <float *> cnp.PyArray_DATA(x)
+    cdef const lx_pos *pp = <const lx_pos *> cnp.PyArray_DATA(pos)
+    cdef int64_t a = n_tokens, b = n_head, c = head_dim
+    with nogil:
+        lx_rope_f32_ref(&rp, xp, pp, a, b, c)
+    return x
+
+
+cdef int _check_k(object k_rows, object shift, int64_t n_head_kv, int64_t head_dim) except -1:
+    """1 for float32 rows, 2 for float16 rows."""
+    if not isinstance(k_rows, np.ndarray) or k_rows.dtype not in (np.float32, np.float16):
+        raise ValueError("k_rows must be a float32 or float16 numpy array [kv_size, n_head_kv*head_dim]")
+    if n_head_kv < 1 or head_dim < 1:
+        raise ValueError(f"n_head_kv and head_dim must be >= 1, got {n_head_kv}, {head_dim}")
+    if k_rows.ndim != 2 or k_rows.shape[1] != n_head_kv * head_dim:
+        raise ValueError(f"k_rows must have shape (kv_size, {n_head_kv * head_dim}), got {k_rows.shape}")
+    if not k_rows.flags.c_contiguous or not k_rows.flags.writeable:
+        raise ValueError("k_rows must be C-contiguous and writeable (it is rotated in place)")
+    _check_pos(shift, "shift", k_rows.shape[0])
+    return 1 if k_rows.dtype == np.float32 else 2
+
+
+def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
+            double freq_scale=1.0, int kind=0, n_threads=None):
+    """llama.cpp's K-shift of one layer's K rows of one stream, in place.
+
+    Every cell i with shift[i] != 0 is rotated by the angles of position shift[i]; cells with
+    shift 0 keep their bits. float16 rows are rotated in float and rounded back (as ggml does).
+
+    Args:
+        k_rows: float32 or float16 [kv_size, n_head_kv*head_dim], C-contiguous.   # IN/OUT
+        shift: int32 [kv_size] (0 for empty cells).                              # IN
+        n_head_kv, head_dim, n_rot, freq_base, freq_scale, kind: as rope_f32.
+        n_threads: None/-1 = all cores, 0 invalid.
+
+    Returns:
+        k_rows. O(cells shifted * n_head_kv * n_rot), trig once per run of equal shifts.
+
+    Raises:
+        ValueError: a shape, dtype or parameter is out of range.
+    """
+    cdef int nt = resolve_n_threads(n_threads)
+    cdef int which = _check_k(k_rows, shift, n_head_kv, head_dim)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    cdef void *kp = cnp.PyArray_DATA(k_rows)
+    cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
+    cdef int64_t kv_size = k_rows.shape[0]
+    with nogil:
+        if which == 1:
+            lx_rope_k_shift_f32(&rp, <float *> kp, sp, kv_size, n_head_kv, head_dim, nt)
+        else:
+            lx_rope_k_shift_f16(&rp, <uint16_t *> kp, sp, kv_size, n_head_kv, head_dim, nt)
+    return k_rows
+
+
+def k_shift_ref(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
+                double freq_scale=1.0, int kind=0):
+    """Scalar oracle of k_shift (same arguments, one thread)."""
+    cdef int which = _check_k(k_rows, shift, n_head_kv, head_dim)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    cdef void *kp = cnp.PyArray_DATA(k_rows)
+    cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
+    cdef int64_t kv_size = k_rows.shape[0]
+    with nogil:
+        if which == 1:
+            lx_rope_k_shift_f32_ref(&rp, <float *> kp, sp, kv_size, n_head_kv, head_dim)
+        else:
+            lx_rope_k_shift_f16_ref(&rp, <uint16_t *> kp, sp, kv_size, n_head_kv, head_dim)
+    return k_rows

@@ -1,0 +1,249 @@
+"""Context parameters: llama_context_params and the derivations of llama_context's constructor.
+
+`ContextParams` holds what the user asks for; `ContextParams.derive(n_ctx_train)` returns the
+values the context really uses, derived the way llama.cpp's `llama_context` constructor does:
+
+    n_ctx     = n_ctx or n_ctx_train
+    n_batch   = min(n_ctx, n_batch)          (causal attention only; uses n_ctx before padding)
+    n_ubatch  = min(n_batch, n_ubatch or n_batch)
+    n_ctx     = pad256(n_ctx)
+    unified:      n_ctx_seq = n_ctx                              n_stream = 1
+    not unified:  n_ctx_seq = pad256(n_ctx // n_seq_max)         n_stream = n_seq_max
+                  n_ctx     = n_ctx_seq * n_seq_max   (warned when it changes)
+
+Log lines go to the ``llamax`` logger with llama.cpp's wording and levels.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ContextParams",
+    "resolve_n_threads",
+    "CACHE_TYPES",
+    "QUANTIZED_CACHE_TYPES",
+    "LLAMA_MAX_SEQ",
+    "N_CTX_PAD",
+]
+
+logger = logging.getLogger("llamax")
+
+#: KV cache element types llamax supports (llama.cpp's -ctk / -ctv names).
+CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
+#: The block-quantized ones (ggml_is_quantized); a quantized V cache needs flash attention.
+QUANTIZED_CACHE_TYPES: frozenset[str] = frozenset({"q8_0", "q4_0"})
+#: llama.cpp's LLAMA_MAX_SEQ: sequence ids live in [0, 256).
+LLAMA_MAX_SEQ: int = 256
+#: n_ctx and n_ctx_seq are padded to a multiple of this (GGML_PAD(n_ctx, 256)).
+N_CTX_PAD: int = 256
+
+
+def _pad(x: int, n: int) -> int:
+    """GGML_PAD: the smallest multiple of n that is >= x."""
+    return (x + n - 1) // n * n
+
+
+def _available_cores() -> int:
+    """Cores this process may run on: the affinity mask when the OS has one, else os.cpu_count()."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            n = len(os.sched_getaffinity(0))
+            if n > 0:
+                return n
+        except OSError:  # pragma: no cover - exotic platforms
+            pass
+    process_cpu_count = getattr(os, "process_cpu_count", None)  # Python >= 3.13
+    n = process_cpu_count() if process_cpu_count is not None else os.cpu_count()
+    return max(1, n or 1)
+
+
+def resolve_n_threads(n_threads: int | None = None) -> int:
+    """Resolve a thread count with scikit-learn's semantics.
+
+    Args:
+        n_threads: None or -1 for every core this process may use (the affinity mask, else
+            os.cpu_count()); a positive int is taken as is (it may exceed the core count).
+
+    Returns:
+        The number of threads, >= 1.
+
+    Raises:
+        ValueError: n_threads is 0 or < -1.
+        TypeError: n_threads is not an int (bool is refused too).
+    """
+    if n_threads is None:
+        return _available_cores()
+    if isinstance(n_threads, bool) or not isinstance(n_threads, int):
+        raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
+    if n_threads == -1:
+        return _available_cores()
+    if n_threads == 0 or n_threads < -1:
+        raise ValueError(f"n_threads = {n_threads}: use a positive count, or None / -1 for all cores")
+    return n_threads
+
+
+def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < lo or (hi is not None and value > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} = {value} is outside {rng}")
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """The parameters of a context (llama_context_params), validated on creation.
+
+    Fields are what the user asked for until `derive()` is called; the derived instance holds
+    what the context uses (`ctx.params`), with `n_ctx_seq` set (0 means "not derived yet").
+
+    Attributes:
+        n_ctx: total KV cells (0: the model's n_ctx_train). Padded to 256 by `derive()`.
+        n_batch: most tokens one decode() call accepts (logical batch), >= 1.
+        n_ubatch: most tokens per compute step (physical micro-batch); 0 means n_batch.
+        n_seq_max: number of sequences, in [1, 256].
+        kv_unified: one cache shared by every sequence (one stream), else one stream per sequence.
+        type_k, type_v: cache element types, one of CACHE_TYPES.
+        flash_attn: flash attention (V stored untransposed); a quantized V cache requires it.
+        swa_full: give the SWA cache of an iSWA model the full size.
+        n_threads: None / -1 for all cores, else a positive count (see resolve_n_threads).
+        n_ctx_seq: cells per sequence (stream), set by derive(); 0 before.
+
+    Raises (on creation):
+        ValueError: a value out of range, an unknown cache type, or a quantized type_v without
+            flash_attn (llama.cpp refuses: "quantized V cache requires flash_attn to be enabled").
+        TypeError: a value of the wrong type.
+    """
+
+    n_ctx: int = 0
+    n_batch: int = 2048
+    n_ubatch: int = 512
+    n_seq_max: int = 1
+    kv_unified: bool = True
+    type_k: str = "f16"
+    type_v: str = "f16"
+    flash_attn: bool = True
+    swa_full: bool = False
+    n_threads: int | None = None
+    n_ctx_seq: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        _check_int("n_ctx", self.n_ctx, 0)
+        _check_int("n_batch", self.n_batch, 1)
+        _check_int("n_ubatch", self.n_ubatch, 0)
+        _check_int("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ)
+        _check_bool("kv_unified", self.kv_unified)
+        _check_bool("flash_attn", self.flash_attn)
+        _check_bool("swa_full", self.swa_full)
+        for name in ("type_k", "type_v"):
+            t = getattr(self, name)
+            if t not in CACHE_TYPES:
+                raise ValueError(f"{name} = {t!r} is not a supported cache type {CACHE_TYPES}")
+        if self.type_v in QUANTIZED_CACHE_TYPES and not self.flash_attn:
+            raise ValueError(
+                f"quantized V cache requires flash_attn to be enabled (type_v = {self.type_v!r}, "
+                "flash_attn = False)"
+            )
+        resolve_n_threads(self.n_threads)  # raises on 0 / < -1 / wrong type
+
+    # ---- derived read-only values -------------------------------------------------------
+
+    @property
+    def n_stream(self) -> int:
+        """Number of KV streams: 1 when unified, else one per sequence (n_seq_max)."""
+        return 1 if self.kv_unified else self.n_seq_max
+
+    @property
+    def is_derived(self) -> bool:
+        """True for an instance returned by derive() (n_ctx_seq is set)."""
+        return self.n_ctx_seq > 0
+
+    @property
+    def n_threads_resolved(self) -> int:
+        """n_threads resolved to a count (see resolve_n_threads)."""
+        return resolve_n_threads(self.n_threads)
+
+    # ---- llama_context's derivations ------------------------------------------------------
+
+    def derive(self, n_ctx_train: int, causal_attn: bool = True) -> ContextParams:
+        """Return the parameters the context uses, derived as llama_context's constructor does.
+
+        Args:
+            n_ctx_train: the model's training context (GGUF `context_length`), >= 0.
+            causal_attn: the model uses causal attention (then n_batch is clamped to n_ctx).
+
+        Returns:
+            A new ContextParams with n_ctx, n_batch, n_ubatch and n_ctx_seq derived. Idempotent:
+            deriving a derived instance again gives the same values.
+
+        Raises:
+            ValueError: n_ctx and n_ctx_train are both 0, or n_ctx_train < 0.
+
+        Logs (logger "llamax"): the derived values at INFO; WARNING "n_ctx is not divisible by
+        n_seq_max - rounding down to N" when a non-unified n_ctx changes; INFO "... the full
+        capacity of the model will not be utilized" when n_ctx_seq < n_ctx_train and WARNING
+        "... possible training context overflow" when n_ctx_seq > n_ctx_train (llama.cpp's levels).
+        """
+        _check_int("n_ctx_train", n_ctx_train, 0)
+        _check_bool("causal_attn", causal_attn)
+
+        n_ctx = self.n_ctx if self.n_ctx != 0 else n_ctx_train
+        if n_ctx == 0:
+            raise ValueError("n_ctx and n_ctx_train cannot both be zero")
+
+        # with causal attention, the batch size is limited by the context size
+        # (llama.cpp clamps before n_ctx is padded)
+        n_batch = min(n_ctx, self.n_batch) if causal_attn else self.n_batch
+        n_ubatch = min(n_batch, self.n_ubatch if self.n_ubatch != 0 else self.n_batch)
+
+        n_ctx = _pad(n_ctx, N_CTX_PAD)
+        if self.kv_unified:
+            n_ctx_seq = n_ctx
+        else:
+            n_ctx_seq = _pad(n_ctx // self.n_seq_max, N_CTX_PAD)
+            if n_ctx_seq == 0:  # cannot happen with n_seq_max <= 256, kept as llama.cpp has it
+                raise ValueError("n_ctx_seq == 0")
+            if n_ctx != n_ctx_seq * self.n_seq_max:
+                n_ctx = n_ctx_seq * self.n_seq_max
+                logger.warning(
+                    "llama_context: n_ctx is not divisible by n_seq_max - rounding down to %d", n_ctx
+                )
+
+        out = dataclasses.replace(self, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch)
+        object.__setattr__(out, "n_ctx_seq", n_ctx_seq)
+
+        if logger.isEnabledFor(logging.INFO):
+            for name, value in (
+                ("n_seq_max", out.n_seq_max),
+                ("n_ctx", out.n_ctx),
+                ("n_ctx_seq", out.n_ctx_seq),
+                ("n_batch", out.n_batch),
+                ("n_ubatch", out.n_ubatch),
+                ("causal_attn", int(causal_attn)),
+                ("flash_attn", "enabled" if out.flash_attn else "disabled"),
+                ("kv_unified", "true" if out.kv_unified else "false"),
+            ):
+                logger.info("llama_context: %-13s = %s", name, value)
+
+        if n_ctx_seq < n_ctx_train:
+            logger.info(
+                "llama_context: n_ctx_seq (%d) < n_ctx_train (%d) -- the full capacity of the model "
+                "will not be utilized",
+                n_ctx_seq,
+                n_ctx_train,
+            )
+        if n_ctx_seq > n_ctx_train:
+            logger.warning(
+                "llama_context: n_ctx_seq (%d) > n_ctx_train (%d) -- possible training context overflow",
+                n_ctx_seq,
+                n_ctx_train,
+            )
+        return out

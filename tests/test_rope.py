@@ -1,0 +1,264 @@
+"""Tests of RoPE and the K-shift (csrc/rope.c via llamax._native.rope).
+
+Oracles:
+  * np_rope: numpy, emulating ggml's float32 steps (theta_scale = powf(base, -2/n_rot) rounded to
+    float32, theta multiplied by it once per pair in float32, cos/sin rounded to float32, the
+    rotation in float32). It agrees with the C code to a couple of ulps of the trig values.
+  * np_rope_exact: float64 angles p * scale * base^(-2i/n_rot), to bound the float32 drift.
+  * the scalar C _ref twins: the fast kernels must match them bit for bit (finite inputs).
+
+Tolerances (stated once, used below):
+  * vs np_rope: ATOL_EMU = 4e-6 * max|x| (one or two ulps of cos/sin times |x|, plus the rounding
+    of the two products and the sum).
+  * composition (rotate by a then b vs by a+b; rope at p then shift d vs rope at p+d): ggml
+    computes each angle in float32 by repeated multiplication, so angle i of position p carries a
+    relative error of about (i + 2) * 2^-24; the two sides differ by at most
+    drift(a, b) = (|a| + |b| + |a+b|) * (n_rot/2 + 2) * 2^-24 radians, hence
+    atol = max|x| * (drift + 1e-5).
+"""
+import numpy as np
+import pytest
+
+from llamax._native import rope as R
+
+KINDS = [R.ROPE_NORM, R.ROPE_NEOX]
+
+
+# ---- numpy oracles -----------------------------------------------------------------------------
+
+def np_trig(pos, n_rot, base, scale):
+    """float32 cos, sin [len(pos), n_rot/2] computed with ggml's float32 steps."""
+    theta_scale = np.float32(np.float64(np.float32(base)) ** (np.float64(np.float32(-2.0) / np.float32(n_rot))))
+    theta = np.asarray(pos).astype(np.float32)
+    cs, sn = [], []
+    for _ in range(n_rot // 2):
+        t = np.float32(scale) * theta
+        cs.append(np.cos(t.astype(np.float64)).astype(np.float32))
+        sn.append(np.sin(t.astype(np.float64)).astype(np.float32))
+        theta = theta * theta_scale
+    return np.stack(cs, axis=-1), np.stack(sn, axis=-1)
+
+
+def rotate(x, c, s, n_rot, kind):
+    """x [..., n_head, head_dim] float32 or float64; c, s [..., n_rot/2] broadcast over heads."""
+    x = x.copy()
+    c, s = c[..., None, :], s[..., None, :]
+    if kind == R.ROPE_NORM:
+        a, b = x[..., 0:n_rot:2].copy(), x[..., 1:n_rot:2].copy()
+        x[..., 0:n_rot:2] = a * c - b * s
+        x[..., 1:n_rot:2] = a * s + b * c
+    else:
+        h = n_rot // 2
+        a, b = x[..., :h].copy(), x[..., h:n_rot].copy()
+        x[..., :h] = a * c - b * s
+        x[..., h:n_rot] = a * s + b * c
+    return x
+
+
+def np_rope(x, pos, n_rot, base=10000.0, scale=1.0, kind=R.ROPE_NORM):
+    c, s = np_trig(pos, n_rot, base, scale)
+    return rotate(x.astype(np.float32), c, s, n_rot, kind)
+
+
+def np_rope_exact(x, pos, n_rot, base=10000.0, scale=1.0, kind=R.ROPE_NORM):
+    i = np.arange(n_rot // 2)
+    theta = np.asarray(pos, dtype=np.float64)[:, None] * scale * float(base) ** (-2.0 * i / n_rot)
+    return rotate(x.astype(np.float64), np.cos(theta), np.sin(theta), n_rot, kind)
+
+
+def atol_emu(x):
+    return 4e-6 * float(np.abs(x).max())
+
+
+def atol_compose(x, a, b, n_rot):
+    drift = (np.abs(a) + np.abs(b) + np.abs(np.asarray(a) + np.asarray(b))).max() * (n_rot / 2 + 2) * 2.0 ** -24
+    return float(np.abs(x).max()) * (float(drift) + 1e-5)
+
+
+def data(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+# ---- rope_cache / rope_f32 ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("n_rot,base,scale", [(64, 10000.0, 1.0), (128, 500000.0, 1.0), (32, 1e6, 0.25),
+                                              (2, 10000.0, 1.0)])
+def test_rope_cache_matches_numpy(n_rot, base, scale):
+    for p in [0, 1, 7, 100, 4095, 30000]:
+        got = R.rope_cache(p, n_rot, base, scale)
+        c, s = np_trig(np.array([p]), n_rot, base, scale)
+        want = np.stack([c[0], s[0]], axis=-1).reshape(-1)
+        np.testing.assert_array_max_ulp(got, want, maxulp=2)
+    assert R.rope_cache(0, n_rot, base, scale).tolist() == [1.0, 0.0] * (n_rot // 2)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_rot,head_dim", [(64, 64), (32, 64), (2, 6), (128, 128), (16, 80)])
+@pytest.mark.parametrize("base,scale", [(10000.0, 1.0), (1e6, 0.5)])
+def test_rope_f32_matches_numpy(kind, n_rot, head_dim, base, scale):
+    rng = np.random.default_rng(n_rot * 7 + head_dim + kind)
+    x = data(rng, 37, 5, head_dim)
+    pos = rng.integers(0, 5000, 37).astype(np.int32)
+    pos[3] = 0
+    fast = R.rope_f32(x.copy(), pos, n_rot, base, scale, kind, n_threads=2)
+    ref = R.rope_f32_ref(x.copy(), pos, n_rot, base, scale, kind)
+    assert fast.tobytes() == ref.tobytes()
+    np.testing.assert_allclose(ref, np_rope(x, pos, n_rot, base, scale, kind), rtol=0, atol=atol_emu(x))
+    # float32 angle drift against exact float64 angles stays within the stated bound
+    drift_atol = atol_compose(x, pos, 0 * pos, n_rot)
+    np.testing.assert_allclose(ref, np_rope_exact(x, pos, n_rot, base, scale, kind), rtol=0, atol=drift_atol)
+    assert np.array_equal(ref[..., n_rot:], x[..., n_rot:])  # pass-through dims untouched
+    assert np.array_equal(ref[3], x[3])                        # position 0 is the identity here
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rope_norm_pairs_layout(kind):
+    """The unit vector of dim 0 at position 1 becomes (cos 1, sin 1) on the pair the kind
+    defines: (0, 1) for norm, (0, n_rot/2) for neox; the other dims stay 0."""
+    n_rot = 4
+    x = np.zeros((1, 1, 4), np.float32)
+    x[0, 0, 0] = 1.0
+    y = R.rope_f32_ref(x.copy(), np.array([1], np.int32), n_rot, 10000.0, 1.0, kind)[0, 0]
+    partner = 1 if kind == R.ROPE_NORM else 2
+    c, s = R.rope_cache(1, n_rot)[:2]
+    assert abs(c - np.cos(1.0)) < 1e-7 and abs(s - np.sin(1.0)) < 1e-7
+    assert y[0] == c and y[partner] == s
+    assert np.count_nonzero(y) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_rotate_a_then_b_is_a_plus_b(kind):
+    rng = np.random.default_rng(11 + kind)
+    n, n_head, head_dim, n_rot = 64, 4, 64, 64
+    x = data(rng, n, n_head, head_dim)
+    a = rng.integers(0, 2048, n).astype(np.int32)
+    b = rng.integers(-1024, 2048, n).astype(np.int32)
+    twice = R.rope_f32(R.rope_f32(x.copy(), a, n_rot, kind=kind), b, n_rot, kind=kind)
+    once = R.rope_f32(x.copy(), (a + b).astype(np.int32), n_rot, kind=kind)
+    np.testing.assert_allclose(twice, once, rtol=0, atol=atol_compose(x, a, b, n_rot))
+
+
+# ---- K-shift -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_rot", [64, 32])
+def test_k_shift_equals_rope_at_shifted_position(kind, n_rot):
+    """rope(K at p) then k_shift(d) ~= rope(K at p + d), with the cache layout [cell, head*dim]."""
+    rng = np.random.default_rng(5 + n_rot + kind)
+    kv_size, n_head_kv, head_dim = 300, 4, 64
+    k = data(rng, kv_size, n_head_kv, head_dim)
+    p = rng.integers(0, 3000, kv_size).astype(np.int32)
+    d = np.repeat(rng.integers(-500, 500, 10), 30).astype(np.int32)   # runs of one shift, as seq_add makes
+    d[::17] = 0
+    k_rows = R.rope_f32(k.copy(), p, n_rot, kind=kind).reshape(kv_size, -1)
+    R.k_shift(k_rows, d, n_head_kv, head_dim, n_rot, kind=kind, n_threads=2)
+    want = R.rope_f32(k.copy(), (p + d).astype(np.int32), n_rot, kind=kind).reshape(kv_size, -1)
+    np.testing.assert_allclose(k_rows, want, rtol=0, atol=atol_compose(k, p, d, n_rot))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("n_rot,head_dim", [(64, 64), (32, 48), (8, 8)])
+def test_k_shift_fast_equals_ref_and_numpy(dtype, kind, n_rot, head_dim):
+    rng = np.random.default_rng(n_rot + head_dim + kind + (dtype == np.float16))
+    kv_size, n_head_kv = 513, 8   # enough work for OpenMP (kv_size * n_head_kv * n_rot >= 2^15)
+    k = (rng.standard_normal((kv_size, n_head_kv * head_dim)) * 4).astype(dtype)
+    shift = rng.integers(-3000, 3000, kv_size).astype(np.int32)
+    shift[rng.random(kv_size) < 0.3] = 0
+    shift[100:160] = 77                                               # a run of equal shifts
+    ref = R.k_shift_ref(k.copy(), shift, n_head_kv, head_dim, n_rot, 10000.0, 1.0, kind)
+    for n_threads in (1, 2):
+        fast = R.k_shift(k.copy(), shift, n_head_kv, head_dim, n_rot, 10000.0, 1.0, kind, n_threads=n_threads)
+        assert fast.dtype == dtype and fast.tobytes() == ref.tobytes(), n_threads
+    if dtype == np.float16:
+        # f16: read as float, rotate in float32, round to nearest even: the f32 kernel then a cast
+        via_f32 = R.k_shift_ref(k.astype(np.float32), shift, n_head_kv, head_dim, n_rot, 10000.0, 1.0, kind)
+        assert ref.tobytes() == via_f32.astype(np.float16).tobytes()
+    else:
+        x = k.reshape(kv_size, n_head_kv, head_dim)
+        want = np.where((shift != 0)[:, None, None],
+                        np_rope(x, shift, n_rot, kind=kind), x).reshape(kv_size, -1)
+        np.testing.assert_allclose(ref, want, rtol=0, atol=atol_emu(k))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_zero_shift_cells_are_bit_identical(dtype):
+    """Cells with shift 0 are not rotated by angle 0 (which would turn -0.0 into +0.0 or a
+    signalling pattern into another NaN): their bytes do not change; nor do pass-through dims."""
+    rng = np.random.default_rng(3)
+    kv_size, n_head_kv, head_dim, n_rot = 64, 2, 16, 8
+    k = rng.standard_normal((kv_size, n_head_kv * head_dim)).astype(dtype)
+    k[::2, 0] = -0.0
+    k[::2, 1] = np.nan
+    k[::4, 3] = np.inf
+    shift = np.zeros(kv_size, np.int32)
+    shift[1::2] = rng.integers(1, 100, kv_size // 2)
+    for fn in (R.k_shift, R.k_shift_ref):
+        out = fn(k.copy(), shift, n_head_kv, head_dim, n_rot)
+        assert out[::2].tobytes() == k[::2].tobytes()
+        heads_out = out.reshape(kv_size, n_head_kv, head_dim)
+        heads_in = k.reshape(kv_size, n_head_kv, head_dim)
+        assert heads_out[..., n_rot:].tobytes() == heads_in[..., n_rot:].tobytes()
+        assert not np.array_equal(out[1::2], k[1::2])
+
+
+def test_rope_f32_threads_identical():
+    rng = np.random.default_rng(9)
+    x = data(rng, 512, 8, 128)
+    pos = rng.integers(0, 100000, 512).astype(np.int32)
+    outs = [R.rope_f32(x.copy(), pos, 128, 10000.0, 1.0, R.ROPE_NEOX, n_threads=n).tobytes() for n in (1, 2, None)]
+    assert outs[0] == outs[1] == outs[2]
+
+
+def test_returns_same_array_in_place():
+    x = np.ones((2, 1, 4), np.float32)
+    assert R.rope_f32(x, np.array([1, 2], np.int32), 4) is x
+    k = np.ones((2, 4), np.float16)
+    assert R.k_shift(k, np.array([0, 3], np.int32), 1, 4, 4) is k
+    assert np.all(k[0] == 1) and not np.all(k[1] == 1)
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+POS2 = np.array([0, 1], np.int32)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float64), POS2, 4),                  # dtype
+    lambda: R.rope_f32(np.zeros((2, 4), np.float32), POS2, 4),                     # not 3-D
+    lambda: R.rope_f32(np.zeros((2, 1, 8), np.float32)[:, :, ::2], POS2, 4),       # not contiguous
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2[:1], 4),              # pos length
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2.astype(np.int64), 4), # pos dtype
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 3),                  # odd n_rot
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 6),                  # n_rot > head_dim
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 0),                  # n_rot 0
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 4, kind=1),          # kind
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 4, freq_base=0.0),   # base
+    lambda: R.rope_f32(np.zeros((2, 1, 4), np.float32), POS2, 4, n_threads=0),     # threads
+    lambda: R.rope_f32(np.zeros((1, 1, 2048), np.float32), POS2[:1], 2048),        # > LX_ROPE_MAX_ROT
+    lambda: R.rope_f32_ref(np.zeros((2, 1, 4), np.float32), POS2, 5),
+    lambda: R.k_shift(np.zeros((2, 8), np.float64), POS2, 2, 4, 4),                # dtype
+    lambda: R.k_shift(np.zeros((2, 8), np.float32), POS2, 2, 3, 2),                # row width
+    lambda: R.k_shift(np.zeros((2, 2, 4), np.float32), POS2, 2, 4, 4),             # not 2-D
+    lambda: R.k_shift(np.zeros((2, 16), np.float16)[:, ::2], POS2, 2, 4, 4),       # not contiguous
+    lambda: R.k_shift(np.zeros((3, 8), np.float32), POS2, 2, 4, 4),                # shift length
+    lambda: R.k_shift(np.zeros((2, 8), np.float32), POS2, 2, 4, 6),                # n_rot > head_dim
+    lambda: R.k_shift(np.zeros((2, 8), np.float32), POS2, 0, 4, 4),                # n_head_kv
+    lambda: R.k_shift(np.zeros((2, 8), np.float32), POS2, 2, 4, 4, kind=3),        # kind
+    lambda: R.k_shift(np.zeros((2, 8), np.float32), POS2, 2, 4, 4, n_threads=0),   # threads
+    lambda: R.k_shift_ref(np.zeros((2, 8), np.float32), POS2.astype(np.uint32), 2, 4, 4),
+])
+def test_bad_inputs_raise(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_read_only_raises():
+    x = np.zeros((2, 1, 4), np.float32)
+    x.flags.writeable = False
+    with pytest.raises(ValueError):
+        R.rope_f32(x, POS2, 4)
+    k = np.zeros((2, 8), np.float16)
+    k.flags.writeable = False
+    with pytest.raises(ValueError):
+        R.k_shift(k, POS2, 2, 4, 4)
