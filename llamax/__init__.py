@@ -3,7 +3,10 @@ attention mask, attention) as a Python library with a C core."""
 from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
 from llamax.batch import Batch
 from llamax.params import ContextParams
+from llamax.rope import RoPE
+from llamax.memory import KVCache, KVCacheISWA, Memory
 
 __version__ = "0.1.0"
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams"]
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams", "RoPE",
+           "KVCache", "KVCacheISWA", "Memory"]
