@@ -224,14 +224,6 @@ def test_large_fast_equals_ref_threads(alibi, swa_type):
     assert len(set(results)) == 1
 
 
-def test_n_threads_resolution():
-    assert km.resolve_n_threads(None) >= 1
-    assert km.resolve_n_threads(-1) == km.resolve_n_threads(None)
-    assert km.resolve_n_threads(3) == 3
-    with pytest.raises(ValueError):
-        km.resolve_n_threads(0)
-
-
 # ---- errors ----------------------------------------------------------------------------------
 
 def good_args():

@@ -17,36 +17,10 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int lx_kq_mask_max_threads_(void) { return omp_get_max_threads(); }
-    #else
-    static int lx_kq_mask_max_threads_(void) { return 1; }
-    #endif
-    """
-    int lx_kq_mask_max_threads_() nogil
+from llamax.params import resolve_n_threads  # the one place n_threads is resolved
 
 KQ_MASK_PAD = LX_KQ_MASK_PAD
 SWA_NONE, SWA_STANDARD, SWA_CHUNKED, SWA_SYMMETRIC = 0, 1, 2, 3
-
-
-def resolve_n_threads(n_threads=None) -> int:
-    """sklearn semantics: None or -1 -> every core OpenMP may use; -k -> cores + 1 - k (>= 1).
-
-    Raises:
-        ValueError: n_threads == 0.
-    """
-    cdef int n_max = lx_kq_mask_max_threads_()
-    if n_threads is None:
-        return n_max
-    n = int(n_threads)
-    if n == 0:
-        raise ValueError("n_threads == 0 is invalid: use None or -1 for every core, or a count >= 1")
-    if n < 0:
-        return max(1, n_max + 1 + n)
-    return n
 
 
 def kq_mask_n_tps_pad(int64_t n_tps) -> int:

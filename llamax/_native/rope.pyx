@@ -14,37 +14,11 @@ from libc.stdint cimport int32_t, int64_t, uint16_t
 
 cnp.import_array()
 
-cdef extern from *:
-    """
-    #ifdef _OPENMP
-    #include <omp.h>
-    static int lx_rope_max_threads_(void) { return omp_get_max_threads(); }
-    #else
-    static int lx_rope_max_threads_(void) { return 1; }
-    #endif
-    """
-    int lx_rope_max_threads_() nogil
+from llamax.params import resolve_n_threads  # the one place n_threads is resolved
 
 ROPE_NORM = 0
 ROPE_NEOX = 2
 ROPE_MAX_ROT = LX_ROPE_MAX_ROT
-
-
-def resolve_n_threads(n_threads=None) -> int:
-    """sklearn semantics: None or -1 -> every core OpenMP may use; -k -> cores + 1 - k (>= 1).
-
-    Raises:
-        ValueError: n_threads == 0.
-    """
-    cdef int n_max = lx_rope_max_threads_()
-    if n_threads is None:
-        return n_max
-    n = int(n_threads)
-    if n == 0:
-        raise ValueError("n_threads == 0 is invalid: use None or -1 for every core, or a count >= 1")
-    if n < 0:
-        return max(1, n_max + 1 + n)
-    return n
 
 
 cdef lx_rope_params _params(int n_rot, double freq_base, double freq_scale, int kind,

@@ -1,0 +1,5 @@
+import sys
+
+from llamax.cli import main
+
+sys.exit(main())
