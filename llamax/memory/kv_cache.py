@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -33,6 +34,7 @@ QUANT_TYPES = ("q8_0", "q4_0")
 N_KV_PAD = 256  # llama.cpp pads the attended cell count so the graph keeps its shape
 
 MiB = 1024.0 * 1024.0
+LX_DEBUG = int(os.environ.get("LX_DEBUG", "0") or 0)  # > 0: log the cell map after every ubatch
 
 
 def _pad(x: int, n: int) -> int:
@@ -285,6 +287,8 @@ class KVCache(Memory):
         strm, idxs = slots[0]
         self.meta.apply_ubatch(ubatch, strm, idxs)
         self._active = _Active(ubatch, strm, idxs, KVCells.is_contiguous(strm, idxs), {})
+        if LX_DEBUG:
+            log.info("%s: cells after a ubatch of %d tokens:\n%s", self.name, ubatch.n_tokens, self.meta.dump())
 
     def _finish(self) -> None:
         self._active = None
