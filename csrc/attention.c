@@ -1,0 +1,1204 @@
+/* attention.c: attention over the KV cache (see attention.h for the contract).
+ *
+ * Fast kernels. Work item = (stream s, token t, kv head g, head pass): the
+ * query heads of one GQA group (up to LX_ATTN_MAX_GROUP of them) are done
+ * together, so each K/V row is read once per group. The item's cells are cut
+ * into chunks of LX_ATTN_CHUNK at fixed cell indices; one chunk:
+ *
+ *   visible = cells of the chunk whose mask value is not -inf  (the others are never read)
+ *   S[h][j] = q_h . k_visible[j]             (vectorised dots, K row loaded once for all h)
+ *   S       = softcap / scale / + mask        (flash or vtrans convention)
+ *   m[h]    = max_j S[h][j];  P = exp(S - m);  l[h] = sum_j P[h][j]
+ *   acc[h]  = sum_j P[h][j] * v_visible[j]    (V row, or V^T columns, loaded once for all h)
+ *
+ * and the chunk states are merged left to right (m, l, acc rescaled by
+ * exp(m_old - m_new)). Threads: many items -> OpenMP over items, each folds
+ * its own chunks; few items (decode) and a scratch buffer -> OpenMP over
+ * (item, chunk) pairs taken chunk-major, states parked in the scratch, then a
+ * fold per item. Both fold the same states with the same code in the same
+ * order, so the result does not depend on n_threads.
+ *
+ * Memory: decode streams the whole cache, so K/V rows of the next cells are
+ * prefetched (rows of one kv head are n_head_kv * d apart, a stride hardware
+ * prefetchers follow poorly), V is accumulated in tiles of rows (a row stride
+ * that is a large power of two maps all rows to the same L1 sets), and the
+ * chunk-major split reads each page of the cache once for all kv heads.
+ * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512; chosen once per call.
+ */
+#include "attention.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LX_X86 1
+#include <immintrin.h>
+#define LX_ALWAYS_INLINE inline __attribute__((always_inline))
+#endif
+
+
+/* ---- shapes ------------------------------------------------------------------ */
+
+bool lx_attn_params_valid(const lx_attn_params *p) {
+    if (!p) return false;
+    if (p->n_stream < 1 || p->n_tps < 1 || p->n_tps_pad < p->n_tps) return false;
+    if (p->n_head_kv < 1 || p->n_head < p->n_head_kv || p->n_head % p->n_head_kv != 0) return false;
+    if (p->d_k < 1 || p->d_k > LX_ATTN_MAX_D || p->d_v < 1 || p->d_v > LX_ATTN_MAX_D) return false;
+    if (p->kv_size < 1 || p->kv_size > INT32_MAX || p->n_kv < 0 || p->n_kv > p->kv_size) return false;
+    if (p->type_k != LX_TYPE_F32 && p->type_k != LX_TYPE_F16) return false;
+    if (p->type_v != LX_TYPE_F32 && p->type_v != LX_TYPE_F16) return false;
+    return true;
+}
+
+/* element idx of a cache tensor of type t, as float */
+static inline float cache_at(const void *base, lx_type t, int64_t idx) {
+    return t == LX_TYPE_F16 ? lx_fp16_to_fp32(((const uint16_t *) base)[idx])
+                            : ((const float *) base)[idx];
+}
+
+/* ---- scalar oracles ---------------------------------------------------------------- */
+
+void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                       const float *mask, float *out) {
+    assert(lx_attn_params_valid(p));
+    const int64_t gqa = p->n_head / p->n_head_kv;
+    const float cap = p->softcap;
+    const float scale = cap != 0.0f ? p->scale / cap : p->scale;   /* as ggml: scale /= softcap */
+    float acc[LX_ATTN_MAX_D];
+
+    for (int64_t s = 0; s < p->n_stream; ++s) {
+        for (int64_t t = 0; t < p->n_tps; ++t) {
+            const int64_t tok = s * p->n_tps + t;
+            const float *mrow = mask + (s * p->n_tps_pad + t) * p->n_kv;
+            for (int64_t h = 0; h < p->n_head; ++h) {
+                const int64_t g = h / gqa;
+                const float *qr = q + (tok * p->n_head + h) * p->d_k;
+                float M = -INFINITY, S = 0.0f;
+                for (int64_t c = 0; c < p->d_v; ++c) acc[c] = 0.0f;
+
+                for (int64_t i = 0; i < p->n_kv; ++i) {
+                    const float mv = mrow[i];
+                    if (mv == -INFINITY) continue;
+                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
+                    const int64_t vrow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_v;
+                    float d = 0.0f;
+                    for (int64_t c = 0; c < p->d_k; ++c) d += qr[c] * cache_at(k, p->type_k, krow + c);
+                    float sc = d * scale;
+                    if (cap != 0.0f) sc = cap * tanhf(sc);
+                    sc += mv;
+
+                    float ms = 1.0f, vs = 1.0f;
+                    if (sc > M) {                 /* new maximum: rescale what we have */
+                        const float m_old = M;
+                        M = sc;
+                        ms = expf(m_old - M);
+                        for (int64_t c = 0; c < p->d_v; ++c) acc[c] *= ms;
+                    } else {
+                        vs = expf(sc - M);
+                    }
+                    for (int64_t c = 0; c < p->d_v; ++c) acc[c] += vs * cache_at(v, p->type_v, vrow + c);
+                    S = S * ms + vs;
+                }
+                const float inv = S == 0.0f ? 0.0f : 1.0f / S;
+                float *o = out + (tok * p->n_head + h) * p->d_v;
+                for (int64_t c = 0; c < p->d_v; ++c) o[c] = acc[c] * inv;
+            }
+        }
+    }
+}
+
+/* the vtrans score of cell i: soft_max_ext(cap*tanh(kq/cap)) input, scaled, masked */
+static float vtrans_score_ref(const lx_attn_params *p, const float *qr, const void *k, int64_t krow, float mv) {
+    float d = 0.0f;
+    for (int64_t c = 0; c < p->d_k; ++c) d += qr[c] * cache_at(k, p->type_k, krow + c);
+    if (p->softcap != 0.0f) d = p->softcap * tanhf(d * (1.0f / p->softcap));
+    return d * p->scale + mv;
+}
+
+void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                        const float *mask, float *out) {
+    assert(lx_attn_params_valid(p));
+    const int64_t gqa = p->n_head / p->n_head_kv;
+    float acc[LX_ATTN_MAX_D];
+
+    for (int64_t s = 0; s < p->n_stream; ++s) {
+        for (int64_t t = 0; t < p->n_tps; ++t) {
+            const int64_t tok = s * p->n_tps + t;
+            const float *mrow = mask + (s * p->n_tps_pad + t) * p->n_kv;
+            for (int64_t h = 0; h < p->n_head; ++h) {
+                const int64_t g = h / gqa;
+                const float *qr = q + (tok * p->n_head + h) * p->d_k;
+                float *o = out + (tok * p->n_head + h) * p->d_v;
+                const int64_t vt = (s * p->n_head_kv + g) * p->d_v * p->kv_size;   /* V^T of head g */
+
+                float M = -INFINITY;
+                bool any = false;
+                for (int64_t i = 0; i < p->n_kv; ++i) {
+                    if (mrow[i] == -INFINITY) continue;
+                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
+                    const float sc = vtrans_score_ref(p, qr, k, krow, mrow[i]);
+                    M = sc > M ? sc : M;
+                    any = true;
+                }
+                if (!any) {
+                    for (int64_t c = 0; c < p->d_v; ++c) o[c] = 0.0f;
+                    continue;
+                }
+                float sum = 0.0f;
+                for (int64_t c = 0; c < p->d_v; ++c) acc[c] = 0.0f;
+                for (int64_t i = 0; i < p->n_kv; ++i) {
+                    if (mrow[i] == -INFINITY) continue;
+                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
+                    const float pr = expf(vtrans_score_ref(p, qr, k, krow, mrow[i]) - M);
+                    sum += pr;
+                    for (int64_t c = 0; c < p->d_v; ++c) acc[c] += pr * cache_at(v, p->type_v, vt + c * p->kv_size + i);
+                }
+                const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
+                for (int64_t c = 0; c < p->d_v; ++c) o[c] = acc[c] * inv;
+            }
+        }
+    }
+}
+
+/* ---- fast kernels: the pieces of a chunk ------------------------------------------ */
+
+#define LDS LX_ATTN_CHUNK   /* row stride of the score / weight buffer S[h][j] */
+
+/* one chunk's visible cells, as maximal runs of consecutive cells */
+typedef struct {
+    int n;                      /* visible cells                           */
+    int n_runs;
+    int idx[LX_ATTN_CHUNK];     /* [n] visible cell offsets from the chunk start */
+    float mv[LX_ATTN_CHUNK];    /* [n] their mask values                   */
+    int run_j[LX_ATTN_CHUNK];   /* [n_runs] first visible index of the run */
+    int run_len[LX_ATTN_CHUNK]; /* [n_runs] cells in the run               */
+} vis_list;
+
+/* Everything a chunk kernel needs, fixed for one call. */
+typedef struct {
+    const lx_attn_params *p;
+    const float *q;
+    const void  *k;
+    const void  *v;
+    const float *mask;
+    float       *out;
+    bool    vtrans;
+    int64_t gqa;        /* query heads per kv head                  */
+    int64_t hp;         /* heads per pass, <= LX_ATTN_MAX_GROUP      */
+    int64_t n_pass;     /* passes per kv head                       */
+    int64_t n_items;    /* n_stream * n_tps * n_head_kv * n_pass    */
+    int64_t n_chunks;   /* ceil(n_kv / LX_ATTN_CHUNK)               */
+    int64_t st_stride;  /* floats of one chunk state: hp * (d_v + 2) */
+    int     level;      /* SIMD level of the chunk kernels          */
+} attn_ctx;
+
+/* Kernel set of one SIMD level.
+ * dots: S[h*LDS + j] = q_h . K(cell i0 + idx[j]) for h < nh, j < n.
+ *   q: [nh][d_k] (consecutive heads), k_base: element offset of (stream, cell i0, head g),
+ *   k_stride: elements between consecutive cells.
+ * expsum: P = exp(S - m[h]) in place for j < n, l[h] = sum_j P; S rows hold n values.
+ * vacc: acc[h*d_v + c] = sum_j P[h][j] * V(cell i0 + idx[j], c)   (flash layout)
+ * vtacc: the same reading V^T: column of cell i at c*kv_size + i from vt_base. */
+typedef struct {
+    void (*dots)(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
+                 const vis_list *vl, int nh, float *S);
+    void (*expsum)(float *S, int n, int nh, const float *m, float *l);
+    void (*vacc)(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
+                 const vis_list *vl, int nh, float *acc);
+    void (*vtacc)(const attn_ctx *c, const float *S, int64_t vt_base,
+                  const vis_list *vl, int nh, float *acc);
+} kernel_set;
+
+/* -- portable C (no intrinsics; loops written so compilers can vectorise them) -- */
+
+/* row [n] of a cache tensor as floats */
+static inline void cache_row(const void *base, lx_type t, int64_t off, int64_t n, float *dst) {
+    if (t == LX_TYPE_F16) {
+        lx_fp16_to_fp32_row((const uint16_t *) base + off, dst, n);
+    } else {
+        memcpy(dst, (const float *) base + off, (size_t) n * sizeof(float));
+    }
+}
+
+static void dots_c(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
+                   const vis_list *vl, int nh, float *S) {
+    const int64_t d = c->p->d_k, d8 = d & ~(int64_t) 7;
+    float kf[LX_ATTN_MAX_D];
+    for (int j = 0; j < vl->n; ++j) {
+        cache_row(c->k, c->p->type_k, k_base + (int64_t) vl->idx[j] * k_stride, d, kf);
+        for (int h = 0; h < nh; ++h) {
+            const float *qh = q + h * d;
+            float lane[8] = {0};
+            for (int64_t e = 0; e < d8; e += 8)
+                for (int u = 0; u < 8; ++u) lane[u] += qh[e + u] * kf[e + u];
+            float sum = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+            for (int64_t e = d8; e < d; ++e) sum += qh[e] * kf[e];
+            S[h * LDS + j] = sum;
+        }
+    }
+}
+
+static void expsum_c(float *S, int n, int nh, const float *m, float *l) {
+    for (int h = 0; h < nh; ++h) {
+        float sum = 0.0f;
+        for (int j = 0; j < n; ++j) {
+            const float e = expf(S[h * LDS + j] - m[h]);
+            S[h * LDS + j] = e;
+            sum += e;
+        }
+        l[h] = sum;
+    }
+}
+
+static void vacc_c(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
+                   const vis_list *vl, int nh, float *acc) {
+    const int64_t dv = c->p->d_v;
+    float vf[LX_ATTN_MAX_D];
+    for (int64_t i = 0; i < nh * dv; ++i) acc[i] = 0.0f;
+    for (int j = 0; j < vl->n; ++j) {
+        cache_row(c->v, c->p->type_v, v_base + (int64_t) vl->idx[j] * v_stride, dv, vf);
+        for (int h = 0; h < nh; ++h) {
+            const float pj = S[h * LDS + j];
+            float *a = acc + h * dv;
+            for (int64_t e = 0; e < dv; ++e) a[e] += pj * vf[e];
+        }
+    }
+}
+
+static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
+                    const vis_list *vl, int nh, float *acc) {
+    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    const lx_type tv = c->p->type_v;
+    for (int64_t e = 0; e < dv; ++e) {
+        float sum[LX_ATTN_MAX_GROUP] = {0};
+        const int64_t row = vt_base + e * kv_size;
+        for (int r = 0; r < vl->n_runs; ++r) {
+            const int j0 = vl->run_j[r];
+            const int64_t i0 = row + vl->idx[j0];
+            for (int x = 0; x < vl->run_len[r]; ++x) {
+                const float val = cache_at(c->v, tv, i0 + x);
+                for (int h = 0; h < nh; ++h) sum[h] += S[h * LDS + j0 + x] * val;
+            }
+        }
+        for (int h = 0; h < nh; ++h) acc[h * dv + e] = sum[h];
+    }
+}
+
+static const kernel_set kernels_c = { dots_c, expsum_c, vacc_c, vtacc_c };
+
+/* -- AVX2 + FMA + F16C -- */
+
+#ifdef LX_X86
+#define LX_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+static LX_ALWAYS_INLINE LX_AVX2 __m256 ld8(const void *base, const int f16, int64_t off) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const uint16_t *) base + off)))
+               : _mm256_loadu_ps((const float *) base + off);
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 float hsum8(__m256 a) {
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* [sum a, sum b, sum c, sum d] */
+static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* exp(x) for x <= 0 (Cephes expf: Cody-Waite reduction, degree-5 polynomial;
+ * within 2 ulp of expf for x >= -87.3, 0 below, including -inf) */
+static LX_ALWAYS_INLINE LX_AVX2 __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* [sum a, sum b, ., .] */
+static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x2(__m256 a, __m256 b) {
+    __m256 t = _mm256_hadd_ps(a, b);
+    t = _mm256_hadd_ps(t, t);
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+/* S[h][j .. j + NC) for NC cells and NH heads: NH*NC accumulators (<= 12 ymm) */
+static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_cells(const attn_ctx *c, const float *q, int64_t k_base,
+                                                     int64_t k_stride, const vis_list *vl, int j, float *S,
+                                                     const int NH, const int NC, const int KF16) {
+    const int64_t d = c->p->d_k, d8 = d & ~(int64_t) 7;
+    const void *k = c->k;
+    int64_t off[4];
+    for (int x = 0; x < NC; ++x) off[x] = k_base + (int64_t) vl->idx[j + x] * k_stride;
+    __m256 acc[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
+    for (int64_t e = 0; e < d8; e += 8) {
+        __m256 kv[4];
+        for (int x = 0; x < NC; ++x) kv[x] = ld8(k, KF16, off[x] + e);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 qv = _mm256_loadu_ps(q + h * d + e);
+            for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_fmadd_ps(kv[x], qv, acc[h][x]);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        float r[4];
+        if (NC == 4) {
+            _mm_storeu_ps(r, hsum8x4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+        } else if (NC == 2) {
+            _mm_storeu_ps(r, hsum8x2(acc[h][0], acc[h][1]));
+        } else {
+            r[0] = hsum8(acc[h][0]);
+        }
+        for (int x = 0; x < NC; ++x) {
+            float sum = r[x];
+            if (d8 < d) {
+                float tail = 0.0f;
+                for (int64_t e = d8; e < d; ++e) tail += q[h * d + e] * cache_at(k, c->p->type_k, off[x] + e);
+                sum += tail;
+            }
+            S[h * LDS + j + x] = sum;
+        }
+    }
+}
+
+/* Software prefetch of the rows of visible cells [j, j + n): K into L1 (read
+ * next), V into L2 (read after the chunk's dots). Rows of one kv head sit
+ * n_head_kv * d * elt bytes apart, a stride the hardware prefetchers follow
+ * poorly once it reaches a few hundred bytes. */
+enum { PF_AHEAD = 16 };
+
+static LX_ALWAYS_INLINE void prefetch_rows(const attn_ctx *c, int64_t k_base, int64_t k_stride,
+                                           const vis_list *vl, int j, int n) {
+    const lx_attn_params *p = c->p;
+    const int64_t esk = p->type_k == LX_TYPE_F16 ? 2 : 4, esv = p->type_v == LX_TYPE_F16 ? 2 : 4;
+    const int64_t kbytes = p->d_k * esk, vbytes = p->d_v * esv;
+    const int64_t v_stride = p->n_head_kv * p->d_v;
+    const int64_t v_base = k_base / k_stride * v_stride + (k_base % k_stride) / p->d_k * p->d_v;
+    const int end = j + n < vl->n ? j + n : vl->n;
+    for (; j < end; ++j) {
+        const char *kr = (const char *) c->k + (k_base + (int64_t) vl->idx[j] * k_stride) * esk;
+        for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kr + b, 0, 3);
+        if (!c->vtrans) {
+            const char *vr = (const char *) c->v + (v_base + (int64_t) vl->idx[j] * v_stride) * esv;
+            for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_impl(const attn_ctx *c, const float *q, int64_t k_base,
+                                                    int64_t k_stride, const vis_list *vl, float *S,
+                                                    const int NH, const int KF16) {
+    const int NC = NH <= 3 ? 4 : NH <= 6 ? 2 : 1;
+    prefetch_rows(c, k_base, k_stride, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 4);
+        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
+    }
+    if (NC == 2) for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 2);
+        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
+    }
+    for (; j < vl->n; ++j) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 1);
+        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
+    }
+}
+
+/* Rows per tile of the V accumulation: the tile's rows are consumed whole before
+ * the next tile, so they stay in L1 even when the row stride is a large power of
+ * two (n_head_kv * d_v * 2 bytes) that maps every row to the same cache sets. */
+enum { VACC_TILE = 16 };
+
+/* acc[h][e0 .. e0 + 8R) += sum_{j in [j0, j1)} P[h][j] * V(j)[e0 ..]  (= when first) */
+static LX_ALWAYS_INLINE LX_AVX2 void vacc_avx2_tile(const void *v, const float *S, int64_t v_base,
+                                                    int64_t v_stride, const vis_list *vl, int j0, int j1,
+                                                    int64_t dv, float *acc, int64_t e0, const bool first,
+                                                    const int NH, const int R, const int VF16) {
+    __m256 a[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + h * dv + e0 + 8 * r);
+    for (int j = j0; j < j1; ++j) {
+        const int64_t off = v_base + (int64_t) vl->idx[j] * v_stride + e0;
+        __m256 vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = ld8(v, VF16, off + 8 * r);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 pj = _mm256_broadcast_ss(S + h * LDS + j);
+            for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(pj, vv[r], a[h][r]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + h * dv + e0 + 8 * r, a[h][r]);
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void vacc_avx2_impl(const attn_ctx *c, const float *S, int64_t v_base,
+                                                    int64_t v_stride, const vis_list *vl, float *acc,
+                                                    const int NH, const int VF16) {
+    const int R = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
+    const int64_t dv = c->p->d_v;
+    for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
+        const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;
+        const bool first = j0 == 0;
+        int64_t e = 0;
+        if (R == 4) for (; e + 32 <= dv; e += 32) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16);
+        if (R >= 2) for (; e + 16 <= dv; e += 16) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16);
+        for (; e + 8 <= dv; e += 8) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16);
+        for (; e < dv; ++e) {
+            for (int h = 0; h < NH; ++h) {
+                float sum = first ? 0.0f : acc[h * dv + e];
+                for (int j = j0; j < j1; ++j)
+                    sum += S[h * LDS + j] * cache_at(c->v, c->p->type_v, v_base + (int64_t) vl->idx[j] * v_stride + e);
+                acc[h * dv + e] = sum;
+            }
+        }
+    }
+}
+
+/* prefetch V^T channel row `row` over the chunk's visible span (into L1) */
+enum { VT_PF_AHEAD = 4 };
+
+static LX_ALWAYS_INLINE void prefetch_vt(const attn_ctx *c, int64_t row, const vis_list *vl) {
+    const int64_t es = c->p->type_v == LX_TYPE_F16 ? 2 : 4;
+    const char *lo = (const char *) c->v + (row + vl->idx[0]) * es;
+    const char *hi = (const char *) c->v + (row + vl->idx[vl->n - 1]) * es;
+    for (const char *a = lo; a <= hi; a += 64) __builtin_prefetch(a, 0, 3);
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void vtacc_avx2_impl(const attn_ctx *c, const float *S, int64_t vt_base,
+                                                     const vis_list *vl, float *acc, const int NH,
+                                                     const int VF16) {
+    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
+    for (int64_t e = 0; e < dv; ++e) {
+        const int64_t row = vt_base + e * kv_size;
+        if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
+        __m256 a[LX_ATTN_MAX_GROUP];
+        float tail[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) { a[h] = _mm256_setzero_ps(); tail[h] = 0.0f; }
+        for (int r = 0; r < vl->n_runs; ++r) {
+            const int j0 = vl->run_j[r], len = vl->run_len[r];
+            const int64_t i0 = row + vl->idx[j0];
+            int x = 0;
+            for (; x + 8 <= len; x += 8) {
+                const __m256 vv = ld8(c->v, VF16, i0 + x);
+                for (int h = 0; h < NH; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0 + x), vv, a[h]);
+            }
+            for (; x < len; ++x) {
+                const float val = cache_at(c->v, c->p->type_v, i0 + x);
+                for (int h = 0; h < NH; ++h) tail[h] += S[h * LDS + j0 + x] * val;
+            }
+        }
+        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum8(a[h]) + tail[h];
+    }
+}
+
+static LX_AVX2 void expsum_avx2(float *S, int n, int nh, const float *m, float *l) {
+    const int n8 = (n + 7) & ~7;
+    for (int h = 0; h < nh; ++h) {
+        float *row = S + h * LDS;
+        for (int j = n; j < n8; ++j) row[j] = -INFINITY;   /* pad: exp gives 0 */
+        const __m256 mv = _mm256_set1_ps(m[h]);
+        __m256 sum = _mm256_setzero_ps();
+        for (int j = 0; j < n8; j += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
+            _mm256_storeu_ps(row + j, e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        l[h] = hsum8(sum);
+    }
+}
+
+/* one function per (NH, type) so that the accumulators live in registers */
+#define LX_NH_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+#define LX_DEF_AVX2(NH)                                                                                     \
+    static LX_AVX2 void dots_avx2_##NH##_f32(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,     \
+                                             const vis_list *vl, float *S) {                                \
+        dots_avx2_impl(c, q, kb, ks, vl, S, NH, 0);                                                         \
+    }                                                                                                       \
+    static LX_AVX2 void dots_avx2_##NH##_f16(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,     \
+                                             const vis_list *vl, float *S) {                                \
+        dots_avx2_impl(c, q, kb, ks, vl, S, NH, 1);                                                         \
+    }                                                                                                       \
+    static LX_AVX2 void vacc_avx2_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,     \
+                                             const vis_list *vl, float *acc) {                              \
+        vacc_avx2_impl(c, S, vb, vs, vl, acc, NH, 0);                                                       \
+    }                                                                                                       \
+    static LX_AVX2 void vacc_avx2_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,     \
+                                             const vis_list *vl, float *acc) {                              \
+        vacc_avx2_impl(c, S, vb, vs, vl, acc, NH, 1);                                                       \
+    }                                                                                                       \
+    static LX_AVX2 void vtacc_avx2_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb,                \
+                                              const vis_list *vl, float *acc) {                             \
+        vtacc_avx2_impl(c, S, vb, vl, acc, NH, 0);                                                          \
+    }                                                                                                       \
+    static LX_AVX2 void vtacc_avx2_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb,                \
+                                              const vis_list *vl, float *acc) {                             \
+        vtacc_avx2_impl(c, S, vb, vl, acc, NH, 1);                                                          \
+    }
+LX_NH_CASES(LX_DEF_AVX2)
+
+typedef void (*dots_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
+typedef void (*vacc_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
+typedef void (*vtacc_nh_fn)(const attn_ctx *, const float *, int64_t, const vis_list *, float *);
+
+#define LX_TAB(NH, name, t) name##_avx2_##NH##_##t,
+#define LX_TAB_DOTS_F32(NH) LX_TAB(NH, dots, f32)
+#define LX_TAB_DOTS_F16(NH) LX_TAB(NH, dots, f16)
+#define LX_TAB_VACC_F32(NH) LX_TAB(NH, vacc, f32)
+#define LX_TAB_VACC_F16(NH) LX_TAB(NH, vacc, f16)
+#define LX_TAB_VTACC_F32(NH) LX_TAB(NH, vtacc, f32)
+#define LX_TAB_VTACC_F16(NH) LX_TAB(NH, vtacc, f16)
+
+static const dots_nh_fn dots_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_DOTS_F32) }, { LX_NH_CASES(LX_TAB_DOTS_F16) } };
+static const vacc_nh_fn vacc_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_VACC_F32) }, { LX_NH_CASES(LX_TAB_VACC_F16) } };
+static const vtacc_nh_fn vtacc_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_VTACC_F32) }, { LX_NH_CASES(LX_TAB_VTACC_F16) } };
+
+static void dots_avx2(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
+                      const vis_list *vl, int nh, float *S) {
+    dots_avx2_tab[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
+}
+
+static void vacc_avx2(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
+                      const vis_list *vl, int nh, float *acc) {
+    vacc_avx2_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, v_base, v_stride, vl, acc);
+}
+
+static void vtacc_avx2(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
+                       float *acc) {
+    vtacc_avx2_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
+}
+
+static const kernel_set kernels_avx2 = { dots_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
+
+/* -- AVX-512 (F + BW + VL + DQ): 16 lanes, 32 registers, masked tails -- */
+
+#define LX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* 16 elements at off, the first `n` of them (n in [1, 16]) and zeros above */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 ld16(const void *base, const int f16, int64_t off, int n) {
+    const __mmask16 m = (__mmask16) ((1u << n) - 1u);
+    if (n == 16) {
+        return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const uint16_t *) base + off)))
+                   : _mm512_loadu_ps((const float *) base + off);
+    }
+    return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *) base + off))
+               : _mm512_maskz_loadu_ps(m, (const float *) base + off);
+}
+
+/* the 16 lanes of a folded to 8: a_lo + a_hi */
+static LX_ALWAYS_INLINE LX_AVX512 __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 __m128 hsum8x4_512(__m256 a, __m256 b, __m256 c, __m256 d) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 float hsum16(__m512 a) {
+    __m256 y = fold16(a);
+    __m128 x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
+    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    x = _mm_add_ss(x, _mm_movehdup_ps(x));
+    return _mm_cvtss_f32(x);
+}
+
+/* exp8's algorithm on 16 lanes (same constants, same rounding) */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 exp16(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(-87.33654f);
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, lo);
+    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
+}
+
+static LX_AVX512 void expsum_avx512(float *S, int n, int nh, const float *m, float *l) {
+    const int n16 = (n + 15) & ~15;
+    for (int h = 0; h < nh; ++h) {
+        float *row = S + h * LDS;
+        for (int j = n; j < n16; ++j) row[j] = -INFINITY;   /* pad: exp gives 0 */
+        const __m512 mv = _mm512_set1_ps(m[h]);
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < n16; j += 16) {
+            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
+            _mm512_storeu_ps(row + j, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        l[h] = hsum16(sum);
+    }
+}
+
+/* S[h][j .. j + NC) for NC cells (NC in 1, 2, 4, 8) and NH heads */
+static LX_ALWAYS_INLINE LX_AVX512 void dots_avx512_cells(const attn_ctx *c, const float *q, int64_t k_base,
+                                                         int64_t k_stride, const vis_list *vl, int j, float *S,
+                                                         const int NH, const int NC, const int KF16) {
+    const int64_t d = c->p->d_k;
+    const void *k = c->k;
+    int64_t off[8];
+    for (int x = 0; x < NC; ++x) off[x] = k_base + (int64_t) vl->idx[j + x] * k_stride;
+    __m512 acc[LX_ATTN_MAX_GROUP][8];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < d; e += 16) {
+        const int w = d - e < 16 ? (int) (d - e) : 16;
+        __m512 qv[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) qv[h] = ld16(q + h * d, 0, e, w);
+        for (int x = 0; x < NC; ++x) {
+            const __m512 kv = ld16(k, KF16, off[x] + e, w);
+            for (int h = 0; h < NH; ++h) acc[h][x] = _mm512_fmadd_ps(kv, qv[h], acc[h][x]);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        if (NC >= 4) {
+            for (int x = 0; x < NC; x += 4) {
+                _mm_storeu_ps(S + h * LDS + j + x, hsum8x4_512(fold16(acc[h][x]), fold16(acc[h][x + 1]),
+                                                               fold16(acc[h][x + 2]), fold16(acc[h][x + 3])));
+            }
+        } else {
+            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = hsum16(acc[h][x]);
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 void dots_avx512_impl(const attn_ctx *c, const float *q, int64_t k_base,
+                                                        int64_t k_stride, const vis_list *vl, float *S,
+                                                        const int NH, const int KF16) {
+    const int NC = NH <= 3 ? 8 : NH <= 6 ? 4 : 2;
+    prefetch_rows(c, k_base, k_stride, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC == 8) for (; j + 8 <= vl->n; j += 8) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 8);
+        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 8, KF16);
+    }
+    if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 4);
+        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
+    }
+    for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 2);
+        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
+    }
+    for (; j < vl->n; ++j) dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
+}
+
+/* acc[h][e0 .. e0 + 16R) over rows [j0, j1) (the last block may be partial: w lanes) */
+static LX_ALWAYS_INLINE LX_AVX512 void vacc_avx512_tile(const void *v, const float *S, int64_t v_base,
+                                                        int64_t v_stride, const vis_list *vl, int j0, int j1,
+                                                        int64_t dv, float *acc, int64_t e0, const bool first,
+                                                        const int NH, const int R, const int VF16) {
+    __m512 a[LX_ATTN_MAX_GROUP][4];
+    int w[4];
+    for (int r = 0; r < R; ++r) {
+        const int64_t left = dv - (e0 + 16 * r);
+        w[r] = left < 16 ? (int) left : 16;
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? _mm512_setzero_ps() : ld16(acc + h * dv, 0, e0 + 16 * r, w[r]);
+    for (int j = j0; j < j1; ++j) {
+        const int64_t off = v_base + (int64_t) vl->idx[j] * v_stride + e0;
+        __m512 vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = ld16(v, VF16, off + 16 * r, w[r]);
+        for (int h = 0; h < NH; ++h) {
+            const __m512 pj = _mm512_set1_ps(S[h * LDS + j]);
+            for (int r = 0; r < R; ++r) a[h][r] = _mm512_fmadd_ps(pj, vv[r], a[h][r]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            _mm512_mask_storeu_ps(acc + h * dv + e0 + 16 * r, (__mmask16) ((1u << w[r]) - 1u), a[h][r]);
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 void vacc_avx512_impl(const attn_ctx *c, const float *S, int64_t v_base,
+                                                        int64_t v_stride, const vis_list *vl, float *acc,
+                                                        const int NH, const int VF16) {
+    const int R = NH <= 3 ? 4 : 2;
+    const int64_t dv = c->p->d_v;
+    for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
+        const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;
+        const bool first = j0 == 0;
+        int64_t e = 0;
+        if (R == 4) for (; e + 64 <= dv; e += 64) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16);
+        for (; e + 32 <= dv; e += 32) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16);
+        for (; e < dv; e += 16) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16);
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 void vtacc_avx512_impl(const attn_ctx *c, const float *S, int64_t vt_base,
+                                                         const vis_list *vl, float *acc, const int NH,
+                                                         const int VF16) {
+    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
+    for (int64_t e = 0; e < dv; ++e) {
+        const int64_t row = vt_base + e * kv_size;
+        if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
+        __m512 a[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) a[h] = _mm512_setzero_ps();
+        for (int r = 0; r < vl->n_runs; ++r) {
+            const int j0 = vl->run_j[r], len = vl->run_len[r];
+            const int64_t i0 = row + vl->idx[j0];
+            for (int x = 0; x < len; x += 16) {
+                const int w = len - x < 16 ? len - x : 16;
+                const __m512 vv = ld16(c->v, VF16, i0 + x, w);
+                for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0 + x, w), vv, a[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum16(a[h]);
+    }
+}
+
+#define LX_DEF_AVX512(NH)                                                                                   \
+    static LX_AVX512 void dots_avx512_##NH##_f32(const attn_ctx *c, const float *q, int64_t kb, int64_t ks, \
+                                                 const vis_list *vl, float *S) {                            \
+        dots_avx512_impl(c, q, kb, ks, vl, S, NH, 0);                                                       \
+    }                                                                                                       \
+    static LX_AVX512 void dots_avx512_##NH##_f16(const attn_ctx *c, const float *q, int64_t kb, int64_t ks, \
+                                                 const vis_list *vl, float *S) {                            \
+        dots_avx512_impl(c, q, kb, ks, vl, S, NH, 1);                                                       \
+    }                                                                                                       \
+    static LX_AVX512 void vacc_avx512_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb, int64_t vs, \
+                                                 const vis_list *vl, float *acc) {                          \
+        vacc_avx512_impl(c, S, vb, vs, vl, acc, NH, 0);                                                     \
+    }                                                                                                       \
+    static LX_AVX512 void vacc_avx512_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb, int64_t vs, \
+                                                 const vis_list *vl, float *acc) {                          \
+        vacc_avx512_impl(c, S, vb, vs, vl, acc, NH, 1);                                                     \
+    }                                                                                                       \
+    static LX_AVX512 void vtacc_avx512_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb,            \
+                                                  const vis_list *vl, float *acc) {                         \
+        vtacc_avx512_impl(c, S, vb, vl, acc, NH, 0);                                                        \
+    }                                                                                                       \
+    static LX_AVX512 void vtacc_avx512_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb,            \
+                                                  const vis_list *vl, float *acc) {                         \
+        vtacc_avx512_impl(c, S, vb, vl, acc, NH, 1);                                                        \
+    }
+LX_NH_CASES(LX_DEF_AVX512)
+
+#define LX_TAB5(NH, name, t) name##_avx512_##NH##_##t,
+#define LX_TAB5_DOTS_F32(NH) LX_TAB5(NH, dots, f32)
+#define LX_TAB5_DOTS_F16(NH) LX_TAB5(NH, dots, f16)
+#define LX_TAB5_VACC_F32(NH) LX_TAB5(NH, vacc, f32)
+#define LX_TAB5_VACC_F16(NH) LX_TAB5(NH, vacc, f16)
+#define LX_TAB5_VTACC_F32(NH) LX_TAB5(NH, vtacc, f32)
+#define LX_TAB5_VTACC_F16(NH) LX_TAB5(NH, vtacc, f16)
+
+static const dots_nh_fn dots_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB5_DOTS_F32) }, { LX_NH_CASES(LX_TAB5_DOTS_F16) } };
+static const vacc_nh_fn vacc_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB5_VACC_F32) }, { LX_NH_CASES(LX_TAB5_VACC_F16) } };
+static const vtacc_nh_fn vtacc_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB5_VTACC_F32) }, { LX_NH_CASES(LX_TAB5_VTACC_F16) } };
+
+static void dots_avx512(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
+                        const vis_list *vl, int nh, float *S) {
+    dots_avx512_tab[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
+}
+
+static void vacc_avx512(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
+                        const vis_list *vl, int nh, float *acc) {
+    vacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, v_base, v_stride, vl, acc);
+}
+
+static void vtacc_avx512(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
+                         float *acc) {
+    vtacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
+}
+
+static const kernel_set kernels_avx512 = { dots_avx512, expsum_avx512, vacc_avx512, vtacc_avx512 };
+#endif /* LX_X86 */
+
+/* ---- dispatch ---------------------------------------------------------------------- */
+
+static int cpu_level(void) {
+#ifdef LX_X86
+    static int cached = -1;
+    int lv = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (lv < 0) {
+        __builtin_cpu_init();
+        lv = 0;
+        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+            lv = 2;
+            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+                lv = 3;
+            }
+        }
+        __atomic_store_n(&cached, lv, __ATOMIC_RELAXED);
+    }
+    return lv;
+#else
+    return 0;
+#endif
+}
+
+static int level_cap = -1;
+
+int lx_attn_simd_level(void) {
+    const int lv = cpu_level();
+    const int cap = __atomic_load_n(&level_cap, __ATOMIC_RELAXED);
+    return cap >= 0 && cap < lv ? cap : lv;
+}
+
+void lx_attn_set_simd_level(int level) {
+    __atomic_store_n(&level_cap, level, __ATOMIC_RELAXED);
+}
+
+static const kernel_set *kernels_for(int level) {
+#ifdef LX_X86
+    if (level >= 3) return &kernels_avx512;
+    if (level >= 2) return &kernels_avx2;
+#endif
+    (void) level;
+    return &kernels_c;
+}
+
+/* ---- chunk states and their merge ---------------------------------------------------- */
+
+/* A softmax state of nh heads: m [nh] running max (-inf = empty), l [nh] sum of
+ * exp(s - m), acc [nh][d_v] sum of exp(s - m) * v. */
+typedef struct {
+    float *m, *l, *acc;
+} attn_state;
+
+static inline attn_state state_at(float *base, int64_t hp) {
+    attn_state st = { base, base + hp, base + 2 * hp };
+    return st;
+}
+
+/* item w -> (stream, token, kv head, first query head, heads in this pass) */
+typedef struct {
+    int64_t s, t, g, h0;
+    int nh;
+} item_pos;
+
+static item_pos item_at(const attn_ctx *c, int64_t w) {
+    const lx_attn_params *p = c->p;
+    item_pos it;
+    const int64_t pass = w % c->n_pass;
+    int64_t r = w / c->n_pass;
+    it.g = r % p->n_head_kv;
+    r /= p->n_head_kv;
+    it.t = r % p->n_tps;
+    it.s = r / p->n_tps;
+    const int64_t first = pass * c->hp;
+    const int64_t left = c->gqa - first;
+    it.h0 = it.g * c->gqa + first;
+    it.nh = (int) (left < c->hp ? left : c->hp);
+    return it;
+}
+
+/* max of row[0 .. n), n >= 1, in 8 independent lanes (vectorisable; NaNs are skipped
+ * unless the first value is one) */
+static float row_max(const float *row, int n) {
+    float lane[8];
+    for (int u = 0; u < 8; ++u) lane[u] = row[0];
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int u = 0; u < 8; ++u) lane[u] = row[j + u] > lane[u] ? row[j + u] : lane[u];
+    for (; j < n; ++j) lane[0] = row[j] > lane[0] ? row[j] : lane[0];
+    float m = lane[0];
+    for (int u = 1; u < 8; ++u) m = lane[u] > m ? lane[u] : m;
+    return m;
+}
+
+/* The state of chunk ch of item it, computed from scratch into st.
+ * Reads only the K/V rows (or V^T columns) of visible cells. */
+static void chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos *it, int64_t ch,
+                        attn_state st) {
+    const lx_attn_params *p = c->p;
+    const int nh = it->nh;
+    const int64_t i0 = ch * LX_ATTN_CHUNK;
+    const int64_t i1 = i0 + LX_ATTN_CHUNK < p->n_kv ? i0 + LX_ATTN_CHUNK : p->n_kv;
+    const float *mrow = c->mask + (it->s * p->n_tps_pad + it->t) * p->n_kv;
+
+    vis_list vl;
+    vl.n = 0;
+    vl.n_runs = 0;
+    const int n_cells = (int) (i1 - i0);
+    int n_hidden = 0;                       /* a vectorisable count first: most chunks are all */
+    for (int x = 0; x < n_cells; ++x) n_hidden += mrow[i0 + x] == -INFINITY;   /* in or all out */
+    if (n_hidden == 0) {
+        for (int x = 0; x < n_cells; ++x) vl.idx[x] = x;
+        memcpy(vl.mv, mrow + i0, (size_t) n_cells * sizeof(float));
+        vl.n = n_cells;
+        vl.n_runs = 1;
+        vl.run_j[0] = 0;
+        vl.run_len[0] = n_cells;
+    } else if (n_hidden < n_cells) {
+        for (int x = 0; x < n_cells; ++x) {
+            const float mv = mrow[i0 + x];
+            if (mv == -INFINITY) continue;
+            if (vl.n == 0 || vl.idx[vl.n - 1] != x - 1) {
+                vl.run_j[vl.n_runs] = vl.n;
+                vl.run_len[vl.n_runs] = 0;
+                vl.n_runs++;
+            }
+            vl.run_len[vl.n_runs - 1]++;
+            vl.idx[vl.n] = x;
+            vl.mv[vl.n] = mv;
+            vl.n++;
+        }
+    }
+    if (vl.n == 0) {
+        for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
+        return;
+    }
+
+    _Alignas(32) float S[LX_ATTN_MAX_GROUP * LDS];
+    const float *qh = c->q + ((it->s * p->n_tps + it->t) * p->n_head + it->h0) * p->d_k;
+    const int64_t k_stride = p->n_head_kv * p->d_k;
+    const int64_t k_base = (it->s * p->kv_size + i0) * k_stride + it->g * p->d_k;
+    ks->dots(c, qh, k_base, k_stride, &vl, nh, S);
+
+    /* scores -> logits, as llama.cpp's two paths define them */
+    const float cap = p->softcap;
+    for (int h = 0; h < nh; ++h) {
+        float *row = S + h * LDS;
+        if (!c->vtrans) {
+            const float scale = cap != 0.0f ? p->scale / cap : p->scale;
+            if (cap != 0.0f) {
+                for (int j = 0; j < vl.n; ++j) row[j] = cap * tanhf(row[j] * scale) + vl.mv[j];
+            } else {
+                for (int j = 0; j < vl.n; ++j) row[j] = row[j] * scale + vl.mv[j];
+            }
+        } else {
+            const float inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
+            if (cap != 0.0f) {
+                for (int j = 0; j < vl.n; ++j) row[j] = cap * tanhf(row[j] * inv_cap) * p->scale + vl.mv[j];
+            } else {
+                for (int j = 0; j < vl.n; ++j) row[j] = row[j] * p->scale + vl.mv[j];
+            }
+        }
+        st.m[h] = row_max(row, vl.n);
+    }
+
+    /* a head whose scores are all -inf (possible only with infinite inputs) takes no part */
+    bool degenerate = false;
+    float m_safe[LX_ATTN_MAX_GROUP];
+    for (int h = 0; h < nh; ++h) {
+        degenerate |= st.m[h] == -INFINITY;
+        m_safe[h] = st.m[h] == -INFINITY ? 0.0f : st.m[h];
+    }
+    ks->expsum(S, vl.n, nh, m_safe, st.l);
+
+    if (!c->vtrans) {
+        const int64_t v_stride = p->n_head_kv * p->d_v;
+        const int64_t v_base = (it->s * p->kv_size + i0) * v_stride + it->g * p->d_v;
+        ks->vacc(c, S, v_base, v_stride, &vl, nh, st.acc);
+    } else {
+        const int64_t vt_base = (it->s * p->n_head_kv + it->g) * p->d_v * p->kv_size + i0;
+        ks->vtacc(c, S, vt_base, &vl, nh, st.acc);
+    }
+    if (degenerate) {
+        for (int h = 0; h < nh; ++h) if (st.m[h] == -INFINITY) st.l[h] = 0.0f;
+    }
+}
+
+/* run <- run (+) x, where (+) merges two softmax states; an empty x changes
+ * nothing and an empty run becomes a copy of x. The only combiner of chunk
+ * states, for every threading mode. */
+static void state_merge(attn_state run, attn_state x, int nh, int64_t dv) {
+    for (int h = 0; h < nh; ++h) {
+        if (x.m[h] == -INFINITY) continue;
+        float *ra = run.acc + h * dv;
+        const float *xa = x.acc + h * dv;
+        if (run.m[h] == -INFINITY) {
+            run.m[h] = x.m[h];
+            run.l[h] = x.l[h];
+            memcpy(ra, xa, (size_t) dv * sizeof(float));
+            continue;
+        }
+        const float m = run.m[h] > x.m[h] ? run.m[h] : x.m[h];
+        const float a = expf(run.m[h] - m), b = expf(x.m[h] - m);
+        run.m[h] = m;
+        run.l[h] = run.l[h] * a + x.l[h] * b;
+        for (int64_t e = 0; e < dv; ++e) ra[e] = ra[e] * a + xa[e] * b;
+    }
+}
+
+/* out rows of item it <- run normalised (zeros for a head that saw no cell) */
+static void state_store(const attn_ctx *c, const item_pos *it, attn_state run) {
+    const lx_attn_params *p = c->p;
+    const int64_t dv = p->d_v;
+    float *o = c->out + ((it->s * p->n_tps + it->t) * p->n_head + it->h0) * dv;
+    for (int h = 0; h < it->nh; ++h) {
+        const bool seen = run.m[h] != -INFINITY && run.l[h] != 0.0f;
+        const float inv = seen ? 1.0f / run.l[h] : 0.0f;
+        for (int64_t e = 0; e < dv; ++e) o[h * dv + e] = seen ? run.acc[h * dv + e] * inv : 0.0f;
+    }
+}
+
+static void state_clear(attn_state st, int nh) {
+    for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
+}
+
+/* every chunk of item w, folded on this thread */
+static void run_item(const attn_ctx *c, const kernel_set *ks, int64_t w) {
+    const item_pos it = item_at(c, w);
+    const int64_t dv = c->p->d_v;
+    _Alignas(32) float run_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
+    _Alignas(32) float tmp_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
+    const attn_state run = state_at(run_buf, c->hp), tmp = state_at(tmp_buf, c->hp);
+    state_clear(run, it.nh);
+    for (int64_t ch = 0; ch < c->n_chunks; ++ch) {
+        chunk_state(c, ks, &it, ch, tmp);
+        state_merge(run, tmp, it.nh, dv);
+    }
+    state_store(c, &it, run);
+}
+
+/* fold item w's chunk states parked in the scratch */
+static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
+    const item_pos it = item_at(c, w);
+    const int64_t dv = c->p->d_v;
+    _Alignas(32) float run_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
+    const attn_state run = state_at(run_buf, c->hp);
+    state_clear(run, it.nh);
+    for (int64_t ch = 0; ch < c->n_chunks; ++ch) {
+        state_merge(run, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp), it.nh, dv);
+    }
+    state_store(c, &it, run);
+}
+
+/* ---- drivers -------------------------------------------------------------------------- */
+
+static attn_ctx make_ctx(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                         const float *mask, float *out, bool vtrans) {
+    attn_ctx c;
+    c.p = p; c.q = q; c.k = k; c.v = v; c.mask = mask; c.out = out; c.vtrans = vtrans;
+    c.gqa = p->n_head / p->n_head_kv;
+    c.n_pass = (c.gqa + LX_ATTN_MAX_GROUP - 1) / LX_ATTN_MAX_GROUP;
+    c.hp = (c.gqa + c.n_pass - 1) / c.n_pass;                  /* balanced passes */
+    c.n_items = p->n_stream * p->n_tps * p->n_head_kv * c.n_pass;
+    c.n_chunks = (p->n_kv + LX_ATTN_CHUNK - 1) / LX_ATTN_CHUNK;
+    c.st_stride = c.hp * (p->d_v + 2);
+    c.level = lx_attn_simd_level();
+    return c;
+}
+
+/* Items up to which the chunk states are parked in the caller's scratch and
+ * computed chunk-major: for each chunk, every kv head (and token) in turn.
+ * Decode touches every cache page once that way (all heads of a cell are
+ * adjacent), instead of once per kv head, and the (item, chunk) pairs share
+ * out evenly between threads however few items there are. */
+enum { SPLIT_ITEMS = 64 };
+
+/* multiply-adds (upper bound: every cell visible) below which a thread is not worth waking;
+ * lx_attn_set_min_work overrides it (tests) */
+#define MIN_WORK_PER_THREAD ((int64_t) 1 << 18)
+
+static int64_t min_work_override = -1;
+
+void lx_attn_set_min_work(int64_t macs) {
+    __atomic_store_n(&min_work_override, macs, __ATOMIC_RELAXED);
+}
+
+int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads) {
+    assert(lx_attn_params_valid(p));
+    (void) n_threads;
+    const attn_ctx c = make_ctx(p, NULL, NULL, NULL, NULL, NULL, false);
+    if (c.n_chunks <= 1 || c.n_items > SPLIT_ITEMS) return 0;
+    return c.n_items * c.n_chunks * c.st_stride;
+}
+
+/* chunk state of pair x (chunk-major) into its scratch slot, indexed item-major */
+static void split_pair(const attn_ctx *c, const kernel_set *ks, int64_t x, float *scratch) {
+    const int64_t ch = x / c->n_items, w = x % c->n_items;
+    const item_pos it = item_at(c, w);
+    chunk_state(c, ks, &it, ch, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp));
+}
+
+static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n_threads) {
+    const lx_attn_params *p = c->p;
+    const kernel_set *ks = kernels_for(c->level);
+    if (c->n_chunks == 0) {                       /* n_kv == 0: nothing is visible */
+        memset(c->out, 0, (size_t) (p->n_stream * p->n_tps * p->n_head * p->d_v) * sizeof(float));
+        return;
+    }
+    /* no more threads than the work pays for (waking a thread costs microseconds, far
+     * more under oversubscription); results do not depend on the thread count */
+    const int64_t work = p->n_stream * p->n_tps * p->n_head * p->n_kv * (p->d_k + p->d_v);
+    const int64_t ovr = __atomic_load_n(&min_work_override, __ATOMIC_RELAXED);
+    const int64_t per_thread = ovr >= 1 ? ovr : MIN_WORK_PER_THREAD;
+    if ((int64_t) n_threads > 1 + work / per_thread) n_threads = (int) (1 + work / per_thread);
+    const int64_t need = lx_attn_scratch_size(p, n_threads);
+    const bool split = need > 0 && scratch != NULL && n_scratch >= need;
+    const int64_t n_pairs = c->n_items * c->n_chunks;
+#ifdef _OPENMP
+    if (n_threads > 1) {
+        if (split) {
+            #pragma omp parallel num_threads(n_threads)
+            {
+                #pragma omp for schedule(static)
+                for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, x, scratch);
+                #pragma omp for schedule(static)
+                for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
+            }
+        } else {
+            /* chunk size 1: causal prefill rows grow with the token, so deal them round-robin */
+            #pragma omp parallel for schedule(static, 1) num_threads(n_threads)
+            for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
+        }
+        return;
+    }
+#endif
+    (void) n_threads;
+    if (split) {
+        for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, x, scratch);
+        for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
+    } else {
+        for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
+    }
+}
+
+void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                   const float *mask, float *out, float *scratch, int64_t n_scratch, int n_threads) {
+    assert(lx_attn_params_valid(p));
+    assert(n_threads >= 1);
+    const attn_ctx c = make_ctx(p, q, k, v, mask, out, false);
+    attn_run(&c, scratch, n_scratch, n_threads);
+}
+
+void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                    const float *mask, float *out, float *scratch, int64_t n_scratch, int n_threads) {
+    assert(lx_attn_params_valid(p));
+    assert(n_threads >= 1);
+    const attn_ctx c = make_ctx(p, q, k, v, mask, out, true);
+    attn_run(&c, scratch, n_scratch, n_threads);
+}

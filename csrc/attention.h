@@ -1,0 +1,162 @@
+/* attention.h: attention of a ubatch's queries over one layer's KV cache.
+ *
+ * llama.cpp computes this in build_attn_mha either with ggml_flash_attn_ext
+ * (flash attention on: V stored like K, one row per cell) or with
+ * mul_mat(k, q) -> soft_max_ext(kq, mask, scale) -> mul_mat(v^T, kq) over a
+ * transposed V cache (flash attention off, "v_trans"). Both are here:
+ *
+ *   lx_attn_flash   V rows [n_stream][kv_size][n_head_kv][d_v]
+ *   lx_attn_vtrans  V^T    [n_stream][n_head_kv][d_v][kv_size]
+ *
+ * Layouts (row-major, innermost last; n_tokens = n_stream * n_tps; query
+ * tokens [s*n_tps, (s+1)*n_tps) belong to stream s and see only its cells):
+ *
+ *   q    float [n_tokens][n_head][d_k]
+ *   k    K     [n_stream][kv_size][n_head_kv][d_k]        (type_k: f32 or f16 bits)
+ *   v    V     [n_stream][kv_size][n_head_kv][d_v]        (flash)
+ *        V^T   [n_stream][n_head_kv][d_v][kv_size]        (vtrans: cell i, channel c
+ *                                                          at c*kv_size + i in its head)
+ *   mask float [n_stream][n_tps_pad][n_kv]                 row t of stream s for token
+ *                                                          s*n_tps + t (kq_mask.h)
+ *   out  float [n_tokens][n_head][d_v]
+ *
+ *              cell i ->  0    1    2  ...  n_kv-1 | n_kv ... kv_size-1
+ *   token t   mask      [ 0  -inf   0  ...    0    ]  (cells >= n_kv never take part)
+ *             score      s0   --   s2  ...  s_n-1
+ *
+ * Only the first n_kv <= kv_size cells of each stream take part. Query head h
+ * reads kv head h / (n_head / n_head_kv) (GQA). With mask value m_i of cell i
+ * and d_i = q . k_i:
+ *
+ *   flash:   s_i = c * tanh(d_i * scale / c) + m_i      (c = softcap; no tanh when c == 0)
+ *   vtrans:  s_i = c * tanh(d_i * (1/c)) * scale + m_i  (soft_max_ext after the kq softcap)
+ *   out     = sum_i softmax(s)_i * v_i
+ *
+ * The two softcaps differ exactly as llama.cpp's two paths do (flash_attn_ext
+ * caps the scaled score, the mul_mat path caps the raw kq and scales after).
+ * A cell whose mask value is -INFINITY is skipped: neither its K row nor its V
+ * row (flash) or V^T column (vtrans) is read, so stale or non-finite values in
+ * hidden cells cannot leak into the result. A token whose mask row is all
+ * -INFINITY (a padding token, or n_kv == 0) gets an output row of zeros (ggml's
+ * flash path does the same; its soft_max path would give NaN).
+ * ALiBi: the mask carries the bias itself (slope 1, ggml's max_bias = 0).
+ * Precision: q, scores, softmax and accumulators are float32; f16 cache
+ * values are converted exactly. (ggml's CPU flash kernel rounds q to f16 for
+ * an f16 K and accumulates V in f16; we do not, so we are closer to exact.)
+ */
+#ifndef LX_ATTENTION_H
+#define LX_ATTENTION_H
+
+#include <stdint.h>
+
+#include "common.h"
+#include "quants.h"
+
+/* largest head size of V (and of K) the kernels accept */
+#define LX_ATTN_MAX_D 512
+
+/* Cells per chunk. The KV range of every (token, head) is cut into chunks
+ * [j*LX_ATTN_CHUNK, (j+1)*LX_ATTN_CHUNK) at fixed cell indices; each chunk
+ * gives a partial softmax state (max, sum, acc) and the states are merged
+ * left to right. The cut depends on n_kv only, never on n_threads, and the
+ * merge order is fixed, so the fast kernels give bit-identical results for
+ * every n_threads and whether or not a scratch buffer is passed (for a given
+ * SIMD level: the AVX2, AVX-512 and portable paths round differently, each
+ * within LX_ATTN_MAX_ERR of the oracle). */
+#define LX_ATTN_CHUNK 256
+
+/* query heads processed together per pass over a kv head's rows: a GQA group
+ * (n_head / n_head_kv heads) larger than this is done in several passes */
+#define LX_ATTN_MAX_GROUP 8
+
+/* Largest |fast - ref| the tests accept, relative to max|v| (elementwise over
+ * out), for scores with sum_i |q_i k_i| * |scale| <= 16, d <= LX_ATTN_MAX_D and
+ * n_kv <= 65536. Justification (u = 2^-24 = 6e-8, float32 throughout, errors
+ * are rounding only, estimated as random walks sqrt(n)*u as for any
+ * reordered float sum):
+ *   - a score is a dot of d terms summed in another order (8 or 16 lanes and
+ *     a tree in fast, sequential in ref): |ds| <~ 2 sqrt(d) u * 16 = 4.4e-5
+ *     for d = 512; a score error ds scales a weight by exp(ds) and so moves
+ *     the output by at most ~2 |ds| max|v| through the numerator and the sum;
+ *   - exp: the vector exp is within 2 ulp of expf (relative 2.4e-7);
+ *   - the sum of n_kv weights and the V accumulation in another order
+ *     (chunked, lane-split): relative <~ 2 sqrt(n_kv) u = 3e-5 for 65536.
+ * Together about 1.2e-4 in the worst corner of that range; typical cases
+ * (d = 64..128, n_kv of a few thousand) sit near 1e-6. 2e-4 leaves margin
+ * while any indexing or masking bug shows up as an error of order 1e-2. */
+#define LX_ATTN_MAX_ERR 2e-4f
+
+/* the shapes and constants of one attention call */
+typedef struct {
+    int64_t n_stream;   /* streams, >= 1                                      */
+    int64_t n_tps;      /* query tokens per stream, >= 1                      */
+    int64_t n_tps_pad;  /* mask rows per stream, >= n_tps                     */
+    int64_t n_head;     /* query heads, a multiple of n_head_kv               */
+    int64_t n_head_kv;  /* kv heads, >= 1                                     */
+    int64_t d_k;        /* head size of q and K, in [1, LX_ATTN_MAX_D]        */
+    int64_t d_v;        /* head size of V and out, in [1, LX_ATTN_MAX_D]      */
+    int64_t kv_size;    /* cells per stream in the cache, >= 1                */
+    int64_t n_kv;       /* cells that take part, in [0, kv_size]              */
+    lx_type type_k;     /* LX_TYPE_F32 or LX_TYPE_F16                         */
+    lx_type type_v;     /* LX_TYPE_F32 or LX_TYPE_F16                         */
+    float   scale;      /* applied to q.k, usually 1/sqrt(d_k)                */
+    float   softcap;    /* logit softcap c, 0 = off                           */
+} lx_attn_params;
+
+/* true if p describes shapes the kernels accept (the asserts' condition) */
+bool lx_attn_params_valid(const lx_attn_params *p);
+
+/* Floats of scratch with which lx_attn_flash / lx_attn_vtrans handle few
+ * work items (decode: at most 64 (token, kv head, head pass) items, more than
+ * one chunk): every (item, chunk) state is parked in the scratch, computed
+ * chunk-major (each chunk's cache pages are read once, for all kv heads in
+ * turn) and shared evenly between threads however few the items, then each
+ * item's states are folded. 0 when the kernel would not use it (today the size
+ * does not depend on n_threads). Passing less (or NULL) is allowed: each
+ * thread then takes whole items; the result is the same bit for bit. */
+int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads);
+
+/* Flash-layout attention (one pass over the visible cells; per chunk a
+ * softmax state, merged online). Writes every element of out; allocates
+ * nothing (fixed stack buffers, d <= LX_ATTN_MAX_D, and the caller's scratch).
+ * OpenMP (n_threads >= 1) over work items, or over (item, chunk) pairs with
+ * the scratch. Speed: K and V rows are read once per GQA group, prefetched,
+ * and dotted / accumulated with AVX2+FMA+F16C or AVX-512 when the CPU has them.
+ *   q [n_tokens][n_head][d_k], k [n_stream][kv_size][n_head_kv][d_k],
+ *   v [n_stream][kv_size][n_head_kv][d_v], mask [n_stream][n_tps_pad][n_kv],
+ *   out [n_tokens][n_head][d_v], scratch [n_scratch] floats or NULL. */
+void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                   const float *mask, float *out, float *scratch, int64_t n_scratch,
+                   int n_threads);
+
+/* Scalar oracle of lx_attn_flash: per query head, cell by cell, ggml's online
+ * softmax (running max M, sum S, acc; expf). Single-threaded. Same shapes. */
+void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                       const float *mask, float *out);
+
+/* Transposed-V attention (scores, softmax over the row, weighted sum reading
+ * V^T). Same contract as lx_attn_flash with v = V^T
+ * [n_stream][n_head_kv][d_v][kv_size]. */
+void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                    const float *mask, float *out, float *scratch, int64_t n_scratch,
+                    int n_threads);
+
+/* Scalar oracle of lx_attn_vtrans: per query head, the row maximum of the
+ * scores, then exp, sum and the V^T-weighted sum in one pass; out = acc / sum. */
+void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                        const float *mask, float *out);
+
+/* Fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (F+BW+VL+DQ). */
+int lx_attn_simd_level(void);
+
+/* Testing hook: cap the fast path at `level` (0 forces the portable C, -1
+ * restores the CPU's best). Process-wide; not for use while kernels run. */
+void lx_attn_set_simd_level(int level);
+
+/* Testing hook: the kernels wake no more threads than 1 + (n_tokens * n_head *
+ * n_kv * (d_k + d_v)) / macs (default 2^18 multiply-adds per thread, so a tiny
+ * call stays on the caller's thread); macs = 1 lets every thread work, -1
+ * restores the default. The result never depends on it. Process-wide. */
+void lx_attn_set_min_work(int64_t macs);
+
+#endif /* LX_ATTENTION_H */

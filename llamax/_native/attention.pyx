@@ -1,0 +1,283 @@
+# cython: language_level=3
+"""Attention over one layer's KV cache (csrc/attention.h) and the f16 rows of csrc/quants.h.
+
+Thin wrappers: shapes and dtypes are checked with the GIL held, then the C kernels run with the
+GIL released. Layouts (C-contiguous, n_tokens = n_stream * n_tps):
+
+    q     float32            [n_tokens, n_head, d_k]
+    k     float32 | float16  [n_stream, kv_size, n_head_kv, d_k]
+    v     float32 | float16  [n_stream, kv_size, n_head_kv, d_v]      (v_trans=False, flash layout)
+                             [n_stream, n_head_kv, d_v, kv_size]      (v_trans=True, V transposed)
+    mask  float32            [n_stream, n_tps_pad, n_kv]              (0 / bias visible, -inf hidden)
+    out   float32            [n_tokens, n_head, d_v]
+
+v_trans=False runs llama.cpp's flash-attention semantics (softcap on the scaled score),
+v_trans=True its mul_mat + soft_max_ext path (softcap on the raw kq, scale after).
+"""
+import numpy as np
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint16_t
+
+from llamax._native.quants cimport (
+    LX_TYPE_F16,
+    LX_TYPE_F32,
+    lx_fp16_to_fp32_row,
+    lx_fp16_to_fp32_row_ref,
+    lx_fp32_to_fp16_row,
+    lx_fp32_to_fp16_row_ref,
+    lx_type,
+)
+from llamax.params import resolve_n_threads
+
+# the declarations of csrc/attention.h come from attention.pxd (same module name)
+
+cnp.import_array()
+
+MAX_D = LX_ATTN_MAX_D
+CHUNK = LX_ATTN_CHUNK
+MAX_GROUP = LX_ATTN_MAX_GROUP
+MAX_ERR = float(LX_ATTN_MAX_ERR)
+
+
+def simd_level() -> int:
+    """The fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512."""
+    return lx_attn_simd_level()
+
+
+def _set_simd_level(int level) -> None:
+    """Testing hook: cap the fast path (0 = portable C, -1 = the CPU's best)."""
+    lx_attn_set_simd_level(level)
+
+
+def _set_min_work(int64_t macs) -> None:
+    """Testing hook: multiply-adds per woken thread (1 = use every thread, -1 = default)."""
+    lx_attn_set_min_work(macs)
+
+
+# ---- f16 rows --------------------------------------------------------------------------------
+
+cdef object _check_array(object a, str name, object dtype):
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must be {np.dtype(dtype).name}, got {a.dtype}")
+    if not a.flags.c_contiguous or not a.flags.aligned:
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    return a
+
+
+def fp32_to_fp16(x):
+    """float32 array -> float16 array of the same shape (round to nearest even, numpy's NaNs)."""
+    _check_array(x, "x", np.float32)
+    y = np.empty(x.shape, dtype=np.float16)
+    cdef const float[::1] xs = x.reshape(-1)      # IN
+    cdef uint16_t[::1] ys = y.view(np.uint16).reshape(-1)  # OUT
+    cdef int64_t n = xs.shape[0]
+    if n:
+        with nogil:
+            lx_fp32_to_fp16_row(&xs[0], &ys[0], n)
+    return y
+
+
+def fp32_to_fp16_ref(x):
+    """Scalar twin of fp32_to_fp16."""
+    _check_array(x, "x", np.float32)
+    y = np.empty(x.shape, dtype=np.float16)
+    cdef const float[::1] xs = x.reshape(-1)      # IN
+    cdef uint16_t[::1] ys = y.view(np.uint16).reshape(-1)  # OUT
+    cdef int64_t n = xs.shape[0]
+    if n:
+        with nogil:
+            lx_fp32_to_fp16_row_ref(&xs[0], &ys[0], n)
+    return y
+
+
+def fp16_to_fp32(x):
+    """float16 array -> float32 array of the same shape (exact)."""
+    _check_array(x, "x", np.float16)
+    y = np.empty(x.shape, dtype=np.float32)
+    cdef const uint16_t[::1] xs = x.view(np.uint16).reshape(-1)  # IN
+    cdef float[::1] ys = y.reshape(-1)            # OUT
+    cdef int64_t n = xs.shape[0]
+    if n:
+        with nogil:
+            lx_fp16_to_fp32_row(&xs[0], &ys[0], n)
+    return y
+
+
+def fp16_to_fp32_ref(x):
+    """Scalar twin of fp16_to_fp32."""
+    _check_array(x, "x", np.float16)
+    y = np.empty(x.shape, dtype=np.float32)
+    cdef const uint16_t[::1] xs = x.view(np.uint16).reshape(-1)  # IN
+    cdef float[::1] ys = y.reshape(-1)            # OUT
+    cdef int64_t n = xs.shape[0]
+    if n:
+        with nogil:
+            lx_fp16_to_fp32_row_ref(&xs[0], &ys[0], n)
+    return y
+
+
+# ---- attention ---------------------------------------------------------------------------------
+
+cdef lx_type _cache_type(object a, str name) except *:
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype == np.float32:
+        t = LX_TYPE_F32
+    elif a.dtype == np.float16:
+        t = LX_TYPE_F16
+    else:
+        raise ValueError(f"{name} must be float32 or float16, got {a.dtype}")
+    if not a.flags.c_contiguous or not a.flags.aligned:
+        raise ValueError(f"{name} must be C-contiguous and aligned")
+    if a.ndim != 4:
+        raise ValueError(f"{name} must be 4-D, got shape {a.shape}")
+    return t
+
+
+cdef lx_attn_params _attn_params(object q, object k, object v, object mask, object out,
+                                 object n_kv, double scale, double softcap, bint v_trans) except *:
+    """Validate every array against the layouts of the module docstring; the C shape record."""
+    cdef lx_attn_params p
+    p.type_k = _cache_type(k, "k")
+    p.type_v = _cache_type(v, "v")
+    _check_array(q, "q", np.float32)
+    _check_array(mask, "mask", np.float32)
+    if q.ndim != 3:
+        raise ValueError(f"q must be 3-D [n_tokens, n_head, d_k], got shape {q.shape}")
+    if mask.ndim != 3:
+        raise ValueError(f"mask must be 3-D [n_stream, n_tps_pad, n_kv], got shape {mask.shape}")
+
+    n_stream, kv_size, n_head_kv, d_k = k.shape
+    n_tokens, n_head, d_kq = q.shape
+    if n_stream < 1 or kv_size < 1 or n_head_kv < 1 or d_k < 1:
+        raise ValueError(f"k shape {k.shape}: every dimension must be >= 1")
+    if kv_size > 2**31 - 1:
+        raise ValueError(f"kv_size = {kv_size} exceeds 2^31 - 1")
+    if d_kq != d_k:
+        raise ValueError(f"q head size {d_kq} != k head size {d_k}")
+    if d_k > LX_ATTN_MAX_D:
+        raise ValueError(f"d_k = {d_k} exceeds {LX_ATTN_MAX_D}")
+    if n_head < 1 or n_head % n_head_kv != 0:
+        raise ValueError(f"n_head = {n_head} must be a positive multiple of n_head_kv = {n_head_kv}")
+    if n_tokens < 1 or n_tokens % n_stream != 0:
+        raise ValueError(f"n_tokens = {n_tokens} must be a positive multiple of n_stream = {n_stream}")
+    n_tps = n_tokens // n_stream
+
+    if v_trans:
+        vs, vh, d_v, vsize = v.shape
+        if (vs, vh, vsize) != (n_stream, n_head_kv, kv_size):
+            raise ValueError(f"v (transposed) must be [n_stream={n_stream}, n_head_kv={n_head_kv}, d_v, "
+                             f"kv_size={kv_size}], got shape {v.shape}")
+    else:
+        vs, vsize, vh, d_v = v.shape
+        if (vs, vsize, vh) != (n_stream, kv_size, n_head_kv):
+            raise ValueError(f"v must be [n_stream={n_stream}, kv_size={kv_size}, n_head_kv={n_head_kv}, d_v], "
+                             f"got shape {v.shape}")
+    if d_v < 1 or d_v > LX_ATTN_MAX_D:
+        raise ValueError(f"d_v = {d_v} must be in [1, {LX_ATTN_MAX_D}]")
+
+    if isinstance(n_kv, bool) or not isinstance(n_kv, (int, np.integer)):
+        raise TypeError(f"n_kv must be an int, got {type(n_kv).__name__}")
+    if n_kv < 0 or n_kv > kv_size:
+        raise ValueError(f"n_kv = {n_kv} must be in [0, kv_size = {kv_size}]")
+    ms, n_tps_pad, mkv = mask.shape
+    if ms != n_stream or mkv != n_kv or n_tps_pad < n_tps:
+        raise ValueError(f"mask must be [n_stream={n_stream}, n_tps_pad>={n_tps}, n_kv={n_kv}], "
+                         f"got shape {mask.shape}")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    if not np.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"softcap must be finite and >= 0 (0 = off), got {softcap}")
+
+    if out is not None:
+        _check_array(out, "out", np.float32)
+        if out.shape != (n_tokens, n_head, d_v):
+            raise ValueError(f"out must be [{n_tokens}, {n_head}, {d_v}], got shape {out.shape}")
+        for name, a in (("q", q), ("k", k), ("v", v), ("mask", mask)):
+            if np.may_share_memory(out, a):
+                raise ValueError(f"out must not overlap {name}")
+
+    p.n_stream = n_stream
+    p.n_tps = n_tps
+    p.n_tps_pad = n_tps_pad
+    p.n_head = n_head
+    p.n_head_kv = n_head_kv
+    p.d_k = d_k
+    p.d_v = d_v
+    p.kv_size = kv_size
+    p.n_kv = n_kv
+    p.scale = <float> scale
+    p.softcap = <float> softcap
+    assert lx_attn_params_valid(&p)
+    return p
+
+
+def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None,
+         use_scratch=True):
+    """Attention of q over the first n_kv cells of each stream of the cache (fast kernels).
+
+    Args:
+        q, k, v, mask, out: arrays of the layouts in the module docstring (out allocated if None).
+        n_kv: cells per stream that take part, in [0, kv_size]; mask has n_kv columns.
+        scale: multiplies q.k (usually 1/sqrt(d_k)).
+        softcap: logit softcap (0 = off), applied as llama.cpp's path for the layout does.
+        v_trans: v is the transposed V cache (llama.cpp without flash attention).
+        n_threads: None / -1 = all cores, else >= 1; the result does not depend on it.
+        use_scratch: pass the kernel the scratch that lets it split the KV range of few work
+            items (decode) across threads and walk the cache chunk-major; False gives the same
+            result bit for bit (a testing aid), only more slowly.
+
+    Returns:
+        out, float32 [n_tokens, n_head, d_v]. A token whose mask row is all -inf gets zeros.
+        Hidden cells (mask -inf) are never read. Cost O(n_tokens * n_head * n_visible * (d_k + d_v)).
+
+    Raises:
+        ValueError / TypeError: a shape, dtype, layout or argument does not fit (message says which).
+    """
+    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans)
+    cdef int nt = resolve_n_threads(n_threads)
+    if out is None:
+        out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)
+    cdef int64_t n_scratch = lx_attn_scratch_size(&p, nt) if use_scratch else 0
+    scratch = np.empty(max(n_scratch, 1), dtype=np.float32)
+    cdef const float[:, :, ::1] qv = q        # IN
+    cdef const float[:, :, ::1] mv = mask     # IN
+    cdef float[:, :, ::1] ov = out            # OUT
+    cdef float[::1] sv = scratch              # scratch, [n_scratch]
+    cdef const void *kp = cnp.PyArray_DATA(<cnp.ndarray> k)   # IN
+    cdef const void *vp = cnp.PyArray_DATA(<cnp.ndarray> v)   # IN
+    cdef bint vt = v_trans
+    with nogil:
+        if vt:
+            lx_attn_vtrans(&p, &qv[0, 0, 0], kp, vp, &mv[0, 0, 0] if p.n_kv else NULL, &ov[0, 0, 0],
+                           &sv[0] if n_scratch else NULL, n_scratch, nt)
+        else:
+            lx_attn_flash(&p, &qv[0, 0, 0], kp, vp, &mv[0, 0, 0] if p.n_kv else NULL, &ov[0, 0, 0],
+                          &sv[0] if n_scratch else NULL, n_scratch, nt)
+    return out
+
+
+def attn_ref(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None):
+    """attn computed by the scalar oracles (lx_attn_flash_ref / lx_attn_vtrans_ref).
+
+    Same arguments and checks as attn; n_threads is validated and ignored (single-threaded).
+    """
+    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans)
+    resolve_n_threads(n_threads)
+    if out is None:
+        out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)
+    cdef const float[:, :, ::1] qv = q        # IN
+    cdef const float[:, :, ::1] mv = mask     # IN
+    cdef float[:, :, ::1] ov = out            # OUT
+    cdef const void *kp = cnp.PyArray_DATA(<cnp.ndarray> k)   # IN
+    cdef const void *vp = cnp.PyArray_DATA(<cnp.ndarray> v)   # IN
+    cdef bint vt = v_trans
+    with nogil:
+        if vt:
+            lx_attn_vtrans_ref(&p, &qv[0, 0, 0], kp, vp, &mv[0, 0, 0] if p.n_kv else NULL, &ov[0, 0, 0])
+        else:
+            lx_attn_flash_ref(&p, &qv[0, 0, 0], kp, vp, &mv[0, 0, 0] if p.n_kv else NULL, &ov[0, 0, 0])
+    return out

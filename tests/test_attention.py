@@ -1,0 +1,340 @@
+"""Tests of attention over the KV cache (csrc/attention.c via llamax._native.attention).
+
+The oracle is plain numpy in float64: softmax(q k^T * scale + mask) v per (token, head), with
+llama.cpp's two softcap conventions (flash: c*tanh(s*scale/c) + mask; mul_mat path:
+c*tanh(s/c)*scale + mask). The scalar C references must match it, the fast kernels must match
+the references within LX_ATTN_MAX_ERR * max|v|, and the fast kernels must give the same bits for
+every n_threads, with and without the scratch (decode split), at every SIMD level of this CPU.
+"""
+import numpy as np
+import pytest
+
+from llamax._native import attention as A
+
+MAX_ERR = A.MAX_ERR
+# the references against float64 numpy: float32 rounding only, same budget
+RTOL_REF = {np.float32: MAX_ERR, np.float16: MAX_ERR}
+LEVELS = sorted({0, 2, 3} & set(range(A.simd_level() + 1)))
+
+
+@pytest.fixture(autouse=True)
+def every_thread_works():
+    """Small test problems would otherwise stay on one thread (the kernels' work threshold)."""
+    A._set_min_work(1)
+    yield
+    A._set_min_work(-1)
+
+
+@pytest.fixture(params=LEVELS, ids=lambda lv: f"simd{lv}")
+def level(request):
+    A._set_simd_level(request.param)
+    yield request.param
+    A._set_simd_level(-1)
+
+
+# ---- numpy oracle ---------------------------------------------------------------------------
+
+def np_attention(q, k, v, mask, n_kv, scale, softcap=0.0, v_trans=False):
+    """float64 attention of the layouts in attention.h; all-hidden rows give zeros."""
+    n_stream, kv_size, n_head_kv, d_k = k.shape
+    n_tokens, n_head, _ = q.shape
+    n_tps = n_tokens // n_stream
+    g = n_head // n_head_kv
+    k = k.astype(np.float64)
+    v = v.astype(np.float64)
+    if v_trans:
+        v = v.transpose(0, 3, 1, 2)  # -> [n_stream, kv_size, n_head_kv, d_v]
+    out = np.zeros((n_tokens, n_head, v.shape[-1]))
+    for s in range(n_stream):
+        for t in range(n_tps):
+            m = mask[s, t, :n_kv].astype(np.float64)
+            vis = ~np.isneginf(m)
+            if not vis.any():
+                continue
+            for h in range(n_head):
+                kk = k[s, :n_kv, h // g][vis]
+                vv = v[s, :n_kv, h // g][vis]
+                x = kk @ q[s * n_tps + t, h].astype(np.float64)
+                if softcap and not v_trans:
+                    x = softcap * np.tanh(x * scale / softcap)
+                elif softcap:
+                    x = softcap * np.tanh(x / softcap) * scale
+                else:
+                    x = x * scale
+                x = x + m[vis]
+                p = np.exp(x - x.max())
+                out[s * n_tps + t, h] = (p / p.sum()) @ vv
+    return out
+
+
+def make_case(rng, *, n_stream=1, n_tps=1, pad=0, n_head=4, n_head_kv=2, d_k=16, d_v=16, kv_size=64,
+              n_kv=None, dtype=np.float32, v_trans=False, p_hidden=0.3, hidden_rows=(), alibi=False):
+    """Random q/k/v (entries in [-1, 1]) and a mask with hidden cells and padding rows."""
+    n_kv = kv_size if n_kv is None else n_kv
+    n_tps_pad = n_tps + pad
+    q = rng.uniform(-1, 1, (n_stream * n_tps, n_head, d_k)).astype(np.float32)
+    k = rng.uniform(-1, 1, (n_stream, kv_size, n_head_kv, d_k)).astype(dtype)
+    vshape = (n_stream, n_head_kv, d_v, kv_size) if v_trans else (n_stream, kv_size, n_head_kv, d_v)
+    v = rng.uniform(-1, 1, vshape).astype(dtype)
+    if alibi:
+        mask = -rng.integers(0, 50, (n_stream, n_tps_pad, n_kv)).astype(np.float32)
+    else:
+        mask = np.zeros((n_stream, n_tps_pad, n_kv), dtype=np.float32)
+    mask[rng.random(mask.shape) < p_hidden] = -np.inf
+    mask[:, n_tps:, :] = -np.inf  # padding rows
+    for s, t in hidden_rows:
+        mask[s, t, :] = -np.inf
+    return q, k, v, mask, n_kv
+
+
+def run_all(q, k, v, mask, n_kv, scale, softcap, v_trans):
+    """ref, and fast for n_threads 1/2/3 with and without scratch: asserts they agree."""
+    kw = dict(n_kv=n_kv, scale=scale, softcap=softcap, v_trans=v_trans)
+    ref = A.attn_ref(q, k, v, mask, **kw)
+    fast = A.attn(q, k, v, mask, n_threads=1, **kw)
+    for nt in (1, 2, 3):
+        for use_scratch in (True, False):
+            other = A.attn(q, k, v, mask, n_threads=nt, use_scratch=use_scratch, **kw)
+            assert np.array_equal(fast, other, equal_nan=True), (nt, use_scratch)
+    vmax = max(1.0, float(np.abs(v.astype(np.float32)).max()))
+    assert np.abs(fast - ref).max() <= MAX_ERR * vmax
+    return ref, fast
+
+
+# ---- agreement with numpy -----------------------------------------------------------------
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+@pytest.mark.parametrize("n_stream,n_tps,pad", [(1, 1, 0), (1, 5, 3), (2, 3, 1), (3, 2, 0)])
+@pytest.mark.parametrize("n_head,n_head_kv", [(4, 4), (6, 2), (8, 2)], ids=["gqa1", "gqa3", "gqa4"])
+@pytest.mark.parametrize("softcap", [0.0, 1.5], ids=["nocap", "cap"])
+def test_matches_numpy(level, v_trans, dtype, n_stream, n_tps, pad, n_head, n_head_kv, softcap):
+    rng = np.random.default_rng(hash((v_trans, n_stream, n_tps, n_head, softcap)) & 0xFFFF)
+    q, k, v, mask, n_kv = make_case(rng, n_stream=n_stream, n_tps=n_tps, pad=pad, n_head=n_head,
+                                    n_head_kv=n_head_kv, d_k=24, d_v=16, kv_size=300, n_kv=290,
+                                    dtype=dtype, v_trans=v_trans)
+    scale = 1 / np.sqrt(24)
+    ref, fast = run_all(q, k, v, mask, n_kv, scale, softcap, v_trans)
+    want = np_attention(q, k, v, mask, n_kv, scale, softcap, v_trans)
+    assert np.abs(ref - want).max() <= RTOL_REF[dtype]
+    assert np.abs(fast - want).max() <= RTOL_REF[dtype]
+
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+@pytest.mark.parametrize("d_k,d_v", [(7, 13), (64, 32), (40, 80), (128, 128), (256, 96)])
+def test_head_sizes(level, v_trans, d_k, d_v):
+    """Tails of every vector width (d not a multiple of 8 / 16), d_k != d_v, big heads."""
+    rng = np.random.default_rng(d_k * 1000 + d_v)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=2, n_head=6, n_head_kv=2, d_k=d_k, d_v=d_v,
+                                    kv_size=333, dtype=np.float16, v_trans=v_trans)
+    scale = 1 / np.sqrt(d_k)
+    _, fast = run_all(q, k, v, mask, n_kv, scale, 0.0, v_trans)
+    assert np.abs(fast - np_attention(q, k, v, mask, n_kv, scale, 0.0, v_trans)).max() <= MAX_ERR
+
+
+@pytest.mark.parametrize("n_head,n_head_kv", [(12, 1), (9, 1), (16, 2), (5, 5)])
+def test_large_groups(level, n_head, n_head_kv):
+    """GQA groups above LX_ATTN_MAX_GROUP run in several passes (12 -> 6+6, 9 -> 5+4)."""
+    rng = np.random.default_rng(n_head)
+    for v_trans in (False, True):
+        q, k, v, mask, n_kv = make_case(rng, n_tps=2, n_head=n_head, n_head_kv=n_head_kv, d_k=32,
+                                        d_v=24, kv_size=600, dtype=np.float16, v_trans=v_trans)
+        _, fast = run_all(q, k, v, mask, n_kv, 0.2, 0.0, v_trans)
+        assert np.abs(fast - np_attention(q, k, v, mask, n_kv, 0.2, 0.0, v_trans)).max() <= MAX_ERR
+
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+def test_decode_long_cache(level, v_trans):
+    """One token over many chunks (the split path), with a fully hidden chunk in the middle
+    and scattered hidden cells, n_kv < kv_size and not a multiple of the chunk."""
+    rng = np.random.default_rng(7)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=1, n_head=9, n_head_kv=3, d_k=64, d_v=64,
+                                    kv_size=2000, n_kv=1900, dtype=np.float16, v_trans=v_trans,
+                                    p_hidden=0.1)
+    mask[0, 0, A.CHUNK:2 * A.CHUNK] = -np.inf
+    _, fast = run_all(q, k, v, mask, n_kv, 0.125, 0.0, v_trans)
+    assert np.abs(fast - np_attention(q, k, v, mask, n_kv, 0.125, 0.0, v_trans)).max() <= MAX_ERR
+
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+def test_alibi_bias_and_large_scores(level, v_trans):
+    """Finite mask values (an ALiBi bias) and scores of order 10 (softmax far from uniform)."""
+    rng = np.random.default_rng(11)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=3, n_head=4, n_head_kv=1, d_k=32, d_v=32,
+                                    kv_size=700, dtype=np.float32, v_trans=v_trans, alibi=True)
+    q *= 3.0
+    _, fast = run_all(q, k, v, mask, n_kv, 0.5, 0.0, v_trans)
+    assert np.abs(fast - np_attention(q, k, v, mask, n_kv, 0.5, 0.0, v_trans)).max() <= MAX_ERR
+
+
+def test_softcap_conventions_differ():
+    """With softcap the two paths compute different functions, each llama.cpp's own."""
+    rng = np.random.default_rng(3)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=2, d_k=16, d_v=16, kv_size=40)
+    vt = np.ascontiguousarray(v.transpose(0, 2, 3, 1))
+    a = A.attn(q, k, v, mask, n_kv=n_kv, scale=2.0, softcap=1.0)
+    b = A.attn(q, k, vt, mask, n_kv=n_kv, scale=2.0, softcap=1.0, v_trans=True)
+    assert np.abs(a - b).max() > 1e-2
+    assert np.abs(a - np_attention(q, k, v, mask, n_kv, 2.0, 1.0, False)).max() <= MAX_ERR
+    assert np.abs(b - np_attention(q, k, vt, mask, n_kv, 2.0, 1.0, True)).max() <= MAX_ERR
+    # without softcap the layouts agree
+    a = A.attn(q, k, v, mask, n_kv=n_kv, scale=2.0)
+    b = A.attn(q, k, vt, mask, n_kv=n_kv, scale=2.0, v_trans=True)
+    assert np.abs(a - b).max() <= MAX_ERR
+
+
+# ---- hidden cells, empty rows -------------------------------------------------------------------
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["f32", "f16"])
+def test_hidden_cells_are_not_read(level, v_trans, dtype):
+    """NaN in every hidden cell (and beyond n_kv) must not reach the output."""
+    rng = np.random.default_rng(5)
+    q, k, v, mask, n_kv = make_case(rng, n_stream=2, n_tps=2, n_head=6, n_head_kv=3, d_k=20,
+                                    d_v=12, kv_size=600, n_kv=520, dtype=dtype, v_trans=v_trans)
+    want = np_attention(q, k, v, mask, n_kv, 0.3, 0.0, v_trans)
+    hidden = np.isneginf(mask).all(axis=1)  # [n_stream, n_kv]: hidden for every token
+    for s in range(2):
+        cells = np.concatenate([np.nonzero(hidden[s])[0], np.arange(n_kv, 600)])
+        k[s, cells] = np.nan
+        if v_trans:
+            v[s, :, :, cells] = np.nan
+        else:
+            v[s, cells] = np.nan
+    for fn in (A.attn, A.attn_ref):
+        got = fn(q, k, v, mask, n_kv=n_kv, scale=0.3, v_trans=v_trans)
+        assert np.isfinite(got).all()
+        assert np.abs(got - want).max() <= MAX_ERR
+
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+def test_all_hidden_rows_give_zeros(level, v_trans):
+    rng = np.random.default_rng(9)
+    q, k, v, mask, n_kv = make_case(rng, n_stream=2, n_tps=3, pad=2, kv_size=300, v_trans=v_trans,
+                                    hidden_rows=[(0, 1), (1, 0), (1, 2)])
+    ref, fast = run_all(q, k, v, mask, n_kv, 0.25, 0.0, v_trans)
+    for tok in (1, 3, 5):
+        assert not fast[tok].any() and not ref[tok].any()
+    assert fast[0].any() and fast[4].any()
+
+
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+def test_n_kv_zero(v_trans):
+    rng = np.random.default_rng(1)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=2, kv_size=8, n_kv=0, v_trans=v_trans)
+    out = np.full((2, 4, 16), 7.0, dtype=np.float32)
+    assert A.attn(q, k, v, mask, out, n_kv=0, scale=1.0, v_trans=v_trans) is out
+    assert not out.any()
+    assert not A.attn_ref(q, k, v, mask, n_kv=0, scale=1.0, v_trans=v_trans).any()
+
+
+def test_only_first_n_kv_cells_and_own_stream():
+    """Cells >= n_kv and other streams' cells take no part."""
+    rng = np.random.default_rng(4)
+    q, k, v, mask, n_kv = make_case(rng, n_stream=2, n_tps=2, kv_size=50, n_kv=30, p_hidden=0.0)
+    base = A.attn(q, k, v, mask, n_kv=n_kv, scale=0.5)
+    k2, v2 = k.copy(), v.copy()
+    k2[:, 30:] = 100.0
+    v2[:, 30:] = 100.0
+    assert np.array_equal(base, A.attn(q, k2, v2, mask, n_kv=n_kv, scale=0.5))
+    k3, v3 = k.copy(), v.copy()
+    k3[1], v3[1] = rng.uniform(-1, 1, k3[1].shape), rng.uniform(-1, 1, v3[1].shape)
+    got = A.attn(q, k3, v3, mask, n_kv=n_kv, scale=0.5)
+    assert np.array_equal(base[:2], got[:2]) and not np.array_equal(base[2:], got[2:])
+
+
+def test_gqa_head_mapping():
+    """Query head h reads kv head h // (n_head / n_head_kv)."""
+    rng = np.random.default_rng(2)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=1, n_head=6, n_head_kv=2, kv_size=20, p_hidden=0.0)
+    q[:] = 0.0  # uniform weights: out = mean of the visible V rows of the head's kv head
+    out = A.attn(q, k, v, mask, n_kv=n_kv, scale=1.0)
+    for h in range(6):
+        assert np.allclose(out[0, h], v[0, :, h // 3].mean(axis=0), atol=1e-6)
+
+
+def test_prefill_causal_threads_identical():
+    """Many work items (prefill): the round-robin item split gives the same bits."""
+    rng = np.random.default_rng(6)
+    n_tok, n_kv = 96, 700
+    q, k, v, _, _ = make_case(rng, n_tps=n_tok, n_head=6, n_head_kv=2, d_k=32, d_v=32,
+                              kv_size=n_kv, dtype=np.float16)
+    pos = np.arange(n_kv - n_tok, n_kv)
+    mask = np.where(np.arange(n_kv)[None] <= pos[:, None], 0.0, -np.inf).astype(np.float32)[None]
+    outs = [A.attn(q, k, v, mask, n_kv=n_kv, scale=0.2, n_threads=nt) for nt in (1, 2, 4)]
+    assert all(np.array_equal(outs[0], o) for o in outs[1:])
+    assert np.abs(outs[0] - np_attention(q, k, v, mask, n_kv, 0.2)).max() <= MAX_ERR
+
+
+def test_out_argument_and_scratch_free_paths_agree():
+    rng = np.random.default_rng(8)
+    q, k, v, mask, n_kv = make_case(rng, n_tps=1, n_head=8, n_head_kv=2, kv_size=1500, dtype=np.float16)
+    out = np.empty((1, 8, 16), dtype=np.float32)
+    res = A.attn(q, k, v, mask, out, n_kv=n_kv, scale=0.25, n_threads=2)
+    assert res is out
+    assert np.array_equal(out, A.attn(q, k, v, mask, n_kv=n_kv, scale=0.25, n_threads=1, use_scratch=False))
+
+
+# ---- argument checks ----------------------------------------------------------------------------
+
+def _valid(v_trans=False):
+    rng = np.random.default_rng(0)
+    q, k, v, mask, n_kv = make_case(rng, n_stream=2, n_tps=2, n_head=4, n_head_kv=2, d_k=8, d_v=6,
+                                    kv_size=10, n_kv=9, v_trans=v_trans)
+    return dict(q=q, k=k, v=v, mask=mask), dict(n_kv=n_kv, scale=1.0, v_trans=v_trans)
+
+
+@pytest.mark.parametrize("fn", [A.attn, A.attn_ref], ids=["fast", "ref"])
+@pytest.mark.parametrize("field,bad,err", [
+    ("q", np.zeros((4, 4, 7), np.float32), "head size"),            # d_k mismatch
+    ("q", np.zeros((3, 4, 8), np.float32), "n_tokens"),             # not a multiple of n_stream
+    ("q", np.zeros((4, 5, 8), np.float32), "n_head"),               # not a multiple of n_head_kv
+    ("q", np.zeros((4, 4, 8), np.float64), "float32"),
+    ("q", np.zeros((4, 4), np.float32), "3-D"),
+    ("q", np.zeros((4, 8, 4), np.float32).transpose(0, 2, 1), "C-contiguous"),
+    ("k", np.zeros((2, 10, 2, 8), np.int16), "float32 or float16"),
+    ("k", np.zeros((2, 10, 16), np.float32), "4-D"),
+    ("v", np.zeros((2, 10, 3, 6), np.float32), "v must be"),       # n_head_kv mismatch
+    ("v", np.zeros((2, 11, 2, 6), np.float32), "v must be"),       # kv_size mismatch
+    ("v", np.zeros((2, 10, 2, 513), np.float32), "d_v"),
+    ("mask", np.zeros((2, 2, 10), np.float32), "mask must be"),    # n_kv columns
+    ("mask", np.zeros((2, 1, 9), np.float32), "mask must be"),     # fewer rows than n_tps
+    ("mask", np.zeros((1, 2, 9), np.float32), "mask must be"),     # n_stream
+    ("mask", np.zeros((2, 2, 9), np.float16), "float32"),
+])
+def test_shape_errors(fn, field, bad, err):
+    arrays, kw = _valid()
+    arrays[field] = bad
+    with pytest.raises(ValueError, match=err):
+        fn(arrays["q"], arrays["k"], arrays["v"], arrays["mask"], **kw)
+
+
+def test_vtrans_shape_error():
+    arrays, kw = _valid(v_trans=True)
+    A.attn(**arrays, **kw)
+    with pytest.raises(ValueError, match="transposed"):
+        A.attn(arrays["q"], arrays["k"], np.zeros((2, 10, 2, 6), np.float32), arrays["mask"], **kw)
+
+
+def test_argument_errors():
+    arrays, kw = _valid()
+    with pytest.raises(ValueError, match="n_kv"):
+        A.attn(**arrays, **{**kw, "n_kv": 11})
+    with pytest.raises(ValueError, match="n_kv"):
+        A.attn(**arrays, **{**kw, "n_kv": -1})
+    with pytest.raises(TypeError, match="n_kv"):
+        A.attn(**arrays, **{**kw, "n_kv": 9.0})
+    with pytest.raises(ValueError, match="softcap"):
+        A.attn(**arrays, **kw, softcap=-1.0)
+    with pytest.raises(ValueError, match="scale"):
+        A.attn(**arrays, **{**kw, "scale": float("nan")})
+    with pytest.raises(ValueError, match="n_threads"):
+        A.attn(**arrays, **kw, n_threads=0)
+    with pytest.raises(ValueError, match="n_threads"):
+        A.attn_ref(**arrays, **kw, n_threads=0)
+    with pytest.raises(TypeError, match="numpy array"):
+        A.attn(arrays["q"].tolist(), arrays["k"], arrays["v"], arrays["mask"], **kw)
+    with pytest.raises(ValueError, match="out must be"):
+        A.attn(**arrays, out=np.zeros((4, 4, 5), np.float32), **kw)
+    with pytest.raises(ValueError, match="overlap"):
+        A.attn(**arrays, out=arrays["k"].reshape(-1)[:96].reshape(4, 4, 6), **kw)
