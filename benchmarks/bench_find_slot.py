@@ -13,9 +13,9 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+from llamax._native.cells import KVCells
 
 from llamax import Batch, KVCache
-from llamax._native.cells import KVCells
 
 N_CELLS, N_SEQ = 32768, 4
 

@@ -9,9 +9,9 @@ import time
 
 import numpy as np
 
+from llamax._native import rope as _rope
 from llamax.batch import Batch
 from llamax.memory.kv_cache import KVCache
-from llamax._native import rope as _rope
 from llamax.rope import RoPE
 
 

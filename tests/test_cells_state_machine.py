@@ -8,11 +8,10 @@ import random
 
 import numpy as np
 import pytest
+from helpers import ubatch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-from helpers import ubatch
 from llamax._native.cells import KVCells
 from reference.kv_cells_ref import RefKVCells, split_equal, split_simple
 

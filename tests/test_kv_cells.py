@@ -1,10 +1,8 @@
 """The C cell table (csrc/kv_cells) through its wrapper: per-sequence multisets, seq_* ranges,
 heads, snapshots."""
-import numpy as np
 import pytest
-
-from llamax._native.cells import CELL_STATE_DTYPE, Cells, KVCells
 from helpers import ubatch
+from llamax._native.cells import CELL_STATE_DTYPE, Cells, KVCells
 
 
 def cells_of(kv, stream=0):

@@ -1,23 +1,15 @@
 """Replay llama.cpp's recorded memory operations (shared/reference/*/memory_ops.json) through
 KVCache / KVCacheISWA with the real batch allocator, and compare seq_pos_min/max and the cell
 tables with llama.cpp's after every step."""
-import json
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
+from helpers import load_memory_ops
 
 from llamax import Batch, KVCache, KVCacheISWA, LlamaxError, RoPE
 
-REF = Path(os.environ.get("LLAMAX_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference"))
-
 
 def load(model):
-    path = REF / model / "memory_ops.json"
-    if not path.exists():
-        pytest.fail(f"llama.cpp's reference data is missing: {path} (set LLAMAX_REFERENCE_DIR)")
-    return json.loads(path.read_text())
+    return load_memory_ops(model)
 
 
 def sections(mem):

@@ -1,7 +1,6 @@
 """The C slot finder (csrc/slot_finder): find_slot, apply_ubatch with its purge, prepare's rollback."""
 import numpy as np
 import pytest
-
 from helpers import ubatch
 from llamax._native.cells import KVCells
 

@@ -7,12 +7,10 @@ property checks, and replays of llama.cpp's own recorded runs in
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
-from hypothesis import given, settings, strategies as st
+from helpers import load_memory_ops
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from .kv_cells_ref import (
     EXT_NONE,
@@ -27,8 +25,6 @@ from .kv_cells_ref import (
     split_equal,
     split_simple,
 )
-
-REF_DIR = Path(os.environ.get("LLAMAX_REFERENCE_DIR", "/work/shared/reference"))
 
 
 def ub(pos, seqs=0, **kw) -> RefUBatch:
@@ -565,10 +561,7 @@ def test_random_ops_keep_invariants_and_prepare_is_pure(ops, swa, unified):
 
 
 def _load(model: str) -> dict:
-    path = REF_DIR / model / "memory_ops.json"
-    if not path.exists():
-        pytest.skip(f"{path} not available")
-    return json.loads(path.read_text())
+    return load_memory_ops(model)
 
 
 def _section(cells) -> list[list]:
