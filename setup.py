@@ -19,6 +19,8 @@ EXTENSIONS = [
     ("llamax._native.kq_mask", ["llamax/_native/kq_mask.pyx", "csrc/kq_mask.c"]),
     ("llamax._native.rope", ["llamax/_native/rope.pyx", "csrc/rope.c", "csrc/quants.c"]),
     ("llamax._native.attention", ["llamax/_native/attention.pyx", "csrc/attention.c", "csrc/quants.c"]),
+    ("llamax._native.quants", ["llamax/_native/quants.pyx", "csrc/quants.c"]),
+    ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),
 ]
 
 
