@@ -1,0 +1,5 @@
+"""Models: GGUF loading, tokenizer, one module per architecture."""
+from llamax.model.gguf import GGUFFile, HParams, read_hparams
+from llamax.model.model import Model
+
+__all__ = ["GGUFFile", "HParams", "Model", "read_hparams"]

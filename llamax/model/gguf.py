@@ -1,0 +1,183 @@
+"""Reading a GGUF file with the `gguf` package: metadata, hyperparameters and tensors.
+
+The file is memory-mapped once (gguf.GGUFReader); tensors are read as views of the mapping and
+dequantized to float32 on request. Every failure to read or to find something is a ModelError.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llamax.errors import ModelError
+
+ARCHS = ("llama", "gemma3")  # architectures with a forward pass
+
+
+@dataclass(frozen=True)
+class HParams:
+    """The hyperparameters llama.cpp reads from a GGUF (llama_hparams), for one architecture."""
+
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_embd_head_k: int
+    n_embd_head_v: int
+    n_ff: int
+    n_ctx_train: int
+    n_vocab: int
+    rms_eps: float
+    n_rot: int
+    rope_kind: str                      # "norm" or "neox" (llama.cpp's rope type of the arch)
+    rope_freq_base: float
+    rope_freq_scale: float = 1.0
+    n_swa: int = 0
+    swa_type: str = "none"
+    swa_layers: tuple[int, ...] = ()
+    rope_freq_base_swa: float = 10000.0
+    rope_freq_scale_swa: float = 1.0
+    attn_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
+    tied_output: bool = True
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def n_embd_k_gqa(self) -> int:
+        return self.n_embd_head_k * self.n_head_kv
+
+
+class GGUFFile:
+    """An opened GGUF file: metadata fields and tensors by name.
+
+    Raises:
+        ModelError: the file is missing, is not a GGUF, or cannot be parsed.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelError(f"no model file at {self.path}")
+        with open(self.path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ModelError(f"{self.path} is not a GGUF file (bad magic)")
+        try:
+            import gguf
+
+            self.reader = gguf.GGUFReader(str(self.path), "r")
+        except Exception as e:  # the gguf package raises ValueError, struct errors, IndexError...
+            raise ModelError(f"cannot read GGUF {self.path}: {e}") from e
+        self.tensors = {t.name: t for t in self.reader.tensors}
+
+    # ---- metadata ------------------------------------------------------------------------------
+    def has(self, key: str) -> bool:
+        return key in self.reader.fields
+
+    def get(self, key: str, default: Any = ModelError) -> Any:
+        """The value of a metadata key (strings decoded, arrays as lists)."""
+        f = self.reader.fields.get(key)
+        if f is None:
+            if default is ModelError:
+                raise ModelError(f"{self.path.name}: metadata key {key!r} is missing")
+            return default
+        try:
+            return f.contents()
+        except Exception as e:
+            raise ModelError(f"{self.path.name}: cannot read metadata {key!r}: {e}") from e
+
+    def array(self, key: str, dtype=None) -> np.ndarray | None:
+        """A numeric array field as numpy (no per-element Python objects), None if absent."""
+        f = self.reader.fields.get(key)
+        if f is None:
+            return None
+        parts = [f.parts[i] for i in f.data]
+        if not parts:
+            return np.zeros(0, dtype=dtype or np.int32)
+        a = np.concatenate([np.asarray(p).reshape(-1) for p in parts])
+        return a.astype(dtype) if dtype is not None else a
+
+    @property
+    def arch(self) -> str:
+        return str(self.get("general.architecture"))
+
+    # ---- tensors -------------------------------------------------------------------------------
+    def tensor(self, name: str):
+        t = self.tensors.get(name)
+        if t is None:
+            raise ModelError(f"{self.path.name}: tensor {name!r} is missing")
+        return t
+
+    def ggml_type(self, name: str) -> int:
+        return int(self.tensor(name).tensor_type)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """numpy order (ggml's ne reversed)."""
+        return tuple(int(x) for x in reversed(self.tensor(name).shape))
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes as uint8 [rows, row_bytes] (a view of the mapping)."""
+        t = self.tensor(name)
+        data = np.asarray(t.data)
+        rows = int(np.prod(self.shape(name)[:-1])) if len(t.shape) > 1 else 1
+        return data.view(np.uint8).reshape(rows, -1)
+
+    def f32(self, name: str, n_threads: int | None = None) -> np.ndarray:
+        """The tensor dequantized to float32, in numpy order."""
+        from llamax.model import weights
+
+        return weights.dequantize(self.ggml_type(name), self.raw(name), self.shape(name), n_threads)
+
+
+def _arch_key(g: GGUFFile, arch: str, key: str, default: Any = ModelError) -> Any:
+    return g.get(f"{arch}.{key}", default)
+
+
+def read_hparams(g: GGUFFile) -> HParams:
+    """llama_model::load_hparams for the supported architectures.
+
+    Raises:
+        ModelError: unknown architecture or a missing required key.
+    """
+    arch = g.arch
+    if arch not in ARCHS:
+        raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+    n_embd = int(_arch_key(g, arch, "embedding_length"))
+    n_head = int(_arch_key(g, arch, "attention.head_count"))
+    n_head_kv = int(_arch_key(g, arch, "attention.head_count_kv", n_head))
+    head_k = int(_arch_key(g, arch, "attention.key_length", n_embd // n_head))
+    head_v = int(_arch_key(g, arch, "attention.value_length", n_embd // n_head))
+    n_vocab = _arch_key(g, arch, "vocab_size", None)
+    if n_vocab is None:
+        toks = g.reader.fields.get("tokenizer.ggml.tokens")
+        if toks is None:
+            raise ModelError(f"{g.path.name}: no vocabulary (tokenizer.ggml.tokens)")
+        n_vocab = len(toks.data)
+    common = dict(
+        arch=arch,
+        n_layer=int(_arch_key(g, arch, "block_count")),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        n_embd_head_k=head_k,
+        n_embd_head_v=head_v,
+        n_ff=int(_arch_key(g, arch, "feed_forward_length")),
+        n_ctx_train=int(_arch_key(g, arch, "context_length")),
+        n_vocab=int(n_vocab),
+        rms_eps=float(_arch_key(g, arch, "attention.layer_norm_rms_epsilon")),
+        n_rot=int(_arch_key(g, arch, "rope.dimension_count", head_k)),
+        rope_freq_base=float(_arch_key(g, arch, "rope.freq_base", 10000.0)),
+        rope_freq_scale=1.0 / float(_arch_key(g, arch, "rope.scaling.factor", 1.0) or 1.0),
+        tied_output="output.weight" not in g.tensors,
+    )
+    if arch == "llama":
+        return HParams(rope_kind="norm", **common)
+    # gemma3: every sixth layer is global; the others slide over n_swa tokens (llama.cpp's pattern 6)
+    n_swa = int(_arch_key(g, arch, "attention.sliding_window"))
+    n_layer = common["n_layer"]
+    swa_layers = tuple(il for il in range(n_layer) if (il + 1) % 6 != 0)
+    return HParams(rope_kind="neox", n_swa=n_swa, swa_type="standard", swa_layers=swa_layers,
+                   rope_freq_base_swa=10000.0, **common)

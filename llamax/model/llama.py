@@ -1,0 +1,78 @@
+"""The llama architecture (llama.cpp's llm_build_llama) over llamax's memory.
+
+Per layer: RMSNorm -> Q/K/V projections -> RoPE (llama.cpp's NORM type for this arch) -> K/V
+written into the cache -> attention over the cache in the native kernel -> output projection ->
+residual -> RMSNorm -> SwiGLU FFN -> residual. Logits only for the tokens that asked for them.
+Everything is whole-ubatch numpy/BLAS or native calls; no Python loop runs per token.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamax._native import rope as _rope
+from llamax.model.gguf import GGUFFile, HParams
+from llamax.model.linear import Linear
+from llamax.rope import RoPE
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w, over the last axis."""
+    ms = np.einsum("ij,ij->i", x, x) / x.shape[1]
+    return x * (1.0 / np.sqrt(ms + eps))[:, None].astype(np.float32) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+class _Layer:
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.attn_norm = g.f32(p + "attn_norm.weight")
+        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
+        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
+        self.ffn_norm = g.f32(p + "ffn_norm.weight")
+        self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
+        self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
+
+
+class Llama:
+    """Weights and forward pass of a llama-architecture model."""
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        self.hp = hp
+        self.n_threads = n_threads
+        self.tok_embd = g.f32("token_embd.weight", n_threads)                 # [n_vocab, n_embd]
+        self.output_norm = g.f32("output_norm.weight")
+        self.output = Linear.load(g, "token_embd.weight" if hp.tied_output else "output.weight", n_threads,
+                                  f32=self.tok_embd if hp.tied_output else None)
+        self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
+        self.rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
+
+    def forward(self, mem, ub) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem."""
+        hp, n = self.hp, ub.n_tokens
+        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
+        x = self.tok_embd[ub.token]
+        for il, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, hp.rms_eps)
+            qkv = L.wqkv(h)
+            q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
+            k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+            v = qkv[:, nq + nk:].reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+            _rope.rope_f32(q, ub.pos, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, self.rope.mode, self.n_threads)
+            _rope.rope_f32(k, ub.pos, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, self.rope.mode, self.n_threads)
+            mem.store(il, ub, k, v)
+            a = mem.attend(il, ub, q, scale=self.kq_scale)
+            x = x + L.wo(a.reshape(n, -1))
+            h = rms_norm(x, L.ffn_norm, hp.rms_eps)
+            gu = L.w_gate_up(h)
+            x = x + L.w_down(silu(gu[:, :hp.n_ff]) * gu[:, hp.n_ff:])
+        out = ub.output
+        if not out.any():
+            return np.zeros((0, hp.n_vocab), np.float32)
+        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
+        return self.output(xo)
