@@ -1,12 +1,17 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
-attention mask, attention) as a Python library with a C core."""
+attention mask, attention) and the decode loop around it, as a Python library with a C core."""
+from llamax import models
 from llamax.batch import Batch
+from llamax.context import Context
 from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
+from llamax.generate import generate
 from llamax.memory import KVCache, KVCacheISWA, Memory
+from llamax.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
+from llamax.sampling import Sampler
 
 __version__ = "0.1.0"
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams", "RoPE",
-           "KVCache", "KVCacheISWA", "Memory"]
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams",
+           "RoPE", "KVCache", "KVCacheISWA", "Memory", "Model", "Context", "Sampler", "generate", "models"]
