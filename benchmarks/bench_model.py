@@ -15,22 +15,31 @@ import subprocess
 import sys
 import time
 
-LLAMA_CPP_SNIPPET = r"""
+LLAMA_CPP_TG = r"""
 import json, sys, time
 import llama_cpp
-path, threads, fa, n_pp, n_tg = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4]), int(sys.argv[5])
+path, threads, fa, n_tg = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_threads=threads, n_threads_batch=threads, flash_attn=fa,
+                      verbose=False)
+bias = {t: -1e9 for t in (0, 1, 2)}  # no end of generation: exactly n_tg single-token decodes
+t0 = time.perf_counter()
+out = llm.create_completion(prompt=[504], max_tokens=n_tg, temperature=0.0, logit_bias=bias)
+dt = time.perf_counter() - t0
+print(json.dumps({"tg": out["usage"]["completion_tokens"] / dt}))
+"""
+
+LLAMA_CPP_PP = r"""
+import json, sys, time
+import llama_cpp
+path, threads, fa, n_pp = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=threads,
                       n_threads_batch=threads, flash_attn=fa, verbose=False)
 toks = [(i * 7919) % 40000 + 100 for i in range(n_pp)]
-llm.reset(); llm._ctx.kv_cache_clear() if hasattr(llm._ctx, "kv_cache_clear") else None
-t0 = time.perf_counter(); llm.eval(toks); pp = time.perf_counter() - t0
-llm.reset(); llm._ctx.kv_cache_clear() if hasattr(llm._ctx, "kv_cache_clear") else None
 t0 = time.perf_counter()
-for i in range(n_tg):
-    llm.eval([toks[i]])
-tg = time.perf_counter() - t0
-print(json.dumps({"pp": n_pp / pp, "tg": n_tg / tg}))
+llm.eval(toks)
+print(json.dumps({"pp": n_pp / (time.perf_counter() - t0)}))
 """
+
 
 
 def bench_llamax(model, threads, fa, n_pp, n_tg):
@@ -51,11 +60,32 @@ def bench_llamax(model, threads, fa, n_pp, n_tg):
 
 
 def bench_llama_cpp(python, path, threads, fa, n_pp, n_tg):
-    r = subprocess.run([python, "-c", LLAMA_CPP_SNIPPET, str(path), str(threads), "1" if fa else "0", str(n_pp),
-                        str(n_tg)], capture_output=True, text=True, timeout=900)
-    if r.returncode != 0:
-        raise RuntimeError(f"llama.cpp run failed: {r.stderr[-2000:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])
+    """llama.cpp's figures through llama-cpp-python; pp is None when its batched decode crashes (it
+    segfaults on multi-token batches in the llama-cpp-python 0.3.36 builds tried on this machine)."""
+    out = {}
+    for key, code, n in (("tg", LLAMA_CPP_TG, n_tg), ("pp", LLAMA_CPP_PP, n_pp)):
+        r = subprocess.run([python, "-c", code, str(path), str(threads), "1" if fa else "0", str(n)],
+                           capture_output=True, text=True, timeout=900)
+        out[key] = json.loads(r.stdout.strip().splitlines()[-1])[key] if r.returncode == 0 else None
+    return out
+
+
+def reference_speed(model_name, fa):
+    """llama.cpp's pp512 / tg128 recorded on this kind of machine (shared/reference/*/speed.json)."""
+    import os
+    from pathlib import Path
+
+    folder = {"smollm2-135m": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma-3-270m-q4_k_m"}.get(model_name)
+    root = Path(os.environ.get("LLAMAX_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference"))
+    path = root / str(folder) / "speed.json"
+    if folder is None or not path.exists():
+        return None
+    d = json.loads(path.read_text())
+    rows = d.get("single") or d.get("result", {}).get("single") or []
+    for r in rows:
+        if r.get("type_k") == "f16" and r.get("fa_resolved") == ("enabled" if fa else "disabled"):
+            return {"pp": r["pp_tok_s"], "tg": r["tg_tok_s"]}
+    return None
 
 
 def main():
@@ -81,12 +111,25 @@ def main():
         if a.llama_python:
             res["llama.cpp"].append(bench_llama_cpp(a.llama_python, path, a.threads, fa, a.pp, a.tg))
     print(f"{a.model}, {a.threads} threads, flash attention {a.fa}, f16 cache, median of {a.reps} alternating runs")
-    med = {k: {m: statistics.median(r[m] for r in v) for m in ("pp", "tg")} for k, v in res.items() if v}
-    for k, v in med.items():
-        print(f"  {k:10s} pp{a.pp} {v['pp']:8.1f} t/s   tg{a.tg} {v['tg']:8.1f} t/s")
-    if "llama.cpp" in med:
-        print(f"  ratio      pp {med['llamax']['pp'] / med['llama.cpp']['pp']:.2f}x   "
-              f"tg {med['llamax']['tg'] / med['llama.cpp']['tg']:.2f}x  (llamax / llama.cpp)")
+
+    def med(rows, m):
+        vals = [r[m] for r in rows if r.get(m) is not None]
+        return statistics.median(vals) if vals else None
+
+    ours = {m: med(res["llamax"], m) for m in ("pp", "tg")}
+    theirs = {m: med(res["llama.cpp"], m) for m in ("pp", "tg")}
+    ref = reference_speed(a.model, fa) or {}
+    source = {}
+    for m in ("pp", "tg"):
+        source[m] = "same run"
+        if theirs[m] is None:
+            theirs[m] = ref.get(m)
+            source[m] = "speed.json (not measurable in this run)" if theirs[m] is not None else "n/a"
+    print(f"  llamax     pp{a.pp} {ours['pp']:8.1f} t/s   tg{a.tg} {ours['tg']:8.1f} t/s")
+    for m, n in (("pp", a.pp), ("tg", a.tg)):
+        if theirs[m] is not None:
+            print(f"  llama.cpp  {m}{n} {theirs[m]:8.1f} t/s  [{source[m]}]   llamax / llama.cpp = "
+                  f"{ours[m] / theirs[m]:.2f}x")
 
 
 if __name__ == "__main__":

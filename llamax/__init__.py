@@ -1,6 +1,13 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
 attention mask, attention) and the decode loop around it, as a Python library with a C core."""
-from llamax import models
+import os
+
+# OpenMP threads that spin-wait long after a parallel region steal the cores BLAS needs for prefill
+# (2.5x slower prompts here); a short spin keeps decode's back-to-back regions fast. Read once, when
+# libgomp loads with the first native module; a value the user set wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+from llamax import models  # noqa: E402
 from llamax.batch import Batch
 from llamax.context import Context
 from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
