@@ -26,6 +26,7 @@
  * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512; chosen once per call.
  */
 #include "attention.h"
+#include "cpu.h"
 
 #include <assert.h>
 #include <math.h>
@@ -845,26 +846,10 @@ static const kernel_set kernels_avx512 = { dots_avx512, expsum_avx512, vacc_avx5
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 
+/* 3: AVX-512, 2: AVX2 + FMA + F16C, 0: portable C */
 static int cpu_level(void) {
-#ifdef LX_X86
-    static int cached = -1;
-    int lv = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (lv < 0) {
-        __builtin_cpu_init();
-        lv = 0;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-            lv = 2;
-            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-                lv = 3;
-            }
-        }
-        __atomic_store_n(&cached, lv, __ATOMIC_RELAXED);
-    }
-    return lv;
-#else
-    return 0;
-#endif
+    const int f = lx_cpu_features();
+    return (f & LX_CPU_AVX512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
 }
 
 static int level_cap = -1;

@@ -25,6 +25,7 @@
 #ifndef LX_MM_KERNEL_PASS
 
 #include "matmul.h"
+#include "cpu.h"
 
 #include <assert.h>
 #include <string.h>
@@ -703,25 +704,10 @@ LX_MM_ENTRY512(q6_K_512, LX_Z_Q6_K)
 
 static int mm_cap = -1;    /* testing hook; -1: no cap */
 
+/* 3: AVX-512 with VNNI, 2: AVX2 + FMA + F16C, 0: portable C */
 static int mm_cpu_level(void) {
-#ifdef LX_MM_X86
-    static int cached = -1;    /* every thread computes the same value */
-    int lv = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (lv < 0) {
-        __builtin_cpu_init();
-        lv = 0;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-            lv = 2;
-            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
-                lv = 3;
-        }
-        __atomic_store_n(&cached, lv, __ATOMIC_RELAXED);
-    }
-    return lv;
-#else
-    return 0;
-#endif
+    const int f = lx_cpu_features();
+    return (f & LX_CPU_VNNI512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
 }
 
 int lx_mm_simd_level(void) {
