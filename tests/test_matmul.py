@@ -17,12 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from llamax._native import matmul as M
-from llamax._native import quants as Q
 from test_quants_blocks import (
-    QK,
-    QK_K,
     gguf,
     gguf_dequantize,
     np_dequantize,
@@ -32,6 +27,9 @@ from test_quants_blocks import (
     random_blocks,
     smollm2_path,
 )
+
+from llamax._native import matmul as M
+from llamax._native import quants as Q
 
 INT_TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q5_1, Q.TYPE_Q8_0, Q.TYPE_Q4_K, Q.TYPE_Q5_K,
              Q.TYPE_Q6_K]

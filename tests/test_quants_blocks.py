@@ -95,7 +95,6 @@ def np_dequantize_parts(t: int, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray
     formats without one (then the value is a itself: a -0.0 must stay -0.0)."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     nb = raw.shape[0]
-    zero = np.float32(0)
     if t == Q.TYPE_F32:
         return raw.view(np.float32).reshape(nb, 1), None
     if t == Q.TYPE_F16:
