@@ -35,6 +35,8 @@ path, threads, fa, n_pp = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int
 llm = llama_cpp.Llama(model_path=path, n_ctx=2048, n_batch=512, n_ubatch=512, n_threads=threads,
                       n_threads_batch=threads, flash_attn=fa, verbose=False)
 toks = [(i * 7919) % 40000 + 100 for i in range(n_pp)]
+llm.eval(toks[:8])  # warm up (graph allocation), then an empty cache again
+llm.reset()
 t0 = time.perf_counter()
 llm.eval(toks)
 print(json.dumps({"pp": n_pp / (time.perf_counter() - t0)}))
@@ -48,6 +50,8 @@ def bench_llamax(model, threads, fa, n_pp, n_tg):
 
     ctx = Context(model, n_ctx=2048, n_batch=2048, n_ubatch=512, flash_attn=fa, n_threads=threads)
     toks = [(i * 7919) % 40000 + 100 for i in range(n_pp)]
+    ctx.decode(Batch(toks[:8]))  # warm up, then an empty cache again
+    ctx.memory.clear()
     t0 = time.perf_counter()
     ctx.decode(Batch(toks))
     pp = time.perf_counter() - t0
@@ -60,8 +64,8 @@ def bench_llamax(model, threads, fa, n_pp, n_tg):
 
 
 def bench_llama_cpp(python, path, threads, fa, n_pp, n_tg):
-    """llama.cpp's figures through llama-cpp-python; pp is None when its batched decode crashes (it
-    segfaults on multi-token batches in the llama-cpp-python 0.3.36 builds tried on this machine)."""
+    """llama.cpp's figures through llama-cpp-python; None for a figure whose run crashed (0.3.36 segfaults
+    on multi-token batches on this machine; 0.3.16 works)."""
     out = {}
     for key, code, n in (("tg", LLAMA_CPP_TG, n_tg), ("pp", LLAMA_CPP_PP, n_pp)):
         r = subprocess.run([python, "-c", code, str(path), str(threads), "1" if fa else "0", str(n)],

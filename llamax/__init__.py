@@ -1,11 +1,16 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
 attention mask, attention) and the decode loop around it, as a Python library with a C core."""
 import os
+import sys
 
-# OpenMP threads that spin-wait long after a parallel region steal the cores BLAS needs for prefill
-# (2.5x slower prompts here); a short spin keeps decode's back-to-back regions fast. Read once, when
-# libgomp loads with the first native module; a value the user set wins.
+# Threads that spin-wait long after their parallel region steal the cores the next kernel needs:
+# OpenMP's (ours) those of OpenBLAS during prefill, OpenBLAS's those of our attention right after a
+# BLAS call (pp512 377 -> 620 t/s here together). A short spin keeps decode's back-to-back regions
+# fast. Each library reads its variable once when it loads (OpenBLAS with numpy), so this helps only
+# when llamax is imported first; a value the user set wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+if "numpy" not in sys.modules:
+    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 from llamax import models  # noqa: E402
 from llamax.batch import Batch

@@ -23,8 +23,15 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(ms + eps))[:, None].astype(np.float32) * w
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+def swiglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
+    """silu(gate) * up for gu = [gate | up] (one new array, the rest in place)."""
+    g, u = gu[:, :n_ff], gu[:, n_ff:]
+    t = np.negative(g)
+    np.exp(t, out=t)
+    t += 1.0
+    np.divide(g, t, out=t)
+    t *= u
+    return t
 
 
 class _Layer:
@@ -67,10 +74,9 @@ class Llama:
             _rope.rope_f32(k, ub.pos, hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, self.rope.mode, self.n_threads)
             mem.store(il, ub, k, v)
             a = mem.attend(il, ub, q, scale=self.kq_scale)
-            x = x + L.wo(a.reshape(n, -1))
+            x += L.wo(a.reshape(n, -1))
             h = rms_norm(x, L.ffn_norm, hp.rms_eps)
-            gu = L.w_gate_up(h)
-            x = x + L.w_down(silu(gu[:, :hp.n_ff]) * gu[:, hp.n_ff:])
+            x += L.w_down(swiglu(L.w_gate_up(h), hp.n_ff))
         out = ub.output
         if not out.any():
             return np.zeros((0, hp.n_vocab), np.float32)
