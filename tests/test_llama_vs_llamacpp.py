@@ -109,7 +109,8 @@ def test_greedy_continuation_matches_llamacpp(model, ref, cfg, name):
     assert free == gen[:n_free]
 
 
-def test_four_sequences_in_one_batch_match_each_alone(model, ref):
+@pytest.mark.parametrize("unified", [True, False])
+def test_four_sequences_in_one_batch_match_each_alone(model, ref, unified):
     meta, _ = ref
     prompts = [prompt(meta, n)["tokens"] for n in ("short_prose", "chat", "code")]
     prompts.append(prompt(meta, "long_1k3")["tokens"][:60])
@@ -129,7 +130,7 @@ def test_four_sequences_in_one_batch_match_each_alone(model, ref):
         ctx = context(model, True, n_ctx=512)
         ctx.decode(Batch(p))
         alone += greedy(ctx, [0], [ctx.get_logits_ith(-1)])
-    ctx = context(model, True, n_ctx=1024, n_seq_max=4, kv_unified=True)
+    ctx = context(model, True, n_ctx=2048 if not unified else 1024, n_seq_max=4, kv_unified=unified)
     toks = [t for p in prompts for t in p]
     seqs = [s for s, p in enumerate(prompts) for _ in p]
     last = np.cumsum([len(p) for p in prompts]) - 1
