@@ -29,23 +29,29 @@ def ubatch(positions, seq_lists, tokens=None):
     )
 
 
-def load_memory_ops(model: str) -> dict:
-    """llama.cpp's recorded memory operations for a model (shared/reference/<model>/memory_ops.json).
+def reference_dir(model: str):
+    """The folder of llama.cpp's reference outputs for a model (shared/reference/<model>).
 
-    The data sits beside the checkout (../shared/reference) or in $LLAMAX_REFERENCE_DIR. Missing data
-    fails the test, except where LLAMAX_NO_REFERENCE=1 says it cannot be there (wheel tests in
-    cibuildwheel's containers), where the replay is skipped.
+    It sits beside the checkout (../shared/reference) or in $LLAMAX_REFERENCE_DIR. Missing data fails the
+    test, except where LLAMAX_NO_REFERENCE=1 says it cannot be there (wheel tests in cibuildwheel's
+    containers), where the test is skipped.
     """
-    import json
     import os
     from pathlib import Path
 
     import pytest
 
     root = Path(os.environ.get("LLAMAX_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference"))
-    path = root / model / "memory_ops.json"
-    if not path.exists():
+    path = root / model
+    if not path.is_dir():
         if os.environ.get("LLAMAX_NO_REFERENCE") == "1":
             pytest.skip(f"llama.cpp's reference data is not available here ({path})")
         pytest.fail(f"llama.cpp's reference data is missing: {path} (set LLAMAX_REFERENCE_DIR)")
-    return json.loads(path.read_text())
+    return path
+
+
+def load_memory_ops(model: str) -> dict:
+    """llama.cpp's recorded memory operations for a model (reference_dir(model)/memory_ops.json)."""
+    import json
+
+    return json.loads((reference_dir(model) / "memory_ops.json").read_text())

@@ -11,19 +11,16 @@ exceeds TOP1_GAP, 2x the largest gap llama.cpp flips between its own paths; at t
 llama.cpp must rate llamax's choice within TOP1_GAP of its own best.
 """
 import json
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import reference_dir
 
 from llamax import Batch
 from llamax.context import Context
 from llamax.model import Model
 from llamax.sampling import Sampler
 
-REF = Path(os.environ.get("LLAMAX_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference"))
-MODEL_REF = REF / "smollm2-135m-instruct-q4_1"
 TOP1_GAP = 0.60       # 2 x the largest top-1/top-2 gap llama.cpp flips between its own paths (0.30)
 LAST_ROW_MAX = 1.54   # 2 x llama.cpp vs itself (fa on vs off): max |diff| 0.77
 LAST_ROW_RMS = 0.44   # 2 x llama.cpp vs itself: RMS 0.22
@@ -32,10 +29,9 @@ CONFIGS = {"fa_auto": True, "fa_off": False}
 
 @pytest.fixture(scope="module")
 def ref():
-    if not MODEL_REF.exists():
-        pytest.fail(f"llama.cpp's reference data is missing: {MODEL_REF}")
-    meta = json.loads((MODEL_REF / "ref_logits.json").read_text())
-    return meta, np.load(MODEL_REF / "ref_logits.npz")
+    folder = reference_dir("smollm2-135m-instruct-q4_1")
+    meta = json.loads((folder / "ref_logits.json").read_text())
+    return meta, np.load(folder / "ref_logits.npz")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+from helpers import reference_dir
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -36,16 +37,8 @@ from llamax.model.tokenizer import (
 )
 
 MODELS = {"smollm2-135m": "smollm2-135m-instruct-q4_1", "gemma3-270m": "gemma-3-270m-q4_k_m"}
-REF_ROOT = Path(os.environ.get("LLAMAX_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "shared" / "reference"))
-
-
 def _reference(name: str, file: str) -> dict:
-    path = REF_ROOT / MODELS[name] / file
-    if not path.exists():
-        if os.environ.get("LLAMAX_NO_REFERENCE") == "1":
-            pytest.skip(f"llama.cpp's reference data is not available here ({path})")
-        pytest.fail(f"llama.cpp's reference data is missing: {path} (set LLAMAX_REFERENCE_DIR)")
-    return json.loads(path.read_text())
+    return json.loads((reference_dir(MODELS[name]) / file).read_text())
 
 
 def _gguf(name: str) -> Path:
