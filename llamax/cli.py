@@ -38,7 +38,7 @@ def _run_parser(sub) -> None:
 def cmd_run(a) -> int:
     from llamax import models
     from llamax.context import Context
-    from llamax.generate import decode_prompt, generate
+    from llamax.generate import generate
     from llamax.model import Model
     from llamax.sampling import Sampler
 
@@ -74,14 +74,15 @@ def cmd_run(a) -> int:
         sys.stdout.write("\n")
         print(f"llamax: {gen.stats}", file=sys.stderr)
         return 0
-    return _run_parallel(ctx, model, prompts, a, sampler, decode_prompt)
+    return _run_parallel(ctx, model, prompts, a, sampler)
 
 
-def _run_parallel(ctx, model, prompts, a, sampler, decode_prompt) -> int:
+def _run_parallel(ctx, model, prompts, a, sampler) -> int:
     """N sequences decoded together: one batch per step holds the next token of every live sequence."""
     import time
 
     from llamax.batch import Batch
+    from llamax.generate import decode_prompt
     from llamax.model.tokenizer import TextStream
 
     n = len(prompts)

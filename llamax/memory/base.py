@@ -3,13 +3,24 @@
 A memory holds what a context remembers between decodes. The context talks to it only through
 this interface: the seq_* operations, plan() (init_batch: split a batch and reserve its slots
 without changing anything), update() (pending K-shift and stream copies), and per layer store()
-and attend() while a plan is being applied. Nothing mutates the cells except the seq_* operations
+and attend() while a plan is being applied. Plan, make_allocator and split_batch are the planning
+machinery every cache shares (llama_batch_allocr + llama_memory_context_i). Nothing mutates the cells except the seq_* operations
 and the application of a plan's ubatches.
 """
 from __future__ import annotations
 
 import abc
 from typing import Iterator
+
+import numpy as np
+
+from llamax.batch import Batch, BatchAllocator, UBatch
+from llamax.errors import BatchError
+
+
+def pad(x: int, n: int) -> int:
+    """x rounded up to a multiple of n (GGML_PAD)."""
+    return (x + n - 1) // n * n
 
 
 class Memory(abc.ABC):
@@ -85,7 +96,7 @@ class Memory(abc.ABC):
         """Apply pending stream copies and K-shifts (llama_memory_i::init_update). True if anything ran."""
 
     @abc.abstractmethod
-    def plan(self, batch, n_ubatch: int = 512, **kwargs) -> "Iterator":
+    def plan(self, batch, n_ubatch: int = 512, **kwargs) -> "Plan":
         """Validate and split the batch and reserve slots for all of it (init_batch)."""
 
     @abc.abstractmethod
@@ -95,3 +106,63 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0):
         """Attention of the ubatch's queries over layer il of the cache."""
+
+
+class Plan:
+    """The ubatches of one batch with their reserved slots (llama_memory_context_i).
+
+    Iterating applies each ubatch to the cells (apply_ubatch) and yields it; between two steps the
+    caller stores K/V and attends for every layer. A plan that raised nothing fits entirely.
+    """
+
+    def __init__(self, memory: "Memory", balloc: BatchAllocator, ubatches: list[UBatch], slots: list):
+        self.memory = memory
+        self.balloc = balloc
+        self.ubatches = ubatches
+        self.slots = slots  # per sub-cache, a list of (strm, idxs) per ubatch
+
+    def __len__(self) -> int:
+        return len(self.ubatches)
+
+    def __iter__(self) -> Iterator[UBatch]:
+        for u, ub in enumerate(self.ubatches):
+            self.memory._apply(ub, [s[u] for s in self.slots])
+            yield ub
+        self.memory._finish()
+
+    @property
+    def n_outputs(self) -> int:
+        return self.balloc.n_outputs
+
+
+def make_allocator(memory: Memory, batch: Batch, *, n_vocab: int | None, n_batch: int | None,
+                   output_all: bool) -> BatchAllocator:
+    """A batch allocator initialised with `batch`, validated against `memory` (positions, sequences).
+
+    Raises:
+        BatchError: an invalid batch; also a token of several sequences when every sequence has its
+            own stream (the cache cannot share a cell across streams).
+    """
+    balloc = BatchAllocator(n_seq_max=memory.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
+    balloc.init(batch, memory, output_all=output_all)
+    if not getattr(memory, "unified", True):
+        multi = np.flatnonzero(np.asarray(batch.n_seq_id) > 1)
+        if multi.size:
+            raise BatchError(f"token {int(multi[0])} belongs to several sequences, but the cache keeps one "
+                             f"stream per sequence (unified=False): a token can belong to one only")
+    return balloc
+
+
+def split_batch(balloc: BatchAllocator, n_ubatch: int, *, equal: bool, sequential: bool) -> list[UBatch] | None:
+    """Every ubatch of the batch: split_simple, or split_equal (sequential for one stream per
+    sequence); None if the allocator cannot split all of it (llama.cpp's failed prepare)."""
+    balloc.split_reset()
+    ubatches = []
+    while True:
+        ub = balloc.split_equal(n_ubatch, sequential) if equal else balloc.split_simple(n_ubatch)
+        if ub is None or ub.n_tokens == 0:
+            break
+        ubatches.append(ub)
+    if balloc.n_used < balloc.n_tokens:
+        return None
+    return ubatches

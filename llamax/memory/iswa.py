@@ -12,8 +12,8 @@ from typing import Sequence
 
 from llamax.batch import Batch
 from llamax.errors import LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory
-from llamax.memory.kv_cache import KVCache, Plan, _pad, make_allocator, split_batch
+from llamax.memory.base import Memory, Plan, make_allocator, pad, split_batch
+from llamax.memory.kv_cache import KVCache
 from llamax.rope import RoPE
 
 log = logging.getLogger("llamax")
@@ -24,7 +24,7 @@ def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, unified: bool, n_ub
     """Cells per stream of the SWA cache, as llama.cpp sizes it."""
     if swa_full:
         return kv_size
-    return min(kv_size, _pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, 256))
+    return min(kv_size, pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, 256))
 
 
 class KVCacheISWA(Memory):

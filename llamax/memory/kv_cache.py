@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -21,9 +21,9 @@ from llamax._native import attention as _attn
 from llamax._native import kq_mask as _mask
 from llamax._native import rope as _rope
 from llamax._native.cells import SWA_TYPES, KVCells
-from llamax.batch import Batch, BatchAllocator, UBatch
-from llamax.errors import BatchError, LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory
+from llamax.batch import Batch, UBatch
+from llamax.errors import LlamaxError, NoKVSlotError
+from llamax.memory.base import Memory, Plan, make_allocator, pad, split_batch
 from llamax.params import resolve_n_threads
 from llamax.rope import RoPE
 
@@ -35,10 +35,6 @@ N_KV_PAD = 256  # llama.cpp pads the attended cell count so the graph keeps its 
 
 MiB = 1024.0 * 1024.0
 LX_DEBUG = int(os.environ.get("LX_DEBUG", "0") or 0)  # > 0: log the cell map after every ubatch
-
-
-def _pad(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
 
 
 def _dtype_of(name: str, what: str) -> np.dtype:
@@ -58,33 +54,6 @@ class _Active:
     idxs: np.ndarray   # uint32 [n_tokens]
     contiguous: bool
     masks: dict
-
-
-class Plan:
-    """The ubatches of one batch with their reserved slots (llama_memory_context_i).
-
-    Iterating applies each ubatch to the cells (apply_ubatch) and yields it; between two steps the
-    caller stores K/V and attends for every layer. A plan that raised nothing fits entirely.
-    """
-
-    def __init__(self, memory: "Memory", balloc: BatchAllocator, ubatches: list[UBatch], slots: list):
-        self.memory = memory
-        self.balloc = balloc
-        self.ubatches = ubatches
-        self.slots = slots  # per sub-cache, a list of (strm, idxs) per ubatch
-
-    def __len__(self) -> int:
-        return len(self.ubatches)
-
-    def __iter__(self) -> Iterator[UBatch]:
-        for u, ub in enumerate(self.ubatches):
-            self.memory._apply(ub, [s[u] for s in self.slots])
-            yield ub
-        self.memory._finish()
-
-    @property
-    def n_outputs(self) -> int:
-        return self.balloc.n_outputs
 
 
 class KVCache(Memory):
@@ -333,7 +302,7 @@ class KVCache(Memory):
         n = 0
         for st in streams:
             used = self.meta.streams[st].used_max_p1
-            n = max(n, min(self.kv_size, max(N_KV_PAD, _pad(used, N_KV_PAD))))
+            n = max(n, min(self.kv_size, max(N_KV_PAD, pad(used, N_KV_PAD))))
         return n
 
     def mask(self, ubatch: UBatch, *, causal: bool = True) -> np.ndarray:
@@ -374,39 +343,6 @@ class KVCache(Memory):
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
         return _attn.attn(q, self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], m, out, n_kv=m.shape[2],
                           scale=scale, softcap=float(softcap), v_trans=self.v_trans, n_threads=self.n_threads)
-
-
-def make_allocator(memory: Memory, batch: Batch, *, n_vocab: int | None, n_batch: int | None,
-                   output_all: bool) -> BatchAllocator:
-    """A batch allocator initialised with `batch`, validated against `memory` (positions, sequences).
-
-    Raises:
-        BatchError: an invalid batch; also a token of several sequences when every sequence has its
-            own stream (the cache cannot share a cell across streams).
-    """
-    balloc = BatchAllocator(n_seq_max=memory.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
-    balloc.init(batch, memory, output_all=output_all)
-    if not getattr(memory, "unified", True):
-        multi = np.flatnonzero(np.asarray(batch.n_seq_id) > 1)
-        if multi.size:
-            raise BatchError(f"token {int(multi[0])} belongs to several sequences, but the cache keeps one "
-                             f"stream per sequence (unified=False): a token can belong to one only")
-    return balloc
-
-
-def split_batch(balloc: BatchAllocator, n_ubatch: int, *, equal: bool, sequential: bool) -> list[UBatch] | None:
-    """Every ubatch of the batch: split_simple, or split_equal (sequential for one stream per
-    sequence); None if the allocator cannot split all of it (llama.cpp's failed prepare)."""
-    balloc.split_reset()
-    ubatches = []
-    while True:
-        ub = balloc.split_equal(n_ubatch, sequential) if equal else balloc.split_simple(n_ubatch)
-        if ub is None or ub.n_tokens == 0:
-            break
-        ubatches.append(ub)
-    if balloc.n_used < balloc.n_tokens:
-        return None
-    return ubatches
 
 
 def _as_float(a, shape: tuple, what: str) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from llamax._native import quants
 from llamax.errors import ModelError
 
 ARCHS = ("llama", "gemma3")  # architectures with a forward pass
@@ -126,10 +127,15 @@ class GGUFFile:
         return data.view(np.uint8).reshape(rows, -1)
 
     def f32(self, name: str, n_threads: int | None = None) -> np.ndarray:
-        """The tensor dequantized to float32, in numpy order."""
-        from llamax.model import weights
+        """The tensor dequantized to float32, in numpy order (native, bit-exact with ggml).
 
-        return weights.dequantize(self.ggml_type(name), self.raw(name), self.shape(name), n_threads)
+        Raises:
+            ModelError: a tensor type that cannot be dequantized.
+        """
+        t = self.ggml_type(name)
+        if not quants.can_dequantize(t):
+            raise ModelError(f"{self.path.name}: tensor {name!r} has type {t}, which cannot be dequantized")
+        return quants.dequantize(t, np.ascontiguousarray(self.raw(name)), self.shape(name), n_threads)
 
 
 def _arch_key(g: GGUFFile, arch: str, key: str, default: Any = ModelError) -> Any:

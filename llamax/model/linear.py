@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from llamax._native import matmul
 from llamax.model.gguf import GGUFFile
 
 # up to this many tokens the native quantized product beats BLAS on dequantized float32
@@ -43,8 +44,6 @@ class Linear:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.raw is not None and x.shape[0] <= NATIVE_MAX_TOKENS:
-            from llamax._native import matmul
-
             return matmul.mul_mat(self.raw, self.ggml_type, np.ascontiguousarray(x, dtype=np.float32),
                                   n_threads=self.n_threads)
         return x @ self.f32.T
