@@ -26,6 +26,7 @@
 
 #include "matmul.h"
 #include "cpu.h"
+#include "quants_simd.h"
 
 #include <assert.h>
 #include <string.h>
@@ -1112,7 +1113,6 @@ static LX_INLINE LX_TGT void SFX(tile_q6_K)(const uint8_t *w, size_t wrb, const 
     };
     const size_t qsb = act_qs_bytes(n);
     const int64_t nb = n / LX_QK_K;
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3);
     __m256 acc[4];
     for (int i = 0; i < R * NT; ++i) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
@@ -1129,17 +1129,8 @@ static LX_INLINE LX_TGT void SFX(tile_q6_K)(const uint8_t *w, size_t wrb, const 
                 i1[k] = _mm256_setzero_si256();
             }
             for (int h = 0; h < 2; ++h) {
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h + 32));
-                const __m256i hq = _mm256_loadu_si256((const __m256i *) (x->qh + 32 * h));
                 __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hq, m3), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 2), m3), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 4), m3), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hq, 6), m3), 4));
+                lx_q6_K_half_avx2(x->ql + 64 * h, x->qh + 32 * h, q);
                 for (int c = 0; c < 4; ++c) {
                     const __m256i scv = _mm256_cvtepi8_epi16(
                         _mm_shuffle_epi8(sc8, _mm_loadu_si128((const __m128i *) shuf[4 * h + c])));

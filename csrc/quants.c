@@ -1,6 +1,7 @@
 /* quants.c: f16 rows (scalar reference + F16C fast path chosen at run time).
  * See quants.h for the rounding contract. */
 #include "quants.h"
+#include "quants_simd.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LX_X86_DISPATCH 1
@@ -574,23 +575,14 @@ static LX_AVX2 void dequantize_row_q5_K_avx2(const lx_block_q5_K *x, float *y, i
 }
 
 static LX_AVX2 void dequantize_row_q6_K_avx2(const lx_block_q6_K *x, float *y, int64_t n) {
-    const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    const __m256i off = _mm256_set1_epi8(32);
     for (int64_t i = 0; i < n / LX_QK_K; ++i) {
         const float d = f16_exact(x[i].d);
         const uint8_t *ql = x[i].ql, *qh = x[i].qh;
         const int8_t *sc = x[i].scales;
         for (int half = 0; half < 2; ++half, y += 128, ql += 64, qh += 32, sc += 8) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *) ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *) (ql + 32));
-            const __m256i h = _mm256_loadu_si256((const __m256i *) qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m3), 4));
+            lx_q6_K_half_avx2(ql, qh, q);
             for (int k = 0; k < 4; ++k) {
                 const __m256i v = _mm256_sub_epi8(q[k], off);
                 store16_i8(_mm256_castsi256_si128(v), d * sc[2 * k], y + 32 * k);
