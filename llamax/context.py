@@ -90,10 +90,15 @@ class Context:
         except BaseException:
             self._forget(plan)
             raise
-        logits = np.concatenate(rows) if rows else np.zeros((0, self.model.n_vocab), np.float32)
-        balloc = plan.balloc
-        self._logits = logits[balloc.output_reorder()] if logits.shape[0] else logits
-        self._row_of = balloc.output_ids()
+        if len(rows) == 1:
+            logits = rows[0]
+        else:
+            logits = np.concatenate(rows) if rows else np.zeros((0, self.model.n_vocab), np.float32)
+        perm = plan.balloc.output_reorder()
+        if perm.size and np.any(perm != np.arange(perm.size)):  # outputs left batch order (split_equal)
+            logits = logits[perm]
+        self._logits = logits
+        self._row_of = plan.balloc.output_ids()
 
     def _forget(self, plan) -> None:
         """Remove the batch's tokens from the memory after a failed forward pass."""
