@@ -17,7 +17,8 @@ from setuptools.command.build_ext import build_ext
 EXTENSIONS = [
     ("llamax._native.cells", ["llamax/_native/cells.pyx", "csrc/kv_cells.c", "csrc/slot_finder.c"]),
     ("llamax._native.kq_mask", ["llamax/_native/kq_mask.pyx", "csrc/kq_mask.c"]),
-    ("llamax._native.rope", ["llamax/_native/rope.pyx", "csrc/rope.c", "csrc/quants.c"]),
+    ("llamax._native.rope", ["llamax/_native/rope.pyx", "csrc/rope.c", "csrc/quants.c", "csrc/hadamard.c"]),
+    ("llamax._native.hadamard", ["llamax/_native/hadamard.pyx", "csrc/hadamard.c"]),
     ("llamax._native.attention", ["llamax/_native/attention.pyx", "csrc/attention.c", "csrc/quants.c"]),
     ("llamax._native.quants", ["llamax/_native/quants.pyx", "csrc/quants.c"]),
     ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),

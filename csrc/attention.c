@@ -23,7 +23,14 @@
  * prefetchers follow poorly), V is accumulated in tiles of rows (a row stride
  * that is a large power of two maps all rows to the same L1 sets), and the
  * chunk-major split reads each page of the cache once for all kv heads.
- * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512; chosen once per call.
+ * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512, AVX-512 + VNNI; chosen once per call.
+ *
+ * Quantized cache (attention.h): a chunk with a quantized K first quantizes its query heads to
+ * q8_0 (q8_heads); the dots are then exact integer block dots (portable: the oracle's loop;
+ * AVX2: maddubs on |k| and sign-adjusted q; VNNI: vpdpbusd on two blocks at once) scaled per
+ * block by d_k * d_q. A quantized V is read block by block: per tile of rows the weights
+ * P * d of every block are formed once, then each quant is converted and FMA'd as an f16 value
+ * would be. Rows are addressed in bytes (elt_ptr / qrow): a head's row is d / 32 whole blocks.
  */
 #include "attention.h"
 #include "cpu.h"
@@ -41,21 +48,118 @@
 
 /* ---- shapes ------------------------------------------------------------------ */
 
+static inline bool type_quant(lx_type t) { return t == LX_TYPE_Q8_0 || t == LX_TYPE_Q4_0; }
+
+/* a cache type with head size d the kernels take */
+static bool cache_type_ok(lx_type t, int64_t d) {
+    if (t == LX_TYPE_F32 || t == LX_TYPE_F16) return true;
+    return type_quant(t) && d % LX_QK == 0;
+}
+
 bool lx_attn_params_valid(const lx_attn_params *p) {
     if (!p) return false;
     if (p->n_stream < 1 || p->n_tps < 1 || p->n_tps_pad < p->n_tps) return false;
     if (p->n_head_kv < 1 || p->n_head < p->n_head_kv || p->n_head % p->n_head_kv != 0) return false;
     if (p->d_k < 1 || p->d_k > LX_ATTN_MAX_D || p->d_v < 1 || p->d_v > LX_ATTN_MAX_D) return false;
     if (p->kv_size < 1 || p->kv_size > INT32_MAX || p->n_kv < 0 || p->n_kv > p->kv_size) return false;
-    if (p->type_k != LX_TYPE_F32 && p->type_k != LX_TYPE_F16) return false;
-    if (p->type_v != LX_TYPE_F32 && p->type_v != LX_TYPE_F16) return false;
+    if (!cache_type_ok(p->type_k, p->d_k) || !cache_type_ok(p->type_v, p->d_v)) return false;
     return true;
 }
 
-/* element idx of a cache tensor of type t, as float */
+bool lx_attn_params_valid_vtrans(const lx_attn_params *p) {
+    return lx_attn_params_valid(p) && !type_quant(p->type_v);
+}
+
+int64_t lx_attn_k_row_bytes(const lx_attn_params *p) {
+    return (int64_t) lx_row_bytes(p->type_k, p->n_head_kv * p->d_k);
+}
+
+int64_t lx_attn_v_row_bytes(const lx_attn_params *p) {
+    return (int64_t) lx_row_bytes(p->type_v, p->n_head_kv * p->d_v);
+}
+
+/* Kernel type codes (compile-time parameters of the SIMD kernels): f32 and f16 keep the 0 / 1
+ * of the former f16 flag. */
+enum { CT_F32 = 0, CT_F16 = 1, CT_Q8 = 2, CT_Q4 = 3 };
+
+static inline int ctype(lx_type t) {
+    return t == LX_TYPE_F16 ? CT_F16 : t == LX_TYPE_Q8_0 ? CT_Q8 : t == LX_TYPE_Q4_0 ? CT_Q4 : CT_F32;
+}
+
+/* the byte address of element off of a cache tensor of type t (off a multiple of 32 for the
+ * block types: a block boundary) */
+static inline const uint8_t *elt_ptr(const void *base, lx_type t, int64_t off) {
+    const uint8_t *b = (const uint8_t *) base;
+    switch (t) {
+    case LX_TYPE_F16:  return b + off * 2;
+    case LX_TYPE_Q8_0: return b + (off / LX_QK) * (int64_t) sizeof(lx_block_q8_0);
+    case LX_TYPE_Q4_0: return b + (off / LX_QK) * (int64_t) sizeof(lx_block_q4_0);
+    default:           return b + off * 4;
+    }
+}
+
+/* element idx of a cache tensor of type t, as float (quantized: (float) q * d, as ggml's
+ * dequantize_row_q8_0 / _q4_0) */
 static inline float cache_at(const void *base, lx_type t, int64_t idx) {
-    return t == LX_TYPE_F16 ? lx_fp16_to_fp32(((const uint16_t *) base)[idx])
-                            : ((const float *) base)[idx];
+    switch (t) {
+    case LX_TYPE_F16:
+        return lx_fp16_to_fp32(((const uint16_t *) base)[idx]);
+    case LX_TYPE_Q8_0: {
+        const lx_block_q8_0 *b = (const lx_block_q8_0 *) base + idx / LX_QK;
+        return b->qs[idx % LX_QK] * lx_fp16_to_fp32(b->d);
+    }
+    case LX_TYPE_Q4_0: {
+        const lx_block_q4_0 *b = (const lx_block_q4_0 *) base + idx / LX_QK;
+        const int j = (int) (idx % LX_QK);
+        const int q = j < LX_QK / 2 ? (b->qs[j] & 0x0F) : (b->qs[j - LX_QK / 2] >> 4);
+        return (q - 8) * lx_fp16_to_fp32(b->d);
+    }
+    default:
+        return ((const float *) base)[idx];
+    }
+}
+
+/* the exact integer dot of the 32 values of K block kb (type t, at its first byte) with q8_0
+ * quants qs [32] */
+static inline int block_dot_i(const uint8_t *kb, lx_type t, const int8_t *qs) {
+    int sumi = 0;
+    if (t == LX_TYPE_Q8_0) {
+        const lx_block_q8_0 *b = (const lx_block_q8_0 *) kb;
+        for (int i = 0; i < LX_QK; ++i) sumi += b->qs[i] * qs[i];
+    } else {
+        const lx_block_q4_0 *b = (const lx_block_q4_0 *) kb;
+        for (int i = 0; i < LX_QK / 2; ++i) {
+            sumi += ((b->qs[i] & 0x0F) - 8) * qs[i];
+            sumi += ((b->qs[i] >> 4) - 8) * qs[i + LX_QK / 2];
+        }
+    }
+    return sumi;
+}
+
+/* the f16 scale of the K block at kb (both block types start with it) */
+static inline float block_d(const uint8_t *kb) {
+    uint16_t d;
+    memcpy(&d, kb, sizeof d);
+    return lx_fp16_to_fp32(d);
+}
+
+/* q . K(row at element krow) with d_k values: a float dot, or for a quantized K the q8_0 dot
+ * of qq (q quantized) summed block by block in order, as ggml_vec_dot_q8_0_q8_0 /
+ * ggml_vec_dot_q4_0_q8_0 define it: sum += (float) sumi * (d_k * d_q) */
+static float dot_k_ref(const lx_attn_params *p, const float *qr, const lx_block_q8_0 *qq,
+                       const void *k, int64_t krow) {
+    if (!type_quant(p->type_k)) {
+        float d = 0.0f;
+        for (int64_t c = 0; c < p->d_k; ++c) d += qr[c] * cache_at(k, p->type_k, krow + c);
+        return d;
+    }
+    float sum = 0.0f;
+    for (int64_t b = 0; b < p->d_k / LX_QK; ++b) {
+        const uint8_t *kb = elt_ptr(k, p->type_k, krow + b * LX_QK);
+        const int sumi = block_dot_i(kb, p->type_k, qq[b].qs);
+        sum += (float) sumi * (block_d(kb) * lx_fp16_to_fp32(qq[b].d));
+    }
+    return sum;
 }
 
 /* ---- scalar oracles ---------------------------------------------------------------- */
@@ -67,6 +171,7 @@ void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, c
     const float cap = p->softcap;
     const float scale = cap != 0.0f ? p->scale / cap : p->scale;   /* as ggml: scale /= softcap */
     float acc[LX_ATTN_MAX_D];
+    lx_block_q8_0 qq[LX_ATTN_MAX_D / LX_QK];    /* the query row as q8_0 (quantized K) */
 
     for (int64_t s = 0; s < p->n_stream; ++s) {
         for (int64_t t = 0; t < p->n_tps; ++t) {
@@ -75,6 +180,7 @@ void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, c
             for (int64_t h = 0; h < p->n_head; ++h) {
                 const int64_t g = h / gqa;
                 const float *qr = q + (tok * p->n_head + h) * p->d_k;
+                if (type_quant(p->type_k)) lx_quantize_row_q8_0_ref(qr, qq, p->d_k);
                 float M = -INFINITY, S = 0.0f;
                 for (int64_t c = 0; c < p->d_v; ++c) acc[c] = 0.0f;
 
@@ -83,8 +189,7 @@ void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, c
                     if (mv == -INFINITY) continue;
                     const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
                     const int64_t vrow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_v;
-                    float d = 0.0f;
-                    for (int64_t c = 0; c < p->d_k; ++c) d += qr[c] * cache_at(k, p->type_k, krow + c);
+                    const float d = dot_k_ref(p, qr, qq, k, krow);
                     float sc = d * scale;
                     if (cap != 0.0f) sc = cap * tanhf(sc);
                     sc += mv;
@@ -110,18 +215,19 @@ void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, c
 }
 
 /* the vtrans score of cell i: soft_max_ext(cap*tanh(kq/cap)) input, scaled, masked */
-static float vtrans_score_ref(const lx_attn_params *p, const float *qr, const void *k, int64_t krow, float mv) {
-    float d = 0.0f;
-    for (int64_t c = 0; c < p->d_k; ++c) d += qr[c] * cache_at(k, p->type_k, krow + c);
+static float vtrans_score_ref(const lx_attn_params *p, const float *qr, const lx_block_q8_0 *qq,
+                              const void *k, int64_t krow, float mv) {
+    float d = dot_k_ref(p, qr, qq, k, krow);
     if (p->softcap != 0.0f) d = p->softcap * tanhf(d * (1.0f / p->softcap));
     return d * p->scale + mv;
 }
 
 void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                         const float *mask, float *out) {
-    assert(lx_attn_params_valid(p));
+    assert(lx_attn_params_valid_vtrans(p));
     const int64_t gqa = p->n_head / p->n_head_kv;
     float acc[LX_ATTN_MAX_D];
+    lx_block_q8_0 qq[LX_ATTN_MAX_D / LX_QK];    /* the query row as q8_0 (quantized K) */
 
     for (int64_t s = 0; s < p->n_stream; ++s) {
         for (int64_t t = 0; t < p->n_tps; ++t) {
@@ -132,13 +238,14 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
                 const float *qr = q + (tok * p->n_head + h) * p->d_k;
                 float *o = out + (tok * p->n_head + h) * p->d_v;
                 const int64_t vt = (s * p->n_head_kv + g) * p->d_v * p->kv_size;   /* V^T of head g */
+                if (type_quant(p->type_k)) lx_quantize_row_q8_0_ref(qr, qq, p->d_k);
 
                 float M = -INFINITY;
                 bool any = false;
                 for (int64_t i = 0; i < p->n_kv; ++i) {
                     if (mrow[i] == -INFINITY) continue;
                     const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
-                    const float sc = vtrans_score_ref(p, qr, k, krow, mrow[i]);
+                    const float sc = vtrans_score_ref(p, qr, qq, k, krow, mrow[i]);
                     M = sc > M ? sc : M;
                     any = true;
                 }
@@ -151,7 +258,7 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
                 for (int64_t i = 0; i < p->n_kv; ++i) {
                     if (mrow[i] == -INFINITY) continue;
                     const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
-                    const float pr = expf(vtrans_score_ref(p, qr, k, krow, mrow[i]) - M);
+                    const float pr = expf(vtrans_score_ref(p, qr, qq, k, krow, mrow[i]) - M);
                     sum += pr;
                     for (int64_t c = 0; c < p->d_v; ++c) acc[c] += pr * cache_at(v, p->type_v, vt + c * p->kv_size + i);
                 }
@@ -191,8 +298,33 @@ typedef struct {
     int64_t n_items;    /* n_stream * n_tps * n_head_kv * n_pass    */
     int64_t n_chunks;   /* ceil(n_kv / LX_ATTN_CHUNK)               */
     int64_t st_stride;  /* floats of one chunk state: hp * (d_v + 2) */
+    int64_t kb_head;    /* bytes of one cell's K row of one head    */
+    int64_t kb_cell;    /* bytes between consecutive cells' K rows  */
+    int64_t vb_head;    /* the same for V (flash layout)            */
+    int64_t vb_cell;
     int     level;      /* SIMD level of the chunk kernels          */
 } attn_ctx;
+
+/* The query heads of one pass quantized to q8_0 for a quantized K (ggml converts q to K's
+ * vec_dot_type, q8_0 for both q8_0 and q4_0), laid out for the dot kernels: qs[h] holds the
+ * d_k quants of head h in order (block b at 32b), d[h][b] the block scales as floats. */
+typedef struct {
+    _Alignas(64) int8_t qs[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D];
+    float d[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK];
+} q8_heads;
+
+/* qh <- the nh rows q [nh][d] quantized with lx_quantize_row_q8_0 (bit-exact with the _ref the
+ * oracle uses) */
+static void quantize_heads(const float *q, int nh, int64_t d, q8_heads *qh) {
+    lx_block_q8_0 blk[LX_ATTN_MAX_D / LX_QK];
+    for (int h = 0; h < nh; ++h) {
+        lx_quantize_row_q8_0(q + h * d, blk, d);
+        for (int64_t b = 0; b < d / LX_QK; ++b) {
+            memcpy(qh->qs[h] + b * LX_QK, blk[b].qs, LX_QK);
+            qh->d[h][b] = lx_fp16_to_fp32(blk[b].d);
+        }
+    }
+}
 
 /* Kernel set of one SIMD level.
  * dots: S[h*LDS + j] = q_h . K(cell i0 + idx[j]) for h < nh, j < n.
@@ -200,10 +332,14 @@ typedef struct {
  *   k_stride: elements between consecutive cells.
  * expsum: P = exp(S - m[h]) in place for j < n, l[h] = sum_j P; S rows hold n values.
  * vacc: acc[h*d_v + c] = sum_j P[h][j] * V(cell i0 + idx[j], c)   (flash layout)
- * vtacc: the same reading V^T: column of cell i at c*kv_size + i from vt_base. */
+ * vtacc: the same reading V^T: column of cell i at c*kv_size + i from vt_base.
+ * dots_q: dots for a quantized K (element offsets as in dots, all multiples of 32), from the
+ *   quantized query heads qh: S[h*LDS + j] = sum_b (float) sumi_b * (d_k,b * d_q,b). */
 typedef struct {
     void (*dots)(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
                  const vis_list *vl, int nh, float *S);
+    void (*dots_q)(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
+                   const vis_list *vl, int nh, float *S);
     void (*expsum)(float *S, int n, int nh, const float *m, float *l);
     void (*vacc)(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
                  const vis_list *vl, int nh, float *acc);
@@ -213,12 +349,33 @@ typedef struct {
 
 /* -- portable C (no intrinsics; loops written so compilers can vectorise them) -- */
 
-/* row [n] of a cache tensor as floats */
+/* row [n] of a cache tensor as floats (quantized: lx_dequantize_row, bit-exact with cache_at) */
 static inline void cache_row(const void *base, lx_type t, int64_t off, int64_t n, float *dst) {
     if (t == LX_TYPE_F16) {
         lx_fp16_to_fp32_row((const uint16_t *) base + off, dst, n);
+    } else if (type_quant(t)) {
+        lx_dequantize_row(t, elt_ptr(base, t, off), dst, n);
     } else {
         memcpy(dst, (const float *) base + off, (size_t) n * sizeof(float));
+    }
+}
+
+/* the oracle's arithmetic, cell by cell: the same scores bit for bit */
+static void dots_q_c(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
+                     const vis_list *vl, int nh, float *S) {
+    const lx_type tk = c->p->type_k;
+    const int64_t nb = c->p->d_k / LX_QK;
+    for (int j = 0; j < vl->n; ++j) {
+        const int64_t off = k_base + (int64_t) vl->idx[j] * k_stride;
+        for (int h = 0; h < nh; ++h) {
+            float sum = 0.0f;
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *kb = elt_ptr(c->k, tk, off + b * LX_QK);
+                const int sumi = block_dot_i(kb, tk, qh->qs[h] + b * LX_QK);
+                sum += (float) sumi * (block_d(kb) * qh->d[h][b]);
+            }
+            S[h * LDS + j] = sum;
+        }
     }
 }
 
@@ -286,16 +443,53 @@ static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
     }
 }
 
-static const kernel_set kernels_c = { dots_c, expsum_c, vacc_c, vtacc_c };
+static const kernel_set kernels_c = { dots_c, dots_q_c, expsum_c, vacc_c, vtacc_c };
 
 /* -- AVX2 + FMA + F16C -- */
 
 #ifdef LX_X86
 #define LX_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-static LX_ALWAYS_INLINE LX_AVX2 __m256 ld8(const void *base, const int f16, int64_t off) {
-    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const uint16_t *) base + off)))
-               : _mm256_loadu_ps((const float *) base + off);
+/* the f16 scale at p as float (F16C; a NaN scale stays a NaN) */
+static LX_ALWAYS_INLINE LX_AVX2 float ld_d(const uint8_t *p) {
+    uint16_t d;
+    memcpy(&d, p, sizeof d);
+    return _cvtsh_ss(d);
+}
+
+/* bytes of n >= 0 values (a multiple of 32) of quantized kernel type VT */
+static LX_ALWAYS_INLINE int64_t qbytes(const int VT, int64_t n) {
+    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    return (int64_t) ((uint64_t) n >> 5) * bb;
+}
+
+/* the first byte of the quantized row at element off (off >= 0, a multiple of 32) */
+static LX_ALWAYS_INLINE const uint8_t *qrow(const void *base, const int VT, int64_t off) {
+    return (const uint8_t *) base + qbytes(VT, off);
+}
+
+/* 8 values of a cache tensor of kernel type VT (CT_*) from element off (quantized: off % 8 == 0,
+ * each value (float) q * d as ggml dequantizes it) */
+/* the quants of values e .. e + 7 (e % 8 == 0) of the quantized row at row, as floats (q4_0:
+ * nibble - 8), without the block scale */
+static LX_ALWAYS_INLINE LX_AVX2 __m256 qvals8(const uint8_t *row, int64_t e, const int VT) {
+    const int w = (int) (e & (LX_QK - 1));
+    const uint8_t *b = qrow(row, VT, e - w);
+    __m128i q;
+    if (VT == CT_Q8) {
+        q = _mm_loadl_epi64((const __m128i *) (b + 2 + w));
+    } else {
+        q = _mm_loadl_epi64((const __m128i *) (b + 2 + (w & 15)));
+        if (w & 16) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+    }
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+}
+
+/* 8 values of an f32 / f16 cache tensor (kernel type VT) from element off */
+static LX_ALWAYS_INLINE LX_AVX2 __m256 ld8(const void *base, const int VT, int64_t off) {
+    if (VT == CT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const uint16_t *) base + off)));
+    return _mm256_loadu_ps((const float *) base + off);
 }
 
 static LX_ALWAYS_INLINE LX_AVX2 float hsum8(__m256 a) {
@@ -387,20 +581,31 @@ static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_cells(const attn_ctx *c, const fl
  * poorly once it reaches a few hundred bytes. */
 enum { PF_AHEAD = 16 };
 
-static LX_ALWAYS_INLINE void prefetch_rows(const attn_ctx *c, int64_t k_base, int64_t k_stride,
-                                           const vis_list *vl, int j, int n) {
+/* the byte addresses of the K (and V) rows of a chunk's first cell for one kv head */
+typedef struct {
+    const char *k0, *v0;
+} pf_rows;
+
+static LX_ALWAYS_INLINE pf_rows pf_at(const attn_ctx *c, int64_t k_base, int64_t k_stride) {
     const lx_attn_params *p = c->p;
-    const int64_t esk = p->type_k == LX_TYPE_F16 ? 2 : 4, esv = p->type_v == LX_TYPE_F16 ? 2 : 4;
-    const int64_t kbytes = p->d_k * esk, vbytes = p->d_v * esv;
-    const int64_t v_stride = p->n_head_kv * p->d_v;
-    const int64_t v_base = k_base / k_stride * v_stride + (k_base % k_stride) / p->d_k * p->d_v;
+    pf_rows pf;
+    pf.k0 = (const char *) elt_ptr(c->k, p->type_k, k_base);
+    pf.v0 = NULL;
+    if (!c->vtrans) {
+        const int64_t v_base = k_base / k_stride * (p->n_head_kv * p->d_v) + (k_base % k_stride) / p->d_k * p->d_v;
+        pf.v0 = (const char *) elt_ptr(c->v, p->type_v, v_base);
+    }
+    return pf;
+}
+
+static LX_ALWAYS_INLINE void prefetch_rows(const attn_ctx *c, const pf_rows *pf, const vis_list *vl, int j, int n) {
     const int end = j + n < vl->n ? j + n : vl->n;
     for (; j < end; ++j) {
-        const char *kr = (const char *) c->k + (k_base + (int64_t) vl->idx[j] * k_stride) * esk;
-        for (int64_t b = 0; b < kbytes; b += 64) __builtin_prefetch(kr + b, 0, 3);
+        const char *kr = pf->k0 + (int64_t) vl->idx[j] * c->kb_cell;
+        for (int64_t b = 0; b < c->kb_head; b += 64) __builtin_prefetch(kr + b, 0, 3);
         if (!c->vtrans) {
-            const char *vr = (const char *) c->v + (v_base + (int64_t) vl->idx[j] * v_stride) * esv;
-            for (int64_t b = 0; b < vbytes; b += 64) __builtin_prefetch(vr + b, 0, 2);
+            const char *vr = pf->v0 + (int64_t) vl->idx[j] * c->vb_cell;
+            for (int64_t b = 0; b < c->vb_head; b += 64) __builtin_prefetch(vr + b, 0, 2);
         }
     }
 }
@@ -409,19 +614,97 @@ static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_impl(const attn_ctx *c, const flo
                                                     int64_t k_stride, const vis_list *vl, float *S,
                                                     const int NH, const int KF16) {
     const int NC = NH <= 3 ? 4 : NH <= 6 ? 2 : 1;
-    prefetch_rows(c, k_base, k_stride, vl, 0, PF_AHEAD);
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
     int j = 0;
     if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 4);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
         dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
     }
     if (NC == 2) for (; j + 2 <= vl->n; j += 2) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 2);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
         dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
     }
     for (; j < vl->n; ++j) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 1);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
         dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
+    }
+}
+
+/* -- quantized K (AVX2): integer block dots as ggml's mul_sum_i8_pairs: |k| (unsigned) times q
+ * with k's sign, maddubs to int16 pairs (|k| <= 128, |q| <= 127: no saturation), madd to int32
+ * lanes of 4 products, exact; then float lanes scaled by d_q * d_k accumulated with FMA. */
+
+/* the 32 values of the K block at kb as int8 (q4_0: nibble - 8) */
+static LX_ALWAYS_INLINE LX_AVX2 __m256i kblock32(const uint8_t *kb, const int KT) {
+    if (KT == CT_Q8) return _mm256_loadu_si256((const __m256i *) (kb + 2));
+    const __m128i b = _mm_loadu_si128((const __m128i *) (kb + 2));
+    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* S[h][j .. j + NC) of NH heads from a quantized K */
+static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_cells(const attn_ctx *c, const q8_heads *qh, const char *k0,
+                                                       const vis_list *vl, int j, float *S,
+                                                       const int NH, const int NC, const int KT) {
+    const int64_t nb = c->p->d_k / LX_QK;
+    const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *kr[4];
+    for (int x = 0; x < NC; ++x) kr[x] = (const uint8_t *) k0 + (int64_t) vl->idx[j + x] * c->kb_cell;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i kv[4], ax[4];
+        __m256 dk[4];
+        for (int x = 0; x < NC; ++x) {
+            const uint8_t *kb = kr[x] + b * bb;
+            kv[x] = kblock32(kb, KT);
+            ax[x] = _mm256_sign_epi8(kv[x], kv[x]);
+            dk[x] = _mm256_set1_ps(ld_d(kb));
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m256i qv = _mm256_load_si256((const __m256i *) (qh->qs[h] + b * LX_QK));
+            const __m256 dq = _mm256_set1_ps(qh->d[h][b]);
+            for (int x = 0; x < NC; ++x) {
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[x], _mm256_sign_epi8(qv, kv[x])), ones);
+                acc[h][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dq, dk[x]), acc[h][x]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        if (NC == 4) {
+            _mm_storeu_ps(S + h * LDS + j, hsum8x4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+        } else if (NC == 2) {
+            float r[4];
+            _mm_storeu_ps(r, hsum8x2(acc[h][0], acc[h][1]));
+            S[h * LDS + j] = r[0];
+            S[h * LDS + j + 1] = r[1];
+        } else {
+            S[h * LDS + j] = hsum8(acc[h][0]);
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
+                                                      int64_t k_stride, const vis_list *vl, float *S,
+                                                      const int NH, const int KT) {
+    const int NC = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 4, KT);
+    }
+    if (NC >= 2) for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 2, KT);
+    }
+    for (; j < vl->n; ++j) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 1, KT);
     }
 }
 
@@ -472,6 +755,76 @@ static LX_ALWAYS_INLINE LX_AVX2 void vacc_avx2_impl(const attn_ctx *c, const flo
                 acc[h * dv + e] = sum;
             }
         }
+    }
+}
+
+/* rows per tile of the quantized V accumulation: its rows are not a power of two apart (the reason
+ * for VACC_TILE), and a longer tile spreads the per-tile work (row addresses, scales, weights) */
+enum { VQ_TILE = 64 };
+
+/* -- quantized V: acc[h] += P[h][j] * d_jb * q_j (block b of row j). Per tile of rows the weights
+ * W[h][b][j] = P[h][j] * d_jb are formed first (one vector product per head, block and 8 or 16
+ * rows), so the inner loop only converts the quants and does one FMA per head and vector, as the
+ * f16 loop does. (ggml multiplies (q * d) by P; the product is rounded once more here, well
+ * inside LX_ATTN_MAX_ERR.) */
+
+/* rowp[jj] <- the V row of visible cell j0 + jj (jj < nj; the rest repeat the first, so that
+ * fixed-length loops read valid rows), D16[b][jj] <- the f16 scale of its block b */
+static LX_ALWAYS_INLINE void qscales(const uint8_t *v0, int64_t vs, int64_t bb, int64_t nb,
+                                     const vis_list *vl, int j0, int nj, const uint8_t *rowp[VQ_TILE],
+                                     uint16_t D16[][VQ_TILE]) {
+    for (int jj = 0; jj < nj; ++jj) rowp[jj] = v0 + (int64_t) vl->idx[j0 + jj] * vs;
+    for (int jj = nj; jj < VQ_TILE; ++jj) rowp[jj] = rowp[0];
+    for (int64_t b = 0; b < nb; ++b)
+        for (int jj = 0; jj < VQ_TILE; ++jj) memcpy(&D16[b][jj], rowp[jj] + b * bb, sizeof(uint16_t));
+}
+
+/* acc[h][e0 .. e0 + 8R) over the tile's rows (R in 2, 4: within one block) */
+static LX_ALWAYS_INLINE LX_AVX2 void vacc_q_avx2_pass(const uint8_t *const *rowp,
+                                                      int nj, const float W[][LX_ATTN_MAX_D / LX_QK][VQ_TILE],
+                                                      int64_t dv, float *acc, int64_t e0, const bool first,
+                                                      const int NH, const int R, const int VT) {
+    __m256 a[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + h * dv + e0 + 8 * r);
+    const int64_t b0 = e0 / LX_QK;
+    for (int jj = 0; jj < nj; ++jj) {
+        const uint8_t *row = rowp[jj];
+        __m256 vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = qvals8(row, e0 + 8 * r, VT);
+        for (int h = 0; h < NH; ++h) {
+            const __m256 w = _mm256_broadcast_ss(&W[h][b0][jj]);
+            for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(w, vv[r], a[h][r]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + h * dv + e0 + 8 * r, a[h][r]);
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void vacc_q_avx2_impl(const attn_ctx *c, const float *S, int64_t v_base,
+                                                      int64_t v_stride, const vis_list *vl, float *acc,
+                                                      const int NH, const int VT) {
+    const int64_t dv = c->p->d_v, nb = dv / LX_QK;
+    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *v0 = qrow(c->v, VT, v_base);
+    const int64_t vs = qbytes(VT, v_stride);
+    const int R = NH <= 2 ? 4 : 2;                       /* 8-float vectors per pass */
+    _Alignas(32) uint16_t D16[LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    const uint8_t *rowp[VQ_TILE];
+    _Alignas(32) float W[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    for (int j0 = 0; j0 < vl->n; j0 += VQ_TILE) {
+        const int nj = j0 + VQ_TILE < vl->n ? VQ_TILE : vl->n - j0;
+        const bool first = j0 == 0;
+        qscales(v0, vs, bb, nb, vl, j0, nj, rowp, D16);
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int jj = 0; jj < nj; jj += 8) {
+                const __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) &D16[b][jj]));
+                for (int h = 0; h < NH; ++h)
+                    _mm256_store_ps(&W[h][b][jj], _mm256_mul_ps(_mm256_loadu_ps(S + h * LDS + j0 + jj), d));
+            }
+        }
+        for (int64_t e0 = 0; e0 < dv; e0 += 8 * R) vacc_q_avx2_pass(rowp, nj, W, dv, acc, e0, first, NH, R, VT);
     }
 }
 
@@ -559,9 +912,29 @@ static LX_AVX2 void expsum_avx2(float *S, int n, int nh, const float *m, float *
     }
 LX_NH_CASES(LX_DEF_AVX2)
 
+#define LX_DEF_AVX2_Q(NH)                                                                                   \
+    static LX_AVX2 void dots_q_avx2_##NH##_q8(const attn_ctx *c, const q8_heads *qh, int64_t kb, int64_t ks, \
+                                              const vis_list *vl, float *S) {                               \
+        dots_q_avx2_impl(c, qh, kb, ks, vl, S, NH, CT_Q8);                                                  \
+    }                                                                                                       \
+    static LX_AVX2 void dots_q_avx2_##NH##_q4(const attn_ctx *c, const q8_heads *qh, int64_t kb, int64_t ks, \
+                                              const vis_list *vl, float *S) {                               \
+        dots_q_avx2_impl(c, qh, kb, ks, vl, S, NH, CT_Q4);                                                  \
+    }                                                                                                       \
+    static LX_AVX2 void vacc_avx2_##NH##_q8(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
+                                            const vis_list *vl, float *acc) {                               \
+        vacc_q_avx2_impl(c, S, vb, vs, vl, acc, NH, CT_Q8);                                                 \
+    }                                                                                                       \
+    static LX_AVX2 void vacc_avx2_##NH##_q4(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
+                                            const vis_list *vl, float *acc) {                               \
+        vacc_q_avx2_impl(c, S, vb, vs, vl, acc, NH, CT_Q4);                                                 \
+    }
+LX_NH_CASES(LX_DEF_AVX2_Q)
+
 typedef void (*dots_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
 typedef void (*vacc_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
 typedef void (*vtacc_nh_fn)(const attn_ctx *, const float *, int64_t, const vis_list *, float *);
+typedef void (*dots_q_nh_fn)(const attn_ctx *, const q8_heads *, int64_t, int64_t, const vis_list *, float *);
 
 #define LX_TAB(NH, name, t) name##_avx2_##NH##_##t,
 #define LX_TAB_DOTS_F32(NH) LX_TAB(NH, dots, f32)
@@ -570,11 +943,18 @@ typedef void (*vtacc_nh_fn)(const attn_ctx *, const float *, int64_t, const vis_
 #define LX_TAB_VACC_F16(NH) LX_TAB(NH, vacc, f16)
 #define LX_TAB_VTACC_F32(NH) LX_TAB(NH, vtacc, f32)
 #define LX_TAB_VTACC_F16(NH) LX_TAB(NH, vtacc, f16)
+#define LX_TAB_VACC_Q8(NH) LX_TAB(NH, vacc, q8)
+#define LX_TAB_VACC_Q4(NH) LX_TAB(NH, vacc, q4)
+#define LX_TAB_DOTS_Q_Q8(NH) LX_TAB(NH, dots_q, q8)
+#define LX_TAB_DOTS_Q_Q4(NH) LX_TAB(NH, dots_q, q4)
 
 static const dots_nh_fn dots_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TAB_DOTS_F32) }, { LX_NH_CASES(LX_TAB_DOTS_F16) } };
-static const vacc_nh_fn vacc_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB_VACC_F32) }, { LX_NH_CASES(LX_TAB_VACC_F16) } };
+static const dots_q_nh_fn dots_q_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_DOTS_Q_Q8) }, { LX_NH_CASES(LX_TAB_DOTS_Q_Q4) } };
+static const vacc_nh_fn vacc_avx2_tab[4][LX_ATTN_MAX_GROUP] = {          /* [CT_*] */
+    { LX_NH_CASES(LX_TAB_VACC_F32) }, { LX_NH_CASES(LX_TAB_VACC_F16) },
+    { LX_NH_CASES(LX_TAB_VACC_Q8) }, { LX_NH_CASES(LX_TAB_VACC_Q4) } };
 static const vtacc_nh_fn vtacc_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TAB_VTACC_F32) }, { LX_NH_CASES(LX_TAB_VTACC_F16) } };
 
@@ -583,9 +963,14 @@ static void dots_avx2(const attn_ctx *c, const float *q, int64_t k_base, int64_t
     dots_avx2_tab[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
 }
 
+static void dots_q_avx2(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
+                        const vis_list *vl, int nh, float *S) {
+    dots_q_avx2_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
+}
+
 static void vacc_avx2(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
                       const vis_list *vl, int nh, float *acc) {
-    vacc_avx2_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, v_base, v_stride, vl, acc);
+    vacc_avx2_tab[ctype(c->p->type_v)][nh - 1](c, S, v_base, v_stride, vl, acc);
 }
 
 static void vtacc_avx2(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
@@ -593,14 +978,31 @@ static void vtacc_avx2(const attn_ctx *c, const float *S, int64_t vt_base, const
     vtacc_avx2_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
 }
 
-static const kernel_set kernels_avx2 = { dots_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
+static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
 
 /* -- AVX-512 (F + BW + VL + DQ): 16 lanes, 32 registers, masked tails -- */
 
 #define LX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
 /* 16 elements at off, the first `n` of them (n in [1, 16]) and zeros above */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 ld16(const void *base, const int f16, int64_t off, int n) {
+/* the quants of values e .. e + 15 (e % 16 == 0) of the quantized row at row, as floats */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 qvals16(const uint8_t *row, int64_t e, const int VT) {
+    const int w = (int) (e & (LX_QK - 1));
+    const uint8_t *b = qrow(row, VT, e - w);
+    __m128i q;
+    if (VT == CT_Q8) {
+        q = _mm_loadu_si128((const __m128i *) (b + 2 + w));
+    } else {
+        q = _mm_loadu_si128((const __m128i *) (b + 2));
+        if (w) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+}
+
+/* 16 values of an f32 / f16 cache tensor from element off, the first n of them */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 ld16(const void *base, const int VT, int64_t off, int n) {
+    const int f16 = VT == CT_F16;
     const __mmask16 m = (__mmask16) ((1u << n) - 1u);
     if (n == 16) {
         return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const uint16_t *) base + off)))
@@ -701,18 +1103,19 @@ static LX_ALWAYS_INLINE LX_AVX512 void dots_avx512_impl(const attn_ctx *c, const
                                                         int64_t k_stride, const vis_list *vl, float *S,
                                                         const int NH, const int KF16) {
     const int NC = NH <= 3 ? 8 : NH <= 6 ? 4 : 2;
-    prefetch_rows(c, k_base, k_stride, vl, 0, PF_AHEAD);
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
     int j = 0;
     if (NC == 8) for (; j + 8 <= vl->n; j += 8) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 8);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 8);
         dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 8, KF16);
     }
     if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 4);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
         dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
     }
     for (; j + 2 <= vl->n; j += 2) {
-        prefetch_rows(c, k_base, k_stride, vl, j + PF_AHEAD, 2);
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
         dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
     }
     for (; j < vl->n; ++j) dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
@@ -758,6 +1161,60 @@ static LX_ALWAYS_INLINE LX_AVX512 void vacc_avx512_impl(const attn_ctx *c, const
         if (R == 4) for (; e + 64 <= dv; e += 64) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16);
         for (; e + 32 <= dv; e += 32) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16);
         for (; e < dv; e += 16) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16);
+    }
+}
+
+/* acc[h][e0 .. e0 + 16R) over the tile's rows, weights W (R even: pairs of vectors share a block) */
+static LX_ALWAYS_INLINE LX_AVX512 void vacc_q_avx512_pass(const uint8_t *const *rowp,
+                                                          int nj, const float W[][LX_ATTN_MAX_D / LX_QK][VQ_TILE],
+                                                          int64_t dv, float *acc, int64_t e0, const bool first,
+                                                          const int NH, const int R, const int VT) {
+    __m512 a[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + h * dv + e0 + 16 * r);
+    const int64_t b0 = e0 / LX_QK;
+    for (int jj = 0; jj < nj; ++jj) {
+        const uint8_t *row = rowp[jj];
+        __m512 vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = qvals16(row, e0 + 16 * r, VT);
+        for (int h = 0; h < NH; ++h) {
+            for (int r = 0; r < R; r += 2) {
+                const __m512 w = _mm512_set1_ps(W[h][b0 + r / 2][jj]);
+                a[h][r] = _mm512_fmadd_ps(w, vv[r], a[h][r]);
+                a[h][r + 1] = _mm512_fmadd_ps(w, vv[r + 1], a[h][r + 1]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + h * dv + e0 + 16 * r, a[h][r]);
+}
+
+static LX_ALWAYS_INLINE LX_AVX512 void vacc_q_avx512_impl(const attn_ctx *c, const float *S, int64_t v_base,
+                                                          int64_t v_stride, const vis_list *vl, float *acc,
+                                                          const int NH, const int VT) {
+    const int64_t dv = c->p->d_v, nb = dv / LX_QK;
+    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *v0 = qrow(c->v, VT, v_base);
+    const int64_t vs = qbytes(VT, v_stride);
+    const int R = NH <= 3 ? 4 : 2;                      /* 16-float vectors per pass */
+    _Alignas(64) uint16_t D16[LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    const uint8_t *rowp[VQ_TILE];
+    _Alignas(64) float W[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    for (int j0 = 0; j0 < vl->n; j0 += VQ_TILE) {
+        const int nj = j0 + VQ_TILE < vl->n ? VQ_TILE : vl->n - j0;
+        const bool first = j0 == 0;
+        qscales(v0, vs, bb, nb, vl, j0, nj, rowp, D16);
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int jj = 0; jj < nj; jj += 16) {
+                const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *) &D16[b][jj]));
+                for (int h = 0; h < NH; ++h)
+                    _mm512_store_ps(&W[h][b][jj], _mm512_mul_ps(_mm512_loadu_ps(S + h * LDS + j0 + jj), d));
+            }
+        }
+        int64_t e0 = 0;
+        if (R == 4) for (; e0 + 64 <= dv; e0 += 64) vacc_q_avx512_pass(rowp, nj, W, dv, acc, e0, first, NH, 4, VT);
+        for (; e0 < dv; e0 += 32) vacc_q_avx512_pass(rowp, nj, W, dv, acc, e0, first, NH, 2, VT);
     }
 }
 
@@ -811,6 +1268,146 @@ static LX_ALWAYS_INLINE LX_AVX512 void vtacc_avx512_impl(const attn_ctx *c, cons
     }
 LX_NH_CASES(LX_DEF_AVX512)
 
+/* -- quantized K with AVX-512 VNNI: two blocks (64 values) per 512-bit step. vpdpbusd multiplies
+ * unsigned bytes by signed ones, so K enters as u = k + 128 (q8_0: k xor 0x80) or as the raw
+ * nibble u = k + 8 (q4_0), and the accumulator starts at -128 (or -8) times the sum of the four
+ * q quants of each lane: every int32 lane is then the exact sum of its 4 products k_i q_i, the
+ * same lanes (4 consecutive values) as maddubs + madd form, so the float steps after it are
+ * those of any other 512-bit dot of this kind. */
+
+#define LX_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
+/* u of blocks kb, kb + bb (the second only if two; else zero lanes), in q's value order */
+static LX_ALWAYS_INLINE LX_AVX512 __m512i kpair_u(const uint8_t *kb, int64_t bb, const bool two, const int KT) {
+    if (KT == CT_Q8) {
+        const __m256i lo = _mm256_loadu_si256((const __m256i *) (kb + 2));
+        const __m256i hi = two ? _mm256_loadu_si256((const __m256i *) (kb + bb + 2)) : _mm256_set1_epi8((char) 0x80);
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char) 0x80));
+    }
+    const __m128i b0 = _mm_loadu_si128((const __m128i *) (kb + 2));
+    const __m128i b1 = two ? _mm_loadu_si128((const __m128i *) (kb + bb + 2)) : _mm_setzero_si128();
+    const __m256i y0 = _mm256_set_m128i(_mm_srli_epi16(b0, 4), b0);
+    const __m256i y1 = _mm256_set_m128i(_mm_srli_epi16(b1, 4), b1);
+    return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y0), y1, 1), _mm512_set1_epi8(0x0F));
+}
+
+/* lanes 0-7 = the f16 scale at kb, lanes 8-15 the one at kb + bb (0 when !two), as floats */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 dk_pair(const uint8_t *kb, int64_t bb, const bool two) {
+    int16_t d0, d1 = 0;
+    memcpy(&d0, kb, sizeof d0);
+    if (two) memcpy(&d1, kb + bb, sizeof d1);
+    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(d1), _mm_set1_epi16(d0)));
+}
+
+/* lanes 0-7 = a, lanes 8-15 = b */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 splat2(float a, float b) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
+}
+
+/* The query side of one call: per head and pair of blocks, the quants, the lane corrections and
+ * the scales (zeros above the last block when d_k / 32 is odd). */
+typedef struct {
+    __m512i qv[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
+    __m512i corr[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
+    __m512  dq[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
+} qpairs512;
+
+static LX_ALWAYS_INLINE LX_AVX512_VNNI void qpairs_vnni(const q8_heads *qh, int nh, int64_t nb, const int KT,
+                                                        qpairs512 *qp) {
+    const int64_t np = (nb + 1) / 2;
+    for (int h = 0; h < nh; ++h) {
+        for (int64_t pp = 0; pp < np; ++pp) {
+            const bool two = 2 * pp + 1 < nb;
+            const __m256i lo = _mm256_load_si256((const __m256i *) (qh->qs[h] + 64 * pp));
+            const __m256i hi = two ? _mm256_load_si256((const __m256i *) (qh->qs[h] + 64 * pp + 32))
+                                   : _mm256_setzero_si256();
+            const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+            const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
+            qp->qv[h][pp] = q;
+            qp->corr[h][pp] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s4, KT == CT_Q8 ? 7 : 3));
+            qp->dq[h][pp] = splat2(qh->d[h][2 * pp], two ? qh->d[h][2 * pp + 1] : 0.0f);
+        }
+    }
+}
+
+/* S[h][j .. j + NC) of NH heads from a quantized K */
+static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_cells(const attn_ctx *c, const qpairs512 *qp, const char *k0,
+                                                              const vis_list *vl, int j, float *S,
+                                                              const int NH, const int NC, const int KT) {
+    const int64_t nb = c->p->d_k / LX_QK, np = (nb + 1) / 2;
+    const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *kr[8];
+    for (int x = 0; x < NC; ++x) kr[x] = (const uint8_t *) k0 + (int64_t) vl->idx[j + x] * c->kb_cell;
+    __m512 acc[LX_ATTN_MAX_GROUP][8];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm512_setzero_ps();
+    for (int64_t pp = 0; pp < np; ++pp) {
+        const bool two = 2 * pp + 1 < nb;
+        for (int x = 0; x < NC; ++x) {
+            const uint8_t *kb = kr[x] + 2 * pp * bb;
+            const __m512i u = kpair_u(kb, bb, two, KT);
+            const __m512 dk = dk_pair(kb, bb, two);
+            for (int h = 0; h < NH; ++h) {
+                const __m512i p = _mm512_dpbusd_epi32(qp->corr[h][pp], u, qp->qv[h][pp]);
+                acc[h][x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(qp->dq[h][pp], dk), acc[h][x]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        if (NC >= 4) {
+            for (int x = 0; x < NC; x += 4) {
+                _mm_storeu_ps(S + h * LDS + j + x, hsum8x4_512(fold16(acc[h][x]), fold16(acc[h][x + 1]),
+                                                               fold16(acc[h][x + 2]), fold16(acc[h][x + 3])));
+            }
+        } else {
+            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = hsum16(acc[h][x]);
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
+                                                             int64_t k_stride, const vis_list *vl, float *S,
+                                                             const int NH, const int KT) {
+    const int NC = NH <= 3 ? 8 : NH <= 6 ? 4 : 2;
+    qpairs512 qp;
+    qpairs_vnni(qh, NH, c->p->d_k / LX_QK, KT, &qp);
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC == 8) for (; j + 8 <= vl->n; j += 8) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 8);
+        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 8, KT);
+    }
+    if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
+        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 4, KT);
+    }
+    for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
+        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 2, KT);
+    }
+    for (; j < vl->n; ++j) dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 1, KT);
+}
+
+#define LX_DEF_AVX512_Q(NH)                                                                                 \
+    static LX_AVX512_VNNI void dots_q_vnni_##NH##_q8(const attn_ctx *c, const q8_heads *qh, int64_t kb,     \
+                                                     int64_t ks, const vis_list *vl, float *S) {            \
+        dots_q_vnni_impl(c, qh, kb, ks, vl, S, NH, CT_Q8);                                                  \
+    }                                                                                                       \
+    static LX_AVX512_VNNI void dots_q_vnni_##NH##_q4(const attn_ctx *c, const q8_heads *qh, int64_t kb,     \
+                                                     int64_t ks, const vis_list *vl, float *S) {            \
+        dots_q_vnni_impl(c, qh, kb, ks, vl, S, NH, CT_Q4);                                                  \
+    }                                                                                                       \
+    static LX_AVX512 void vacc_avx512_##NH##_q8(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,  \
+                                                const vis_list *vl, float *acc) {                           \
+        vacc_q_avx512_impl(c, S, vb, vs, vl, acc, NH, CT_Q8);                                               \
+    }                                                                                                       \
+    static LX_AVX512 void vacc_avx512_##NH##_q4(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,  \
+                                                const vis_list *vl, float *acc) {                           \
+        vacc_q_avx512_impl(c, S, vb, vs, vl, acc, NH, CT_Q4);                                               \
+    }
+LX_NH_CASES(LX_DEF_AVX512_Q)
+
 #define LX_TAB5(NH, name, t) name##_avx512_##NH##_##t,
 #define LX_TAB5_DOTS_F32(NH) LX_TAB5(NH, dots, f32)
 #define LX_TAB5_DOTS_F16(NH) LX_TAB5(NH, dots, f16)
@@ -819,10 +1416,19 @@ LX_NH_CASES(LX_DEF_AVX512)
 #define LX_TAB5_VTACC_F32(NH) LX_TAB5(NH, vtacc, f32)
 #define LX_TAB5_VTACC_F16(NH) LX_TAB5(NH, vtacc, f16)
 
+#define LX_TAB5_VACC_Q8(NH) LX_TAB5(NH, vacc, q8)
+#define LX_TAB5_VACC_Q4(NH) LX_TAB5(NH, vacc, q4)
+#define LX_TABV(NH, t) dots_q_vnni_##NH##_##t,
+#define LX_TABV_Q8(NH) LX_TABV(NH, q8)
+#define LX_TABV_Q4(NH) LX_TABV(NH, q4)
+
 static const dots_nh_fn dots_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TAB5_DOTS_F32) }, { LX_NH_CASES(LX_TAB5_DOTS_F16) } };
-static const vacc_nh_fn vacc_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB5_VACC_F32) }, { LX_NH_CASES(LX_TAB5_VACC_F16) } };
+static const dots_q_nh_fn dots_q_vnni_tab[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TABV_Q8) }, { LX_NH_CASES(LX_TABV_Q4) } };
+static const vacc_nh_fn vacc_avx512_tab[4][LX_ATTN_MAX_GROUP] = {        /* [CT_*] */
+    { LX_NH_CASES(LX_TAB5_VACC_F32) }, { LX_NH_CASES(LX_TAB5_VACC_F16) },
+    { LX_NH_CASES(LX_TAB5_VACC_Q8) }, { LX_NH_CASES(LX_TAB5_VACC_Q4) } };
 static const vtacc_nh_fn vtacc_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TAB5_VTACC_F32) }, { LX_NH_CASES(LX_TAB5_VTACC_F16) } };
 
@@ -833,7 +1439,12 @@ static void dots_avx512(const attn_ctx *c, const float *q, int64_t k_base, int64
 
 static void vacc_avx512(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
                         const vis_list *vl, int nh, float *acc) {
-    vacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, v_base, v_stride, vl, acc);
+    vacc_avx512_tab[ctype(c->p->type_v)][nh - 1](c, S, v_base, v_stride, vl, acc);
+}
+
+static void dots_q_vnni(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
+                        const vis_list *vl, int nh, float *S) {
+    dots_q_vnni_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
 }
 
 static void vtacc_avx512(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
@@ -841,15 +1452,17 @@ static void vtacc_avx512(const attn_ctx *c, const float *S, int64_t vt_base, con
     vtacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
 }
 
-static const kernel_set kernels_avx512 = { dots_avx512, expsum_avx512, vacc_avx512, vtacc_avx512 };
+/* level 3: a quantized K takes the AVX2 integer dots (maddubs); level 4 the VNNI ones */
+static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, expsum_avx512, vacc_avx512, vtacc_avx512 };
+static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, expsum_avx512, vacc_avx512, vtacc_avx512 };
 #endif /* LX_X86 */
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 
-/* 3: AVX-512, 2: AVX2 + FMA + F16C, 0: portable C */
+/* 4: AVX-512 + VNNI, 3: AVX-512, 2: AVX2 + FMA + F16C, 0: portable C */
 static int cpu_level(void) {
     const int f = lx_cpu_features();
-    return (f & LX_CPU_AVX512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
+    return (f & LX_CPU_VNNI512) ? 4 : (f & LX_CPU_AVX512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
 }
 
 static int level_cap = -1;
@@ -866,6 +1479,7 @@ void lx_attn_set_simd_level(int level) {
 
 static const kernel_set *kernels_for(int level) {
 #ifdef LX_X86
+    if (level >= 4) return &kernels_avx512_vnni;
     if (level >= 3) return &kernels_avx512;
     if (level >= 2) return &kernels_avx2;
 #endif
@@ -969,7 +1583,15 @@ static void chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos 
     const float *qh = c->q + ((it->s * p->n_tps + it->t) * p->n_head + it->h0) * p->d_k;
     const int64_t k_stride = p->n_head_kv * p->d_k;
     const int64_t k_base = (it->s * p->kv_size + i0) * k_stride + it->g * p->d_k;
-    ks->dots(c, qh, k_base, k_stride, &vl, nh, S);
+    if (type_quant(p->type_k)) {
+        /* the pass's query heads as q8_0, once per chunk (nh * d_k values against the chunk's
+         * up to 256 * nh * d_k multiply-adds) */
+        q8_heads qq;
+        quantize_heads(qh, nh, p->d_k, &qq);
+        ks->dots_q(c, &qq, k_base, k_stride, &vl, nh, S);
+    } else {
+        ks->dots(c, qh, k_base, k_stride, &vl, nh, S);
+    }
 
     /* scores -> logits, as llama.cpp's two paths define them */
     const float cap = p->softcap;
@@ -1093,6 +1715,10 @@ static attn_ctx make_ctx(const lx_attn_params *p, const float *q, const void *k,
     c.n_items = p->n_stream * p->n_tps * p->n_head_kv * c.n_pass;
     c.n_chunks = (p->n_kv + LX_ATTN_CHUNK - 1) / LX_ATTN_CHUNK;
     c.st_stride = c.hp * (p->d_v + 2);
+    c.kb_head = (int64_t) lx_row_bytes(p->type_k, p->d_k);
+    c.kb_cell = c.kb_head * p->n_head_kv;
+    c.vb_head = (int64_t) lx_row_bytes(p->type_v, p->d_v);
+    c.vb_cell = c.vb_head * p->n_head_kv;
     c.level = lx_attn_simd_level();
     return c;
 }
@@ -1182,7 +1808,7 @@ void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const
 
 void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, const void *v,
                     const float *mask, float *out, float *scratch, int64_t n_scratch, int n_threads) {
-    assert(lx_attn_params_valid(p));
+    assert(lx_attn_params_valid_vtrans(p));
     assert(n_threads >= 1);
     const attn_ctx c = make_ctx(p, q, k, v, mask, out, true);
     attn_run(&c, scratch, n_scratch, n_threads);

@@ -12,10 +12,11 @@
  * tokens [s*n_tps, (s+1)*n_tps) belong to stream s and see only its cells):
  *
  *   q    float [n_tokens][n_head][d_k]
- *   k    K     [n_stream][kv_size][n_head_kv][d_k]        (type_k: f32 or f16 bits)
- *   v    V     [n_stream][kv_size][n_head_kv][d_v]        (flash)
+ *   k    K     [n_stream][kv_size][n_head_kv][d_k]        (type_k: f32, f16 bits, q8_0, q4_0)
+ *   v    V     [n_stream][kv_size][n_head_kv][d_v]        (flash; type_v: any of type_k's)
  *        V^T   [n_stream][n_head_kv][d_v][kv_size]        (vtrans: cell i, channel c
- *                                                          at c*kv_size + i in its head)
+ *                                                          at c*kv_size + i in its head;
+ *                                                          type_v f32 or f16 only)
  *   mask float [n_stream][n_tps_pad][n_kv]                 row t of stream s for token
  *                                                          s*n_tps + t (kq_mask.h)
  *   out  float [n_tokens][n_head][d_v]
@@ -43,6 +44,29 @@
  * Precision: q, scores, softmax and accumulators are float32; f16 cache
  * values are converted exactly. (ggml's CPU flash kernel rounds q to f16 for
  * an f16 K and accumulates V in f16; we do not, so we are closer to exact.)
+ *
+ * Quantized cache (q8_0, q4_0: llama.cpp's -ctk / -ctv). A cell's K (or V) is
+ * one row of n_head_kv * d values quantized as ggml blocks of 32 (quants.h),
+ * as llama.cpp stores it, so head g's values are blocks [g*d/32, (g+1)*d/32)
+ * of the row (d % 32 == 0 is required):
+ *
+ *   k  uint8 [n_stream][kv_size][lx_row_bytes(type_k, n_head_kv*d_k)]
+ *        row = | head 0: d_k/32 blocks | head 1 | ... | head n_head_kv-1 |
+ *   v  uint8 [n_stream][kv_size][lx_row_bytes(type_v, n_head_kv*d_v)]   (flash only)
+ *
+ * The kernels read the blocks in place (no dequantized copy of the cache):
+ *   - quantized K, as ggml's flash_attn_ext does: each query row is quantized
+ *     once to q8_0 (lx_quantize_row_q8_0: ggml's reference rounding), and
+ *     q . k = sum over blocks b of (float) sumi_b * (d_k,b * d_q,b), where
+ *     sumi_b = sum_i qq_i * kq_i is an exact integer dot (q4_0: kq_i = nibble - 8);
+ *   - quantized V: each block is dequantized on the fly (v_i = (float) q_i * d,
+ *     ggml's dequantize_row_*) into the float32 accumulation.
+ * Quantized V exists only with flash attention (llama.cpp refuses a quantized
+ * V without it: the transposed V^T layout would cut blocks across cells), so
+ * lx_attn_params_valid_vtrans rejects it. The scores of a quantized K are q8_0
+ * dot products, not float ones: they differ from attention over the
+ * dequantized cache by q's quantization (relative ~ 1/254 per block of q); the
+ * oracles do the same integer arithmetic, so LX_ATTN_MAX_ERR holds as stated.
  */
 #ifndef LX_ATTENTION_H
 #define LX_ATTENTION_H
@@ -83,7 +107,12 @@
  *     (chunked, lane-split): relative <~ 2 sqrt(n_kv) u = 3e-5 for 65536.
  * Together about 1.2e-4 in the worst corner of that range; typical cases
  * (d = 64..128, n_kv of a few thousand) sit near 1e-6. 2e-4 leaves margin
- * while any indexing or masking bug shows up as an error of order 1e-2. */
+ * while any indexing or masking bug shows up as an error of order 1e-2.
+ * Quantized caches change nothing in this budget: the block dots of a
+ * quantized K are exact integers in both (the oracle quantizes q the same
+ * way), their per-block scaling adds one rounding per block (d / 32 terms
+ * instead of d), and the fast V path weights a block as (P * d) * q where the
+ * oracle takes P * (q * d): one more rounding (2^-24) per term. */
 #define LX_ATTN_MAX_ERR 2e-4f
 
 /* the shapes and constants of one attention call */
@@ -97,14 +126,22 @@ typedef struct {
     int64_t d_v;        /* head size of V and out, in [1, LX_ATTN_MAX_D]      */
     int64_t kv_size;    /* cells per stream in the cache, >= 1                */
     int64_t n_kv;       /* cells that take part, in [0, kv_size]              */
-    lx_type type_k;     /* LX_TYPE_F32 or LX_TYPE_F16                         */
-    lx_type type_v;     /* LX_TYPE_F32 or LX_TYPE_F16                         */
+    lx_type type_k;     /* LX_TYPE_F32, _F16, _Q8_0 or _Q4_0 (quantized: d_k % 32 == 0) */
+    lx_type type_v;     /* the same set (quantized: d_v % 32 == 0, flash only)          */
     float   scale;      /* applied to q.k, usually 1/sqrt(d_k)                */
     float   softcap;    /* logit softcap c, 0 = off                           */
 } lx_attn_params;
 
-/* true if p describes shapes the kernels accept (the asserts' condition) */
+/* true if p describes shapes the kernels accept (lx_attn_flash's asserts' condition) */
 bool lx_attn_params_valid(const lx_attn_params *p);
+
+/* lx_attn_params_valid(p) and V not quantized: lx_attn_vtrans's condition (a quantized V needs
+ * flash attention, as in llama.cpp) */
+bool lx_attn_params_valid_vtrans(const lx_attn_params *p);
+
+/* bytes of one cell's K row (type_k, n_head_kv * d_k values) / V row (flash layout) */
+int64_t lx_attn_k_row_bytes(const lx_attn_params *p);
+int64_t lx_attn_v_row_bytes(const lx_attn_params *p);
 
 /* Floats of scratch with which lx_attn_flash / lx_attn_vtrans handle few
  * work items (decode: at most 64 (token, kv head, head pass) items, more than
@@ -130,13 +167,16 @@ void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const
                    int n_threads);
 
 /* Scalar oracle of lx_attn_flash: per query head, cell by cell, ggml's online
- * softmax (running max M, sum S, acc; expf). Single-threaded. Same shapes. */
+ * softmax (running max M, sum S, acc; expf). Single-threaded. Same shapes.
+ * Quantized K: the query row is quantized with lx_quantize_row_q8_0_ref and
+ * each score summed block by block in order; quantized V: values q * d. */
 void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                        const float *mask, float *out);
 
 /* Transposed-V attention (scores, softmax over the row, weighted sum reading
  * V^T). Same contract as lx_attn_flash with v = V^T
- * [n_stream][n_head_kv][d_v][kv_size]. */
+ * [n_stream][n_head_kv][d_v][kv_size]. note: lx_attn_params_valid_vtrans(p)
+ * (K may be quantized, V not). */
 void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, const void *v,
                     const float *mask, float *out, float *scratch, int64_t n_scratch,
                     int n_threads);
@@ -146,7 +186,10 @@ void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, cons
 void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                         const float *mask, float *out);
 
-/* Fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (F+BW+VL+DQ). */
+/* Fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (F+BW+VL+DQ),
+ * 4 AVX-512 with VNNI (differs from 3 only in the quantized-K dots: 3 takes
+ * the AVX2 integer dots, 4 vpdpbusd over two blocks at once; like every level
+ * it is within LX_ATTN_MAX_ERR of the oracle and bit-stable over n_threads). */
 int lx_attn_simd_level(void);
 
 /* Testing hook: cap the fast path at `level` (0 forces the portable C, -1

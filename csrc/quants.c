@@ -666,6 +666,39 @@ static LX_AVX2 void quantize_row_q8_1_avx2(const float *x, lx_block_q8_1 *y, int
     }
 }
 
+/* q4_0 with the reference's rounding: the same IEEE mul, clamp and add, then truncation
+ * (cvttps, as the C cast) and min(15); the block's max is the first value of largest magnitude. */
+static LX_AVX2 void quantize_row_q4_0_avx2(const float *x, lx_block_q4_0 *y, int64_t n) {
+    const __m256 lim = _mm256_set1_ps(8.0f), nlim = _mm256_set1_ps(-8.0f), off = _mm256_set1_ps(8.5f);
+    const __m256i top = _mm256_set1_epi32(15);
+    for (int64_t i = 0; i < n / LX_QK; ++i, x += LX_QK) {
+        const float amax = amax32(x);
+        float max = 0.0f;
+        if (amax != 0.0f) {
+            for (int j = 0; j < LX_QK; ++j) {
+                if (fabsf(x[j]) == amax) { max = x[j]; break; }
+            }
+        }
+        const float d = max / -8;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = lx_fp32_to_fp16(d);
+        const __m256 vid = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int k = 0; k < 4; ++k) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid);
+            v = _mm256_and_ps(v, _mm256_cmp_ps(v, v, _CMP_ORD_Q));        /* clamp_q: NaN -> 0 */
+            v = _mm256_max_ps(_mm256_min_ps(v, lim), nlim);
+            q[k] = _mm256_min_epi32(_mm256_cvttps_epi32(_mm256_add_ps(v, off)), top);
+        }
+        /* values 0..15 and 16..31 as int16 in order (packs works within 128-bit lanes) */
+        const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);
+        const __m256i b = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));   /* 16 bytes in int16 lanes */
+        const __m128i packed = _mm_packus_epi16(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1));
+        _mm_storeu_si128((__m128i *) y[i].qs, packed);
+    }
+}
+
 static LX_AVX2 void quantize_row_q8_K_avx2(const float *x, lx_block_q8_K *y, int64_t n) {
     for (int64_t i = 0; i < n / LX_QK_K; ++i, x += LX_QK_K) {
         float amax = 0.0f;
@@ -779,22 +812,80 @@ void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n) {
     lx_quantize_row_q8_K_ref(x, y, n);
 }
 
-lx_status lx_quantize_row(lx_type t, const float *x, void *y, int64_t n) {
+void lx_quantize_row_q4_0(const float *x, lx_block_q4_0 *y, int64_t n) {
+#ifdef LX_X86_DISPATCH
+    if (lx_quants_have_avx2()) { quantize_row_q4_0_avx2(x, y, n); return; }
+#endif
+    lx_quantize_row_q4_0_ref(x, y, n);
+}
+
+/* n fits type t's blocks, and t is one lx_quantize_row writes */
+static int quantize_ok(lx_type t, int64_t n) {
     switch (t) {
-    case LX_TYPE_Q4_0: lx_quantize_row_q4_0_ref(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_0: lx_quantize_row_q8_0(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_1: lx_quantize_row_q8_1(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_K: lx_quantize_row_q8_K(x, y, n); return LX_OK;
-    default: return LX_ERR_INVALID;
+    case LX_TYPE_F32: case LX_TYPE_F16: case LX_TYPE_Q4_0: case LX_TYPE_Q8_0:
+    case LX_TYPE_Q8_1: case LX_TYPE_Q8_K:
+        return n >= 0 && n % lx_type_block_size(t) == 0;
+    default:
+        return 0;
     }
 }
 
-lx_status lx_quantize_row_ref(lx_type t, const float *x, void *y, int64_t n) {
+lx_status lx_quantize_row(lx_type t, const float *x, void *y, int64_t n) {
+    if (!quantize_ok(t, n)) return LX_ERR_INVALID;
     switch (t) {
-    case LX_TYPE_Q4_0: lx_quantize_row_q4_0_ref(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_0: lx_quantize_row_q8_0_ref(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_1: lx_quantize_row_q8_1_ref(x, y, n); return LX_OK;
-    case LX_TYPE_Q8_K: lx_quantize_row_q8_K_ref(x, y, n); return LX_OK;
+    case LX_TYPE_F32:  memcpy(y, x, (size_t) n * sizeof(float)); break;
+    case LX_TYPE_F16:  lx_fp32_to_fp16_row(x, y, n); break;
+    case LX_TYPE_Q4_0: lx_quantize_row_q4_0(x, y, n); break;
+    case LX_TYPE_Q8_0: lx_quantize_row_q8_0(x, y, n); break;
+    case LX_TYPE_Q8_1: lx_quantize_row_q8_1(x, y, n); break;
+    case LX_TYPE_Q8_K: lx_quantize_row_q8_K(x, y, n); break;
     default: return LX_ERR_INVALID;
     }
+    return LX_OK;
+}
+
+lx_status lx_quantize_row_ref(lx_type t, const float *x, void *y, int64_t n) {
+    if (!quantize_ok(t, n)) return LX_ERR_INVALID;
+    switch (t) {
+    case LX_TYPE_F32:  memcpy(y, x, (size_t) n * sizeof(float)); break;
+    case LX_TYPE_F16:  lx_fp32_to_fp16_row_ref(x, y, n); break;
+    case LX_TYPE_Q4_0: lx_quantize_row_q4_0_ref(x, y, n); break;
+    case LX_TYPE_Q8_0: lx_quantize_row_q8_0_ref(x, y, n); break;
+    case LX_TYPE_Q8_1: lx_quantize_row_q8_1_ref(x, y, n); break;
+    case LX_TYPE_Q8_K: lx_quantize_row_q8_K_ref(x, y, n); break;
+    default: return LX_ERR_INVALID;
+    }
+    return LX_OK;
+}
+
+/* ---- set_rows ------------------------------------------------------------------------------ */
+
+int lx_type_is_cache(lx_type t) {
+    return t == LX_TYPE_F32 || t == LX_TYPE_F16 || t == LX_TYPE_Q8_0 || t == LX_TYPE_Q4_0;
+}
+
+/* values below which set_rows stays on the caller's thread (waking threads costs microseconds) */
+#define SET_ROWS_PAR_MIN_VALUES (1 << 14)
+
+lx_status lx_set_rows(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                      int64_t n_per_row, int n_threads) {
+    if (!lx_type_is_cache(t) || !quantize_ok(t, n_per_row) || n < 0) return LX_ERR_INVALID;
+    const size_t rb = lx_row_bytes(t, n_per_row);
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n_threads) \
+    if (n_threads > 1 && n > 1 && n * n_per_row >= SET_ROWS_PAR_MIN_VALUES)
+#endif
+    for (int64_t i = 0; i < n; ++i)
+        lx_quantize_row(t, src + i * n_per_row, (uint8_t *) dst + (size_t) idxs[i] * rb, n_per_row);
+    return LX_OK;
+}
+
+lx_status lx_set_rows_ref(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                          int64_t n_per_row) {
+    if (!lx_type_is_cache(t) || !quantize_ok(t, n_per_row) || n < 0) return LX_ERR_INVALID;
+    const size_t rb = lx_row_bytes(t, n_per_row);
+    for (int64_t i = 0; i < n; ++i)
+        lx_quantize_row_ref(t, src + i * n_per_row, (uint8_t *) dst + (size_t) idxs[i] * rb, n_per_row);
+    return LX_OK;
 }

@@ -280,14 +280,41 @@ void lx_quantize_row_q8_1_ref(const float *x, lx_block_q8_1 *y, int64_t n);
 void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n);
 void lx_quantize_row_q8_K_ref(const float *x, lx_block_q8_K *y, int64_t n);
 
-/* q4_0 (a KV cache type): d = max/-8 with max the value of largest magnitude,
- * q = min(15, (int8)(x/d + 8.5)). x: [n] float32, y: [n/32] blocks. */
+/* q4_0 (a KV cache type): d = max/-8 with max the value of largest magnitude
+ * (the first one in the block; +0 when the block is all zeros), id = 1/d (0 if
+ * d == 0), q = min(15, (int8)(clamp(x*id, 8) + 8.5)), stored as nibbles: value
+ * j in the low nibble of qs[j], value j+16 in the high one. x: [n] float32, y:
+ * [n/32] blocks. The fast row (AVX2, chosen at run time) is bit-exact. */
+void lx_quantize_row_q4_0(const float *x, lx_block_q4_0 *y, int64_t n);
 void lx_quantize_row_q4_0_ref(const float *x, lx_block_q4_0 *y, int64_t n);
 
-/* y = quantized x for t in {q4_0, q8_0, q8_1, q8_K} (the fast row where there
- * is one). Returns LX_OK, or LX_ERR_INVALID for another type. */
+/* y = x stored as type t: t in {f32 (a copy), f16 (lx_fp32_to_fp16_row), q4_0,
+ * q8_0, q8_1, q8_K} (the fast row where there is one). x: [n] float32, y:
+ * lx_row_bytes(t, n) bytes. Returns LX_OK, or LX_ERR_INVALID for another type
+ * or an n that is not a multiple of the block size (y untouched). */
 lx_status lx_quantize_row(lx_type t, const float *x, void *y, int64_t n);
 lx_status lx_quantize_row_ref(lx_type t, const float *x, void *y, int64_t n);
+
+/* 1 if t is a type a KV cache row may have: f32, f16, q8_0 or q4_0 */
+int lx_type_is_cache(lx_type t);
+
+/* llama.cpp's set_rows (ggml_set_rows into the K / V cache): row i of src is
+ * stored as type t into row idxs[i] of dst, for i in [0, n):
+ *
+ *   src  float [n][n_per_row]                          (token i's K or V)
+ *   dst  [n_dst_rows] rows of lx_row_bytes(t, n_per_row) bytes   (cache rows)
+ *   idxs uint32 [n]                                    (the cell of token i)
+ *
+ * t in {f32, f16, q8_0, q4_0}; quantized rows are bit-exact with the _ref
+ * quantizers. Mutates only the dst rows named in idxs. note: every idxs[i] <
+ * n_dst_rows (the caller checks; n_dst_rows is not passed) and the idxs are
+ * distinct when n_threads > 1 (with a repeated index the last row wins only on
+ * one thread). OpenMP over rows. Returns LX_OK, or LX_ERR_INVALID (bad type /
+ * n_per_row, dst untouched). */
+lx_status lx_set_rows(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                      int64_t n_per_row, int n_threads);
+lx_status lx_set_rows_ref(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                          int64_t n_per_row);
 
 /* 1 if the fast block rows (dequantize, quantize) use AVX2 on this CPU */
 int lx_quants_have_avx2(void);

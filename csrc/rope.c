@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "hadamard.h"
 #include "quants.h"
 
 #ifdef _OPENMP
@@ -278,6 +279,92 @@ void lx_rope_k_shift_f16(const lx_rope_params *rp, uint16_t *k, const lx_pos *sh
                 lx_fp16_to_fp32_row(x, buf, n_rot);
                 row_fn(buf, tr.c, tr.s, 1, n_rot, n_rot);
                 lx_fp32_to_fp16_row(buf, x, n_rot);
+            }
+        }
+    }
+}
+
+/* ---- K-shift of any cache type, with rotation -------------------------------------------------- */
+
+static void k_shift_check(lx_type t, int64_t head_dim, int rot_block) {
+    (void) t; (void) head_dim; (void) rot_block;
+    assert(t == LX_TYPE_F32 || t == LX_TYPE_F16 || t == LX_TYPE_Q8_0 || t == LX_TYPE_Q4_0);
+    assert(head_dim <= LX_ROPE_MAX_HEAD && head_dim % lx_type_block_size(t) == 0);
+    assert(rot_block == 0 || (lx_hadamard_block_ok(rot_block) && head_dim % rot_block == 0));
+}
+
+void lx_rope_k_shift_ref(const lx_rope_params *rp, lx_type t, void *k, const lx_pos *shift,
+                         int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block) {
+    rope_check(rp, n_head_kv, head_dim);
+    k_shift_check(t, head_dim, rot_block);
+    if (rot_block == 0 && t == LX_TYPE_F32) {
+        lx_rope_k_shift_f32_ref(rp, k, shift, kv_size, n_head_kv, head_dim);
+        return;
+    }
+    if (rot_block == 0 && t == LX_TYPE_F16) {
+        lx_rope_k_shift_f16_ref(rp, k, shift, kv_size, n_head_kv, head_dim);
+        return;
+    }
+    const size_t hb = lx_row_bytes(t, head_dim);             /* bytes of one head's values */
+    float cache[LX_ROPE_MAX_ROT];
+    float x[LX_ROPE_MAX_HEAD];
+    for (int64_t i = 0; i < kv_size; ++i) {
+        if (shift[i] == 0) continue;
+        lx_rope_cache(rp, shift[i], cache);
+        for (int64_t h = 0; h < n_head_kv; ++h) {
+            uint8_t *head = (uint8_t *) k + (size_t) (i * n_head_kv + h) * hb;
+            lx_dequantize_row_ref(t, head, x, head_dim);
+            if (rot_block) lx_hadamard_rows_ref(x, 1, head_dim, rot_block);
+            rope_rotate_ref(x, cache, rp->n_rot, rp->kind);
+            if (rot_block) lx_hadamard_rows_ref(x, 1, head_dim, rot_block);
+            lx_quantize_row_ref(t, x, head, head_dim);
+        }
+    }
+}
+
+void lx_rope_k_shift(const lx_rope_params *rp, lx_type t, void *k, const lx_pos *shift,
+                     int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block, int n_threads) {
+    rope_check(rp, n_head_kv, head_dim);
+    k_shift_check(t, head_dim, rot_block);
+    assert(n_threads >= 1);
+    if (rot_block == 0 && t == LX_TYPE_F32) {
+        lx_rope_k_shift_f32(rp, k, shift, kv_size, n_head_kv, head_dim, n_threads);
+        return;
+    }
+    if (rot_block == 0 && t == LX_TYPE_F16) {
+        lx_rope_k_shift_f16(rp, k, shift, kv_size, n_head_kv, head_dim, n_threads);
+        return;
+    }
+    (void) n_threads;
+    const rope_row_fn row_fn = rope_pick_row(rp->kind);
+    const size_t hb = lx_row_bytes(t, head_dim);
+#ifdef _OPENMP
+    const int par = n_threads > 1 && kv_size > 1 && kv_size * n_head_kv * head_dim >= ROPE_PAR_MIN_VALUES / 4;
+    #pragma omp parallel num_threads(n_threads) if (par)
+#endif
+    {
+        rope_trig tr;
+        bool   have = false;
+        lx_pos last = 0;
+        float  x[LX_ROPE_MAX_HEAD];
+#ifdef _OPENMP
+        #pragma omp for schedule(static)
+#endif
+        for (int64_t i = 0; i < kv_size; ++i) {
+            const lx_pos d = shift[i];
+            if (d == 0) continue;
+            if (!have || d != last) {
+                rope_trig_of(rp, d, &tr);
+                have = true;
+                last = d;
+            }
+            for (int64_t h = 0; h < n_head_kv; ++h) {
+                uint8_t *head = (uint8_t *) k + (size_t) (i * n_head_kv + h) * hb;
+                lx_dequantize_row(t, head, x, head_dim);
+                if (rot_block) lx_hadamard_row(x, head_dim, rot_block);
+                row_fn(x, tr.c, tr.s, 1, head_dim, rp->n_rot);
+                if (rot_block) lx_hadamard_row(x, head_dim, rot_block);
+                lx_quantize_row(t, x, head, head_dim);
             }
         }
     }

@@ -21,6 +21,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "quants.h"
 
 #define LX_ROPE_MAX_ROT 1024   /* largest n_rot (the per-position cos/sin cache lives on the stack) */
 
@@ -63,5 +64,40 @@ void lx_rope_k_shift_f16(const lx_rope_params *rp, uint16_t *k, const lx_pos *sh
                          int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int n_threads);
 void lx_rope_k_shift_f16_ref(const lx_rope_params *rp, uint16_t *k, const lx_pos *shift,
                              int64_t kv_size, int64_t n_head_kv, int64_t head_dim);
+
+/* ---- K-shift of any cache type, with llama.cpp's Hadamard rotation ----------------------------
+ *
+ * llama_kv_cache::build_rope_shift for a quantized K: dequantize to f32 -> rotate back (the K
+ * rows are stored rotated by H, hadamard.h) -> RoPE -> rotate forward -> quantize back. Per cell i
+ * with shift[i] != 0 and per head h of its row:
+ *
+ *   x = row i, head h as floats (f32 as is, f16 exact, q8_0 / q4_0 dequantized)   [head_dim]
+ *   if rot_block > 0: x = H x per block of rot_block        (un-rotate: H H = I)
+ *   x[0 .. n_rot) = RoPE(x, shift[i])                        (the rotation above, rp)
+ *   if rot_block > 0: x = H x per block                      (re-rotate)
+ *   row i, head h = x stored as type t   (f32 copy, f16 round to nearest even, q8_0 / q4_0
+ *                                         quantized with the reference rounding, quants.h)
+ *
+ * A head's values are whole blocks of its row (quantized t needs head_dim % 32 == 0, as llama.cpp
+ * requires of a quantized K), so working head by head gives the blocks a whole row would. With
+ * rot_block == 0 and t f32 / f16 this is lx_rope_k_shift_f32 / _f16 (pass-through dims keep their
+ * bits); with a rotation every value of the head changes. Where llama.cpp rotates only a view of
+ * the first n_rot dims (its K-shift view), this un-rotates the whole head, which is the same when
+ * n_rot == head_dim (every model llama.cpp rotates) and correct otherwise. Cells with shift 0 are
+ * not touched. OpenMP over cells (n_threads >= 1).
+ *
+ *   k  [kv_size] rows of lx_row_bytes(t, n_head_kv * head_dim) bytes     shift [kv_size]
+ *
+ * note: t in {f32, f16, q8_0, q4_0}; rot_block 0 or a power of two (<= LX_HADAMARD_MAX_BLOCK)
+ * dividing head_dim; head_dim <= LX_ROPE_MAX_HEAD. The fast version uses the fast dequantize /
+ * Hadamard / quantize rows; without rotation its bytes equal the _ref twin's (every step is
+ * bit-exact), with rotation the Hadamard transforms differ by rounding (hadamard.h), which can
+ * move a quantized value by one step. */
+#define LX_ROPE_MAX_HEAD 4096   /* largest head_dim of lx_rope_k_shift (one head in float on the stack) */
+
+void lx_rope_k_shift(const lx_rope_params *rp, lx_type t, void *k, const lx_pos *shift,
+                     int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block, int n_threads);
+void lx_rope_k_shift_ref(const lx_rope_params *rp, lx_type t, void *k, const lx_pos *shift,
+                         int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block);
 
 #endif /* LX_ROPE_H */

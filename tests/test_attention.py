@@ -338,3 +338,254 @@ def test_argument_errors():
         A.attn(**arrays, out=np.zeros((4, 4, 5), np.float32), **kw)
     with pytest.raises(ValueError, match="overlap"):
         A.attn(**arrays, out=arrays["k"].reshape(-1)[:96].reshape(4, 4, 6), **kw)
+
+
+# ---- quantized K / V cache (q8_0, q4_0) -----------------------------------------------------------
+#
+# Layout: a quantized k (or v) is uint8 [n_stream, kv_size, row_bytes] holding each cell's
+# n_head_kv * d values as one row of ggml blocks (llama.cpp's cache rows). Oracles:
+#   - the C references (attn_ref): the same arithmetic in scalar code (q quantized to q8_0 with
+#     ggml's reference rounding, integer block dots, V values q * d): fast within MAX_ERR;
+#   - np_attention_q8: numpy in float64 with ggml's definition of the scores for a quantized K,
+#     s = sum_b sumi_b * d_k,b * d_q,b with q quantized by quants.quantize("q8_0"): MAX_ERR too;
+#   - float attention over the dequantized cache: differs only by q's quantization (quantized K),
+#     bounded by (exp(2E) - 1) * max|v| with E the largest score error that rounding q can cause.
+
+from llamax._native import quants as Q  # noqa: E402
+
+QTYPES = ["f32", "f16", "q8_0", "q4_0"]
+LEVELS_Q = sorted({0, 2, 3, 4} & set(range(A.simd_level() + 1)))
+
+
+@pytest.fixture(params=LEVELS_Q, ids=lambda lv: f"simd{lv}")
+def qlevel(request):
+    A._set_simd_level(request.param)
+    yield request.param
+    A._set_simd_level(-1)
+
+
+def encode(t, x):
+    """float32 [n_stream, kv_size, n_head_kv, d] -> the cache tensor of type t."""
+    if t == "f32":
+        return x.astype(np.float32)
+    if t == "f16":
+        return x.astype(np.float16)
+    return Q.quantize(t, np.ascontiguousarray(x.reshape(x.shape[0], x.shape[1], -1)))
+
+
+def decode(t, c, shape):
+    """The cache tensor of type t -> its float32 values [n_stream, kv_size, n_head_kv, d]."""
+    if t in ("f32", "f16"):
+        return c.astype(np.float32)
+    return Q.dequantize(t, c, (shape[0], shape[1], shape[2] * shape[3])).reshape(shape)
+
+
+def make_qcase(rng, *, n_stream=1, n_tps=2, pad=1, n_head=6, n_head_kv=2, d_k=64, d_v=64, kv_size=300,
+               n_kv=None, p_hidden=0.25):
+    n_kv = kv_size if n_kv is None else n_kv
+    q = rng.uniform(-1, 1, (n_stream * n_tps, n_head, d_k)).astype(np.float32)
+    k = rng.uniform(-1, 1, (n_stream, kv_size, n_head_kv, d_k)).astype(np.float32)
+    v = rng.uniform(-1, 1, (n_stream, kv_size, n_head_kv, d_v)).astype(np.float32)
+    k[:, :, :, 3] *= 8.0                            # an outlier channel, as real K caches have
+    mask = np.zeros((n_stream, n_tps + pad, n_kv), np.float32)
+    mask[rng.random(mask.shape) < p_hidden] = -np.inf
+    mask[:, n_tps:, :] = -np.inf
+    return q, k, v, mask, n_kv
+
+
+def run_all_q(q, k, v, mask, n_kv, scale, softcap, tk, tv, v_trans=False):
+    """ref, and fast for n_threads 1/2/3 with and without scratch (bit-identical to each other)."""
+    kw = dict(n_kv=n_kv, scale=scale, softcap=softcap, v_trans=v_trans, type_k=tk, type_v=tv)
+    ref = A.attn_ref(q, k, v, mask, **kw)
+    fast = A.attn(q, k, v, mask, n_threads=1, **kw)
+    for nt in (2, 3):
+        for use_scratch in (True, False):
+            other = A.attn(q, k, v, mask, n_threads=nt, use_scratch=use_scratch, **kw)
+            assert np.array_equal(fast, other), (nt, use_scratch)
+    return ref, fast
+
+
+def np_attention_q8(q, k_deq, v_deq, mask, n_kv, scale, softcap=0.0):
+    """float64 attention whose scores are ggml's q8_0 dots of q with the dequantized K blocks:
+    q.k = sum_b d_q,b * (qs_b . k_b), q quantized by quants.quantize('q8_0')."""
+    n_tok, n_head, d = q.shape
+    qq = Q.quantize("q8_0", q).reshape(n_tok, n_head, d // 32, 34)
+    dq = qq[..., :2].copy().view(np.float16)[..., 0].astype(np.float64)          # [T, H, nb]
+    qs = qq[..., 2:].copy().view(np.int8).astype(np.float64)                      # [T, H, nb, 32]
+    q_eff = (qs * dq[..., None]).reshape(n_tok, n_head, d)                       # d_q * qs, exact
+    return np_attention(q_eff.astype(np.float64), k_deq, v_deq, mask, n_kv, scale, softcap)
+
+
+@pytest.mark.parametrize("tk", QTYPES)
+@pytest.mark.parametrize("tv", QTYPES)
+def test_quantized_mix_vs_ref_and_numpy(qlevel, tk, tv):
+    """Every K / V type mix: fast vs the C oracle (MAX_ERR), threads bit-identical, and the oracle
+    vs numpy with ggml's scores."""
+    rng = np.random.default_rng(QTYPES.index(tk) * 4 + QTYPES.index(tv))
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_stream=2, n_tps=3, n_head=6, n_head_kv=2, d_k=64, d_v=96,
+                                       kv_size=600, n_kv=560)
+    k, v = encode(tk, kf), encode(tv, vf)
+    ref, fast = run_all_q(q, k, v, mask, n_kv, 0.125, 0.0, tk, tv)
+    vmax = max(1.0, float(np.abs(vf).max()))
+    assert np.abs(fast - ref).max() <= MAX_ERR * vmax
+    kd, vd = decode(tk, k, kf.shape), decode(tv, v, vf.shape)
+    want = np_attention_q8(q, kd, vd, mask, n_kv, 0.125) if tk in ("q8_0", "q4_0") else \
+        np_attention(q, kd, vd, mask, n_kv, 0.125)
+    assert np.abs(ref - want).max() <= MAX_ERR * vmax
+    assert np.abs(fast - want).max() <= MAX_ERR * vmax
+
+
+@pytest.mark.parametrize("tk", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("d_k,n_head,n_head_kv", [(32, 4, 4), (128, 8, 2), (96, 9, 3), (160, 12, 1)])
+def test_quantized_k_head_sizes_and_groups(qlevel, tk, d_k, n_head, n_head_kv):
+    """Odd block counts per head (96, 160: a lone block after the pairs), GQA up to 12 (two passes)."""
+    rng = np.random.default_rng(d_k + n_head)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_tps=2, n_head=n_head, n_head_kv=n_head_kv, d_k=d_k, d_v=32,
+                                       kv_size=300)
+    k = encode(tk, kf)
+    ref, fast = run_all_q(q, k, vf, mask, n_kv, 1 / np.sqrt(d_k), 0.0, tk, "f32")
+    assert np.abs(fast - ref).max() <= MAX_ERR
+    want = np_attention_q8(q, decode(tk, k, kf.shape), vf, mask, n_kv, 1 / np.sqrt(d_k))
+    assert np.abs(ref - want).max() <= MAX_ERR
+
+
+def test_quantized_vs_float_attention_on_the_dequantized_cache():
+    """Quantized V: the same function as float attention over the dequantized V (MAX_ERR).
+    Quantized K: scores use q rounded to q8_0, so the result moves by at most (exp(2E) - 1) *
+    max|v|, E = scale * max over cells of sum_b err_b * sum_{i in b} |k_i| with err_b the
+    largest rounding of q in block b (d/2 + 127 |d - f16(d)|, the q8_0 round-trip bound)."""
+    rng = np.random.default_rng(21)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_tps=4, n_head=8, n_head_kv=2, d_k=128, d_v=64, kv_size=500)
+    scale = 1 / np.sqrt(128)
+    for tv in ("q8_0", "q4_0"):
+        v = encode(tv, vf)
+        got = A.attn(q, kf, v, mask, n_kv=n_kv, scale=scale, type_v=tv)
+        want = A.attn(q, kf, decode(tv, v, vf.shape), mask, n_kv=n_kv, scale=scale)
+        assert np.abs(got - want).max() <= MAX_ERR
+    qb = q.reshape(q.shape[0], q.shape[1], -1, 32).astype(np.float64)
+    d = (np.abs(qb).max(axis=-1) / 127).astype(np.float32).astype(np.float64)
+    err_b = d / 2 + 127 * np.abs(d - d.astype(np.float16))                 # [T, H, nb]
+    for tk in ("q8_0", "q4_0"):
+        k = encode(tk, kf)
+        kd = decode(tk, k, kf.shape)
+        got = A.attn(q, k, vf, mask, n_kv=n_kv, scale=scale, type_k=tk)
+        want = A.attn(q, kd, vf, mask, n_kv=n_kv, scale=scale)
+        ksum = np.abs(kd[0]).reshape(kd.shape[1], kd.shape[2], -1, 32).sum(axis=-1)  # [N, Hkv, nb]
+        g = q.shape[1] // kf.shape[2]
+        E = scale * max(float((err_b[t, h] * ksum[:, h // g]).sum(axis=-1).max())
+                        for t in range(q.shape[0]) for h in range(q.shape[1]))
+        diff = np.abs(got - want).max()
+        assert diff <= (np.exp(2 * E) - 1) * float(np.abs(vf).max()) + MAX_ERR
+        assert diff > 0                                    # q really was quantized
+    # and the whole pipeline stays close to exact float attention
+    exact = np_attention(q, kf, vf, mask, n_kv, scale)
+    got = A.attn(q, encode("q8_0", kf), encode("q8_0", vf), mask, n_kv=n_kv, scale=scale,
+                 type_k="q8_0", type_v="q8_0")
+    assert np.abs(got - exact).max() < 0.02
+
+
+@pytest.mark.parametrize("tk", ["q8_0", "q4_0"])
+def test_quantized_k_with_vtrans_and_softcap(qlevel, tk):
+    """Quantized K works on the v_trans path (V f16, transposed), softcap both conventions."""
+    rng = np.random.default_rng(31)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_stream=2, n_tps=2, n_head=6, n_head_kv=3, kv_size=400)
+    k = encode(tk, kf)
+    vt = np.ascontiguousarray(vf.astype(np.float16).transpose(0, 2, 3, 1))
+    for v_trans, v, tv in ((True, vt, "f16"), (False, encode("q8_0", vf), "q8_0")):
+        ref, fast = run_all_q(q, k, v, mask, n_kv, 0.3, 2.0, tk, tv, v_trans=v_trans)
+        assert np.abs(fast - ref).max() <= MAX_ERR
+        want = np_attention_q8(q, decode(tk, k, kf.shape), vf.astype(np.float16).astype(np.float32) if v_trans
+                               else decode("q8_0", v, vf.shape), mask, n_kv, 0.3, 0.0)
+        assert want.shape == fast.shape
+
+
+@pytest.mark.parametrize("tk,tv", [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f16", "q4_0"), ("q8_0", "f32")])
+def test_quantized_decode_long_cache(qlevel, tk, tv):
+    """One token over many chunks (the split path), a hidden chunk, SmolLM2's shape (9/3/64)."""
+    rng = np.random.default_rng(41)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_tps=1, pad=0, n_head=9, n_head_kv=3, kv_size=2100, n_kv=2000,
+                                       p_hidden=0.1)
+    mask[0, 0, A.CHUNK:2 * A.CHUNK] = -np.inf
+    k, v = encode(tk, kf), encode(tv, vf)
+    ref, fast = run_all_q(q, k, v, mask, n_kv, 0.125, 0.0, tk, tv)
+    assert np.abs(fast - ref).max() <= MAX_ERR
+
+
+def _poison_rows(t, c, s, cells):
+    """Make the rows of `cells` of stream s non-finite: NaN values, or NaN block scales."""
+    if t in ("f32", "f16"):
+        c[s, cells] = np.nan
+    else:
+        rows = c[s, cells].reshape(len(cells), -1, Q.block_bytes(t))
+        rows[:, :, 0:2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        c[s, cells] = rows.reshape(len(cells), -1)
+
+
+@pytest.mark.parametrize("tk,tv", [("q8_0", "q4_0"), ("q4_0", "q8_0"), ("f16", "q8_0"), ("q8_0", "f16")])
+def test_quantized_hidden_cells_are_not_read(qlevel, tk, tv):
+    """NaN scales in every hidden cell's blocks (and beyond n_kv) must not reach the output."""
+    rng = np.random.default_rng(51)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_stream=2, n_tps=2, n_head=6, n_head_kv=3, d_k=32, d_v=64,
+                                       kv_size=600, n_kv=520)
+    k, v = encode(tk, kf), encode(tv, vf)
+    clean = A.attn_ref(q, k, v, mask, n_kv=n_kv, scale=0.3, type_k=tk, type_v=tv)
+    hidden = np.isneginf(mask).all(axis=1)
+    for s in range(2):
+        cells = np.concatenate([np.nonzero(hidden[s])[0], np.arange(n_kv, 600)])
+        _poison_rows(tk, k, s, cells)
+        _poison_rows(tv, v, s, cells)
+    for fn in (A.attn, A.attn_ref):
+        got = fn(q, k, v, mask, n_kv=n_kv, scale=0.3, type_k=tk, type_v=tv)
+        assert np.isfinite(got).all()
+        assert np.abs(got - clean).max() <= MAX_ERR
+
+
+def test_quantized_v_needs_flash_attention():
+    rng = np.random.default_rng(61)
+    q, kf, vf, mask, n_kv = make_qcase(rng, kv_size=64)
+    v = encode("q8_0", vf)
+    for fn in (A.attn, A.attn_ref):
+        with pytest.raises(ValueError, match="flash attention"):
+            fn(q, kf, v, mask, n_kv=n_kv, scale=1.0, v_trans=True, type_v="q8_0")
+
+
+def test_type_names_and_numbers_and_plain_types():
+    """type_k / type_v by name or ggml number; "f32" / "f16" with float arrays run the float path."""
+    rng = np.random.default_rng(71)
+    q, kf, vf, mask, n_kv = make_qcase(rng, kv_size=64)
+    k16 = kf.astype(np.float16)
+    base = A.attn(q, k16, vf, mask, n_kv=n_kv, scale=0.5)
+    assert np.array_equal(base, A.attn(q, k16, vf, mask, n_kv=n_kv, scale=0.5, type_k="f16", type_v="f32"))
+    k8 = encode("q8_0", kf)
+    a = A.attn(q, k8, vf, mask, n_kv=n_kv, scale=0.5, type_k="q8_0")
+    assert np.array_equal(a, A.attn(q, k8, vf, mask, n_kv=n_kv, scale=0.5, type_k=Q.TYPE_Q8_0))
+    assert np.array_equal(a, A.attn(q, k8, vf, mask, n_kv=n_kv, scale=0.5, type_k="Q8_0", type_v="f32"))
+
+
+def _qvalid():
+    rng = np.random.default_rng(0)
+    q, kf, vf, mask, n_kv = make_qcase(rng, n_tps=2, pad=0, n_head=4, n_head_kv=2, d_k=64, d_v=32, kv_size=10)
+    return dict(q=q, k=encode("q8_0", kf), v=encode("q4_0", vf), mask=mask), \
+        dict(n_kv=n_kv, scale=1.0, type_k="q8_0", type_v="q4_0")
+
+
+@pytest.mark.parametrize("fn", [A.attn, A.attn_ref], ids=["fast", "ref"])
+@pytest.mark.parametrize("field,bad,kw,err", [
+    ("q", np.zeros((2, 4, 48), np.float32), {}, "multiple of 32"),                 # d_k % 32
+    ("q", np.zeros((2, 4, 96), np.float32), {}, "multiple of the head size"),      # 136 values / 96
+    ("q", np.zeros((2, 3, 64), np.float32), {}, "n_head"),                          # 3 % n_head_kv 2
+    ("k", np.zeros((1, 10, 2, 64), np.uint8), {}, "3-D uint8"),
+    ("k", np.zeros((1, 10, 135), np.uint8), {}, "whole blocks of 34"),
+    ("k", np.zeros((1, 10, 136), np.float32), {}, "must be uint8"),
+    ("k", np.zeros((1, 10, 2, 64), np.float16), {"type_k": "q4_1"}, "f32, f16, q8_0 or q4_0"),
+    ("k", np.zeros((1, 10, 2, 64), np.float32), {"type_k": "f16"}, "must be float16"),
+    ("k", np.zeros((1, 10, 2, 64), np.uint8), {"type_k": None}, "float32 or float16"),
+    ("v", np.zeros((1, 10, 54), np.uint8), {}, "not n_head_kv = 2 heads"),         # 96 values: 48 per head
+    ("v", np.zeros((1, 11, 36), np.uint8), {}, "kv_size=10"),
+    ("v", np.zeros((1, 10, 37), np.uint8), {}, "whole blocks of 18"),
+])
+def test_quantized_shape_errors(fn, field, bad, kw, err):
+    arrays, base = _qvalid()
+    arrays[field] = bad
+    with pytest.raises(ValueError, match=err):
+        fn(arrays["q"], arrays["k"], arrays["v"], arrays["mask"], **{**base, **kw})

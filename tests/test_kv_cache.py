@@ -249,7 +249,7 @@ def test_clear_and_counts():
 
 def test_bad_construction():
     with pytest.raises(ValueError):
-        KVCache(1, 1, 8, 16, type_k="q8_0")
+        KVCache(1, 1, 8, 16, type_k="q8_1")
     with pytest.raises(ValueError):
         KVCache(0, 1, 8, 16)
     with pytest.raises(ValueError):

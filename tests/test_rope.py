@@ -262,3 +262,133 @@ def test_read_only_raises():
     k.flags.writeable = False
     with pytest.raises(ValueError):
         R.k_shift(k, POS2, 2, 4, 4)
+
+
+# ---- K-shift of a quantized K, and of a rotated K (llama.cpp's attn_rot_k) --------------------------
+#
+# Oracle: numpy doing what llama.cpp's build_rope_shift does for a quantized K: dequantize
+# (quants.dequantize, bit-exact with ggml) -> un-rotate each head by H (hadamard.hadamard_rows_ref)
+# -> RoPE (np_rope, float32 steps) -> rotate -> quantize back (quants.quantize, ggml's reference
+# rounding). The kernels do the same in C; compared on the dequantized values, they agree within
+# one quantization step d of a block wherever the float paths differ by rounding (the rounding
+# of a value sitting on a step boundary can go either way), and exactly elsewhere.
+
+from llamax._native import hadamard as H  # noqa: E402
+from llamax._native import quants as Q  # noqa: E402
+
+
+def _deq(t, k, n):
+    if t in ("f32", "f16"):
+        return k.astype(np.float32)
+    return Q.dequantize(t, k, (k.shape[0], n))
+
+
+def _enc(t, x):
+    if t == "f32":
+        return x.astype(np.float32)
+    if t == "f16":
+        return x.astype(np.float16)
+    return Q.quantize(t, np.ascontiguousarray(x, np.float32))
+
+
+def np_k_shift(t, k, shift, n_head_kv, head_dim, n_rot, base, scale, kind, rot_block):
+    kv_size = k.shape[0]
+    x = _deq(t, k, n_head_kv * head_dim).reshape(kv_size * n_head_kv, head_dim).copy()
+    if rot_block:
+        H.hadamard_rows_ref(x, rot_block)
+    x = np_rope(x.reshape(kv_size, n_head_kv, head_dim), shift, n_rot, base, scale, kind)
+    x = np.ascontiguousarray(x, np.float32).reshape(kv_size * n_head_kv, head_dim)
+    if rot_block:
+        H.hadamard_rows_ref(x, rot_block)
+    out = _enc(t, x.reshape(kv_size, -1))
+    out[shift == 0] = k[shift == 0]
+    return out
+
+
+def _step(t, k, n):
+    """Per value, the size of one quantization step of its block (0 for f32 / f16 handled apart)."""
+    if t in ("f32", "f16"):
+        return np.zeros((k.shape[0], n))
+    d = k.reshape(k.shape[0], -1, Q.block_bytes(t))[:, :, :2].copy().view(np.float16)[..., 0]
+    return np.repeat(np.abs(d.astype(np.float64)), 32, axis=1)
+
+
+@pytest.mark.parametrize("t", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("rot", [False, True], ids=["plain", "rotated"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_k_shift_quantized_vs_numpy(t, rot, kind):
+    rng = np.random.default_rng(hash((t, rot, kind)) & 0xFFFF)
+    kv_size, n_head_kv, head_dim, n_rot = 48, 3, 128, 128
+    rot_block = H.rot_block(head_dim) if rot else 0
+    x = data(rng, kv_size, n_head_kv * head_dim)
+    x[:, 5] *= 20.0                                          # an outlier channel
+    k = _enc(t, x)
+    shift = rng.integers(-300, 300, kv_size).astype(np.int32)
+    shift[::4] = 0
+    args = (n_head_kv, head_dim, n_rot, 10000.0, 1.0, kind)
+    fast = R.k_shift(k.copy(), shift, *args, n_threads=2, type=t, rot_block=rot_block)
+    ref = R.k_shift_ref(k.copy(), shift, *args, type=t, rot_block=rot_block)
+    want = np_k_shift(t, k, shift, *args, rot_block)
+    assert fast[shift == 0].tobytes() == k[shift == 0].tobytes()     # untouched cells keep their bytes
+    n = n_head_kv * head_dim
+    step = _step(t, want, n)
+    for got in (fast, ref):
+        diff = np.abs(_deq(t, got, n).astype(np.float64) - _deq(t, want, n))
+        assert np.all(diff <= 1.01 * step + 1e-6 * np.abs(x).max())
+        assert np.mean(got == want) > 0.98                    # almost every byte identical
+    if not rot:
+        assert fast.tobytes() == ref.tobytes()               # every step bit-exact without rotation
+    # the shift is the rotation it claims: rope then shift == rope at the sum, up to quantization
+    back = R.k_shift(fast.copy(), -shift, *args, type=t, rot_block=rot_block)
+    err = np.abs(_deq(t, back, n) - _deq(t, k, n))
+    assert err.max() <= 3.0 * _step(t, k, n).max() + 1e-3
+
+
+@pytest.mark.parametrize("t", ["f32", "f16"])
+def test_k_shift_rotated_float_cache(t):
+    """A rotated f32 / f16 K is un-rotated, roped and re-rotated too (every value changes)."""
+    rng = np.random.default_rng(5)
+    kv_size, n_head_kv, head_dim, n_rot = 20, 2, 64, 32
+    x = data(rng, kv_size, n_head_kv * head_dim)
+    k = _enc(t, x)
+    shift = rng.integers(1, 100, kv_size).astype(np.int32)
+    shift[3] = 0
+    args = (n_head_kv, head_dim, n_rot, 10000.0, 1.0, R.ROPE_NEOX)
+    fast = R.k_shift(k.copy(), shift, *args, type=t, rot_block=64)
+    ref = R.k_shift_ref(k.copy(), shift, *args, rot_block=64)
+    want = np_k_shift(t, k, shift, *args, 64)
+    tol = (1e-6 if t == "f32" else 2e-3) * float(np.abs(x).max())
+    np.testing.assert_allclose(fast.astype(np.float32), want.astype(np.float32), atol=tol)
+    np.testing.assert_allclose(ref.astype(np.float32), want.astype(np.float32), atol=tol)
+    assert fast[3].tobytes() == k[3].tobytes()
+    # without rotation the type argument changes nothing
+    plain = R.k_shift(k.copy(), shift, *args)
+    assert plain.tobytes() == R.k_shift(k.copy(), shift, *args, type=t, rot_block=0).tobytes()
+
+
+@pytest.mark.parametrize("t", ["q8_0", "q4_0"])
+def test_k_shift_quantized_threads_identical(t):
+    rng = np.random.default_rng(8)
+    k = _enc(t, data(rng, 400, 2 * 64))
+    shift = rng.integers(-9, 9, 400).astype(np.int32)
+    outs = [R.k_shift(k.copy(), shift, 2, 64, 64, 10000.0, 1.0, R.ROPE_NORM, n, type=t, rot_block=64).tobytes()
+            for n in (1, 2, 3)]
+    assert outs[0] == outs[1] == outs[2]
+
+
+KQ = np.zeros((2, 2 * 68), np.uint8)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: R.k_shift(KQ.copy(), POS2, 2, 64, 64),                                   # uint8 without type
+    lambda: R.k_shift(KQ.copy(), POS2, 2, 64, 64, type="q4_0"),                      # q4_0 rows are 72 B
+    lambda: R.k_shift(KQ.copy(), POS2, 2, 64, 64, type="q4_1"),                      # not a cache type
+    lambda: R.k_shift(np.zeros((2, 2 * 51), np.uint8), POS2, 2, 48, 48, type="q8_0"),  # head_dim % 32
+    lambda: R.k_shift(KQ.copy(), POS2, 2, 64, 64, type="q8_0", rot_block=48),        # not a power of two
+    lambda: R.k_shift(KQ.copy(), POS2, 2, 64, 64, type="q8_0", rot_block=128),       # > head_dim
+    lambda: R.k_shift(np.zeros((2, 128), np.float32), POS2, 2, 64, 64, type="f16"),  # dtype vs type
+    lambda: R.k_shift_ref(KQ.copy(), POS2, 2, 64, 64, type="q8_0", rot_block=3),
+])
+def test_k_shift_quantized_bad_inputs_raise(call):
+    with pytest.raises(ValueError):
+        call()

@@ -26,10 +26,14 @@ cdef extern from "attention.h" nogil:
         float softcap
 
     bint lx_attn_params_valid(const lx_attn_params *p)
+    bint lx_attn_params_valid_vtrans(const lx_attn_params *p)
+    int64_t lx_attn_k_row_bytes(const lx_attn_params *p)
+    int64_t lx_attn_v_row_bytes(const lx_attn_params *p)
     int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads)
 
-    # q [n_tokens][n_head][d_k], k [n_stream][kv_size][n_head_kv][d_k],
-    # v [n_stream][kv_size][n_head_kv][d_v], mask [n_stream][n_tps_pad][n_kv],
+    # q [n_tokens][n_head][d_k], k [n_stream][kv_size][n_head_kv][d_k] (quantized: [n_stream][kv_size]
+    # rows of lx_attn_k_row_bytes), v [n_stream][kv_size][n_head_kv][d_v] (likewise),
+    # mask [n_stream][n_tps_pad][n_kv],
     # out [n_tokens][n_head][d_v], scratch [n_scratch] or NULL
     void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const void *v,
                        const float *mask, float *out, float *scratch, int64_t n_scratch,

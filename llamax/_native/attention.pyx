@@ -6,7 +6,9 @@ GIL released. Layouts (C-contiguous, n_tokens = n_stream * n_tps):
 
     q     float32            [n_tokens, n_head, d_k]
     k     float32 | float16  [n_stream, kv_size, n_head_kv, d_k]
+          uint8 (q8_0, q4_0) [n_stream, kv_size, row_bytes(type_k, n_head_kv * d_k)]
     v     float32 | float16  [n_stream, kv_size, n_head_kv, d_v]      (v_trans=False, flash layout)
+          uint8 (q8_0, q4_0) [n_stream, kv_size, row_bytes(type_v, n_head_kv * d_v)]  (flash only)
                              [n_stream, n_head_kv, d_v, kv_size]      (v_trans=True, V transposed)
     mask  float32            [n_stream, n_tps_pad, n_kv]              (0 / bias visible, -inf hidden)
     out   float32            [n_tokens, n_head, d_v]
@@ -20,14 +22,19 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint16_t
 
 from llamax._native.quants cimport (
+    LX_QK,
     LX_TYPE_F16,
     LX_TYPE_F32,
+    LX_TYPE_Q4_0,
+    LX_TYPE_Q8_0,
     lx_fp16_to_fp32_row,
     lx_fp16_to_fp32_row_ref,
     lx_fp32_to_fp16_row,
     lx_fp32_to_fp16_row_ref,
     lx_type,
+    lx_type_block_bytes,
 )
+from llamax._native import quants as _quants
 from llamax.params import resolve_n_threads
 
 # the declarations of csrc/attention.h come from attention.pxd (same module name)
@@ -121,37 +128,79 @@ def fp16_to_fp32_ref(x):
 
 # ---- attention ---------------------------------------------------------------------------------
 
-cdef lx_type _cache_type(object a, str name) except *:
+cdef int _type_from(object t, object a, str name) except -1:
+    """The lx_type of cache tensor a (type t, or None: from a's dtype); a's dtype and layout checked."""
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
-    if a.dtype == np.float32:
-        t = LX_TYPE_F32
-    elif a.dtype == np.float16:
-        t = LX_TYPE_F16
+    cdef int tt
+    if t is None:
+        if a.dtype == np.float32:
+            tt = LX_TYPE_F32
+        elif a.dtype == np.float16:
+            tt = LX_TYPE_F16
+        else:
+            raise ValueError(f"{name} must be float32 or float16 (or uint8 rows with type_{name} "
+                             f"'q8_0' / 'q4_0'), got {a.dtype}")
     else:
-        raise ValueError(f"{name} must be float32 or float16, got {a.dtype}")
+        tt = _quants.type_id(t)
+        if tt not in (LX_TYPE_F32, LX_TYPE_F16, LX_TYPE_Q8_0, LX_TYPE_Q4_0):
+            raise ValueError(f"type_{name} must be f32, f16, q8_0 or q4_0, got {_quants.type_name(tt)}")
+        want = {LX_TYPE_F32: np.float32, LX_TYPE_F16: np.float16}.get(tt, np.uint8)
+        if a.dtype != want:
+            raise ValueError(f"{name} of type_{name} {_quants.type_name(tt)} must be {np.dtype(want).name}, "
+                             f"got {a.dtype}")
     if not a.flags.c_contiguous or not a.flags.aligned:
         raise ValueError(f"{name} must be C-contiguous and aligned")
-    if a.ndim != 4:
-        raise ValueError(f"{name} must be 4-D, got shape {a.shape}")
-    return t
+    return tt
+
+
+cdef bint _quantized(int t):
+    return t == LX_TYPE_Q8_0 or t == LX_TYPE_Q4_0
+
+
+cdef int64_t _row_values(int t, int64_t row_bytes, str name) except -1:
+    """Values in a quantized row of row_bytes bytes (whole blocks only)."""
+    cdef int64_t bb = lx_type_block_bytes(<lx_type> t)
+    if row_bytes < 1 or row_bytes % bb != 0:
+        raise ValueError(f"{name} rows of {_quants.type_name(t)} are whole blocks of {bb} bytes, got {row_bytes}")
+    return row_bytes // bb * LX_QK
 
 
 cdef lx_attn_params _attn_params(object q, object k, object v, object mask, object out,
-                                 object n_kv, double scale, double softcap, bint v_trans) except *:
+                                 object n_kv, double scale, double softcap, bint v_trans,
+                                 object type_k, object type_v) except *:
     """Validate every array against the layouts of the module docstring; the C shape record."""
     cdef lx_attn_params p
-    p.type_k = _cache_type(k, "k")
-    p.type_v = _cache_type(v, "v")
+    cdef int tk = _type_from(type_k, k, "k")
+    cdef int tv = _type_from(type_v, v, "v")
+    p.type_k = <lx_type> tk
+    p.type_v = <lx_type> tv
     _check_array(q, "q", np.float32)
     _check_array(mask, "mask", np.float32)
     if q.ndim != 3:
         raise ValueError(f"q must be 3-D [n_tokens, n_head, d_k], got shape {q.shape}")
     if mask.ndim != 3:
         raise ValueError(f"mask must be 3-D [n_stream, n_tps_pad, n_kv], got shape {mask.shape}")
-
-    n_stream, kv_size, n_head_kv, d_k = k.shape
     n_tokens, n_head, d_kq = q.shape
+
+    if _quantized(tk):
+        if k.ndim != 3:
+            raise ValueError(f"k of type_k {_quants.type_name(tk)} must be 3-D uint8 [n_stream, kv_size, "
+                             f"row_bytes], got shape {k.shape}")
+        if d_kq < 1 or d_kq % LX_QK != 0:
+            raise ValueError(f"a {_quants.type_name(tk)} K cache needs a head size that is a multiple of "
+                             f"{LX_QK}, got d_k = {d_kq}")
+        n_stream, kv_size, k_row = k.shape
+        if n_stream < 1 or kv_size < 1:
+            raise ValueError(f"k shape {k.shape}: every dimension must be >= 1")
+        k_vals = _row_values(tk, k_row, "k")
+        if k_vals % d_kq != 0:
+            raise ValueError(f"k rows hold {k_vals} values, not a multiple of the head size d_k = {d_kq}")
+        n_head_kv, d_k = k_vals // d_kq, d_kq
+    else:
+        if k.ndim != 4:
+            raise ValueError(f"k must be 4-D, got shape {k.shape}")
+        n_stream, kv_size, n_head_kv, d_k = k.shape
     if n_stream < 1 or kv_size < 1 or n_head_kv < 1 or d_k < 1:
         raise ValueError(f"k shape {k.shape}: every dimension must be >= 1")
     if kv_size > 2**31 - 1:
@@ -166,12 +215,28 @@ cdef lx_attn_params _attn_params(object q, object k, object v, object mask, obje
         raise ValueError(f"n_tokens = {n_tokens} must be a positive multiple of n_stream = {n_stream}")
     n_tps = n_tokens // n_stream
 
-    if v_trans:
+    if _quantized(tv):
+        if v_trans:
+            raise ValueError(f"a quantized V cache (type_v {_quants.type_name(tv)}) needs flash attention "
+                             f"(v_trans=False), as in llama.cpp: V^T would cut blocks across cells")
+        if v.ndim != 3 or v.shape[0] != n_stream or v.shape[1] != kv_size:
+            raise ValueError(f"v of type_v {_quants.type_name(tv)} must be 3-D uint8 [n_stream={n_stream}, "
+                             f"kv_size={kv_size}, row_bytes], got shape {v.shape}")
+        v_vals = _row_values(tv, v.shape[2], "v")
+        if v_vals % n_head_kv != 0 or (v_vals // n_head_kv) % LX_QK != 0:
+            raise ValueError(f"v rows hold {v_vals} values: not n_head_kv = {n_head_kv} heads of a multiple "
+                             f"of {LX_QK}")
+        d_v = v_vals // n_head_kv
+    elif v_trans:
+        if v.ndim != 4:
+            raise ValueError(f"v must be 4-D, got shape {v.shape}")
         vs, vh, d_v, vsize = v.shape
         if (vs, vh, vsize) != (n_stream, n_head_kv, kv_size):
             raise ValueError(f"v (transposed) must be [n_stream={n_stream}, n_head_kv={n_head_kv}, d_v, "
                              f"kv_size={kv_size}], got shape {v.shape}")
     else:
+        if v.ndim != 4:
+            raise ValueError(f"v must be 4-D, got shape {v.shape}")
         vs, vsize, vh, d_v = v.shape
         if (vs, vsize, vh) != (n_stream, kv_size, n_head_kv):
             raise ValueError(f"v must be [n_stream={n_stream}, kv_size={kv_size}, n_head_kv={n_head_kv}, d_v], "
@@ -211,12 +276,12 @@ cdef lx_attn_params _attn_params(object q, object k, object v, object mask, obje
     p.n_kv = n_kv
     p.scale = <float> scale
     p.softcap = <float> softcap
-    assert lx_attn_params_valid(&p)
+    assert lx_attn_params_valid_vtrans(&p) if v_trans else lx_attn_params_valid(&p)
     return p
 
 
 def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None,
-         use_scratch=True):
+         use_scratch=True, type_k=None, type_v=None):
     """Attention of q over the first n_kv cells of each stream of the cache (fast kernels).
 
     Args:
@@ -229,6 +294,12 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
         use_scratch: pass the kernel the scratch that lets it split the KV range of few work
             items (decode) across threads and walk the cache chunk-major; False gives the same
             result bit for bit (a testing aid), only more slowly.
+        type_k, type_v: the cache types, "f32" / "f16" / "q8_0" / "q4_0" (or ggml type numbers);
+            None takes f32 / f16 from the dtype. A quantized k (or v) is uint8 [n_stream, kv_size,
+            row_bytes] holding each cell's n_head_kv * d values as one row of blocks (n_head_kv is
+            derived from the row size and q's head size, which must be a multiple of 32). A
+            quantized V needs v_trans=False. Quantized K: q is quantized to q8_0 and the scores
+            are integer block dots, as llama.cpp's flash attention computes them.
 
     Returns:
         out, float32 [n_tokens, n_head, d_v]. A token whose mask row is all -inf gets zeros.
@@ -237,7 +308,7 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
     Raises:
         ValueError / TypeError: a shape, dtype, layout or argument does not fit (message says which).
     """
-    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans)
+    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans, type_k, type_v)
     cdef int nt = resolve_n_threads(n_threads)
     if out is None:
         out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)
@@ -260,12 +331,13 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
     return out
 
 
-def attn_ref(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None):
+def attn_ref(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None,
+             type_k=None, type_v=None):
     """attn computed by the scalar oracles (lx_attn_flash_ref / lx_attn_vtrans_ref).
 
     Same arguments and checks as attn; n_threads is validated and ignored (single-threaded).
     """
-    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans)
+    cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans, type_k, type_v)
     resolve_n_threads(n_threads)
     if out is None:
         out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)

@@ -1,5 +1,5 @@
 # quants.pxd: mirrors csrc/quants.h (declarations only).
-from libc.stdint cimport int8_t, int16_t, int64_t, uint8_t, uint16_t
+from libc.stdint cimport int8_t, int16_t, int64_t, uint8_t, uint16_t, uint32_t
 
 from llamax._native.kv_cells cimport lx_status
 
@@ -122,8 +122,17 @@ cdef extern from "quants.h" nogil:
     void lx_quantize_row_q8_1_ref(const float *x, lx_block_q8_1 *y, int64_t n)
     void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n)
     void lx_quantize_row_q8_K_ref(const float *x, lx_block_q8_K *y, int64_t n)
+    void lx_quantize_row_q4_0(const float *x, lx_block_q4_0 *y, int64_t n)
     void lx_quantize_row_q4_0_ref(const float *x, lx_block_q4_0 *y, int64_t n)
+    # x: [n] float32, y: lx_row_bytes(t, n) bytes
     lx_status lx_quantize_row(lx_type t, const float *x, void *y, int64_t n)
     lx_status lx_quantize_row_ref(lx_type t, const float *x, void *y, int64_t n)
+
+    int lx_type_is_cache(lx_type t)
+    # src [n][n_per_row] float32, dst [n_dst_rows] rows of lx_row_bytes(t, n_per_row) bytes, idxs [n]
+    lx_status lx_set_rows(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                          int64_t n_per_row, int n_threads)
+    lx_status lx_set_rows_ref(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
+                              int64_t n_per_row)
 
     int lx_quants_have_avx2()

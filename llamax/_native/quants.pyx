@@ -10,7 +10,9 @@ with the GIL released.
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
+
+from llamax._native.kv_cells cimport LX_OK
 
 # the declarations of csrc/quants.h come from quants.pxd (same module name)
 
@@ -49,10 +51,36 @@ _PLAIN_DTYPES = {
 }
 
 
-cdef lx_type _check_type(object t) except *:
+# lower-case names ("f32", "f16", "q8_0", "q4_0", ...) as llama.cpp's -ctk / -ctv spell them
+_TYPE_BY_NAME = {name.lower(): t for t, name in TYPE_NAMES.items()}
+
+# the types a KV cache row may have (lx_type_is_cache)
+CACHE_TYPE_NAMES = ("f32", "f16", "q8_0", "q4_0")
+
+
+def type_id(t) -> int:
+    """The ggml type number of t: an int (TYPE_Q4_0, ...) or a name ("q4_0", "Q4_0", "f16", ...).
+
+    Raises:
+        ValueError: t names no known type.
+    """
+    if isinstance(t, str):
+        v = _TYPE_BY_NAME.get(t.lower())
+        if v is None:
+            raise ValueError(f"unknown ggml type {t!r}; known: {sorted(_TYPE_BY_NAME)}")
+        return v
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or int(t) not in TYPE_NAMES:
-        raise ValueError(f"unknown ggml type {t!r}; known: {sorted(TYPE_NAMES)}")
-    cdef int v = int(t)
+        raise ValueError(f"unknown ggml type {t!r}; known: {sorted(TYPE_NAMES)} or {sorted(_TYPE_BY_NAME)}")
+    return int(t)
+
+
+def type_name(t) -> str:
+    """llama.cpp's lower-case name of type t ("q8_0", "f16", ...)."""
+    return TYPE_NAMES[type_id(t)].lower()
+
+
+cdef lx_type _check_type(object t) except *:
+    cdef int v = type_id(t)
     return <lx_type> v
 
 
@@ -168,8 +196,8 @@ def dequantize_ref(t, raw, shape):
 
 cdef object _quantize(object t, object x, bint ref):
     cdef lx_type tt = _check_type(t)
-    if tt not in (LX_TYPE_Q4_0, LX_TYPE_Q8_0, LX_TYPE_Q8_1, LX_TYPE_Q8_K):
-        raise ValueError(f"quantize handles Q4_0, Q8_0, Q8_1, Q8_K; got {TYPE_NAMES[tt]}")
+    if tt not in (LX_TYPE_Q4_0, LX_TYPE_Q8_0, LX_TYPE_Q8_1, LX_TYPE_Q8_K, LX_TYPE_F32, LX_TYPE_F16):
+        raise ValueError(f"quantize handles Q4_0, Q8_0, Q8_1, Q8_K (and F32, F16); got {TYPE_NAMES[tt]}")
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or not x.flags.c_contiguous:
         raise ValueError("x must be a C-contiguous float32 numpy array")
     if x.ndim == 0:
@@ -198,15 +226,16 @@ cdef object _quantize(object t, object x, bint ref):
 
 
 def quantize(t, x):
-    """Rows of x quantized with ggml's reference rounding (Q4_0, or the activation formats
-    Q8_0 / Q8_1 / Q8_K that the quantized matrix products use).
+    """Rows of x quantized with ggml's reference rounding (the cache types Q4_0 / Q8_0, the
+    activation formats Q8_1 / Q8_K of the quantized matrix products, or F32 / F16 bytes).
 
     Args:
-        t: TYPE_Q4_0, TYPE_Q8_0, TYPE_Q8_1 or TYPE_Q8_K.
+        t: a type number or name: q4_0, q8_0, q8_1, q8_K, f32, f16.
         x: float32 C-contiguous [..., n], finite, n a multiple of block_size(t).   # IN
 
     Returns:
         uint8 [..., row_bytes(t, n)]: the blocks (bit-exact with the _ref rows).
+        O(x.size).
     """
     return _quantize(t, x, False)
 
@@ -214,3 +243,92 @@ def quantize(t, x):
 def quantize_ref(t, x):
     """quantize() through the scalar reference rows."""
     return _quantize(t, x, True)
+
+
+# ---- set_rows (the cache write) ------------------------------------------------------------------
+
+cdef tuple _set_rows_args(object t, object src, object dst, object idxs):
+    """(type, n, n_per_row, idxs as uint32) after checking every argument."""
+    cdef lx_type tt = _check_type(t)
+    if not lx_type_is_cache(tt):
+        raise ValueError(f"set_rows writes cache rows of f32, f16, q8_0 or q4_0; got {TYPE_NAMES[tt]}")
+    if not isinstance(src, np.ndarray) or src.dtype != np.float32 or src.ndim != 2 or not src.flags.c_contiguous:
+        raise ValueError("src must be a C-contiguous float32 array [n, n_per_row]")
+    n, n_per_row = src.shape
+    cdef int64_t bs = lx_type_block_size(tt)
+    if n_per_row % bs != 0:
+        raise ValueError(f"n_per_row = {n_per_row} must be a multiple of {TYPE_NAMES[tt]}'s block size {bs}")
+    if not isinstance(dst, np.ndarray) or dst.ndim != 2 or not dst.flags.c_contiguous or not dst.flags.writeable:
+        raise ValueError("dst must be a writeable C-contiguous 2-D array [n_rows, row_bytes or n_per_row]")
+    rb = lx_row_bytes(tt, n_per_row)
+    if dst.dtype == np.uint8:
+        if dst.shape[1] != rb:
+            raise ValueError(f"dst rows of {TYPE_NAMES[tt]} x {n_per_row} hold {rb} bytes, dst has {dst.shape[1]}")
+    elif dst.dtype in _PLAIN_DTYPES.get(tt, ()):
+        if dst.shape[1] != n_per_row:
+            raise ValueError(f"dst must have {n_per_row} columns, got {dst.shape[1]}")
+    else:
+        raise ValueError(f"dst must be uint8 (the row bytes) for {TYPE_NAMES[tt]}, got {dst.dtype}")
+    if not isinstance(idxs, np.ndarray) or idxs.ndim != 1 or idxs.dtype.kind not in "iu":
+        raise ValueError("idxs must be a 1-D integer numpy array")
+    if idxs.shape[0] != n:
+        raise ValueError(f"idxs has {idxs.shape[0]} entries for {n} rows")
+    if n and (int(idxs.min()) < 0 or int(idxs.max()) >= dst.shape[0]):
+        raise ValueError(f"idxs must be in [0, {dst.shape[0]}), got [{int(idxs.min())}, {int(idxs.max())}]")
+    if n and not np.isfinite(src).all():
+        raise ValueError("src must be finite")
+    return tt, n, n_per_row, np.ascontiguousarray(idxs, dtype=np.uint32)
+
+
+def set_rows(t, src, dst, idxs, n_threads=None):
+    """llama.cpp's set_rows: row i of src stored as type t into row idxs[i] of dst, in place.
+
+    Args:
+        t: "f32", "f16", "q8_0" or "q4_0" (or the type number).
+        src: float32 [n, n_per_row], C-contiguous, finite; n_per_row a multiple of the block
+            size (32 for q8_0 / q4_0).                                              # IN
+        dst: the cache rows, C-contiguous and writeable: uint8 [n_rows, row_bytes(t, n_per_row)],
+            or float32 / float16 [n_rows, n_per_row] for f32 / f16.                # OUT
+        idxs: integer [n], each in [0, n_rows) (converted to uint32). With a repeated index
+            the last row wins (such a call runs on one thread).                    # IN
+        n_threads: None / -1 = all cores, else >= 1; the result does not depend on it.
+
+    Returns:
+        dst. Quantized rows are bit-exact with quantize(). O(n * n_per_row).
+
+    Raises:
+        ValueError: a type, shape, dtype or index is out of range (dst is then untouched).
+    """
+    cdef int nt = resolve_n_threads(n_threads)
+    tt, n, n_per_row, ix = _set_rows_args(t, src, dst, idxs)
+    if n == 0:
+        return dst
+    if nt > 1 and np.unique(ix).shape[0] != n:
+        nt = 1                               # a repeated index: serial, so the last row wins
+    cdef lx_type ct = tt
+    cdef const float[:, ::1] sv = src        # IN
+    cdef const uint32_t[::1] iv = ix         # IN
+    cdef void *dp = cnp.PyArray_DATA(<cnp.ndarray> dst)   # OUT
+    cdef int64_t nn = n, npr = n_per_row
+    cdef lx_status st
+    with nogil:
+        st = lx_set_rows(ct, &sv[0, 0], dp, &iv[0], nn, npr, nt)
+    assert st == LX_OK
+    return dst
+
+
+def set_rows_ref(t, src, dst, idxs):
+    """set_rows through the scalar reference quantizers (single-threaded; the test oracle)."""
+    tt, n, n_per_row, ix = _set_rows_args(t, src, dst, idxs)
+    if n == 0:
+        return dst
+    cdef lx_type ct = tt
+    cdef const float[:, ::1] sv = src        # IN
+    cdef const uint32_t[::1] iv = ix         # IN
+    cdef void *dp = cnp.PyArray_DATA(<cnp.ndarray> dst)   # OUT
+    cdef int64_t nn = n, npr = n_per_row
+    cdef lx_status st
+    with nogil:
+        st = lx_set_rows_ref(ct, &sv[0, 0], dp, &iv[0], nn, npr)
+    assert st == LX_OK
+    return dst

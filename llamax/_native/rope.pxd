@@ -1,6 +1,8 @@
 # Mirrors csrc/rope.h (declarations only).
 from libc.stdint cimport int32_t, int64_t, uint16_t
 
+from llamax._native.quants cimport lx_type
+
 cdef extern from "common.h" nogil:
     ctypedef int32_t lx_pos
 
@@ -32,3 +34,10 @@ cdef extern from "rope.h" nogil:
                              int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int n_threads)
     void lx_rope_k_shift_f16_ref(const lx_rope_params * rp, uint16_t * k, const lx_pos * shift,
                                  int64_t kv_size, int64_t n_head_kv, int64_t head_dim)
+
+    int LX_ROPE_MAX_HEAD
+    # k [kv_size] rows of lx_row_bytes(t, n_head_kv*head_dim) bytes, shift [kv_size]
+    void lx_rope_k_shift(const lx_rope_params * rp, lx_type t, void * k, const lx_pos * shift,
+                         int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block, int n_threads)
+    void lx_rope_k_shift_ref(const lx_rope_params * rp, lx_type t, void * k, const lx_pos * shift,
+                             int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int rot_block)

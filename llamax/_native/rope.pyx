@@ -11,8 +11,12 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t, uint16_t
 
 # the declarations of csrc/rope.h come from rope.pxd (same module name)
+from llamax._native.hadamard cimport lx_hadamard_block_ok
+from llamax._native.quants cimport LX_TYPE_F16, LX_TYPE_F32, LX_TYPE_Q4_0, LX_TYPE_Q8_0, lx_type
 
 cnp.import_array()
+
+from llamax._native import quants as _quants
 
 from llamax.params import resolve_n_threads  # the one place n_threads is resolved
 
@@ -111,64 +115,89 @@ def rope_f32_ref(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=
     return x
 
 
-cdef int _check_k(object k_rows, object shift, int64_t n_head_kv, int64_t head_dim) except -1:
-    """1 for float32 rows, 2 for float16 rows."""
-    if not isinstance(k_rows, np.ndarray) or k_rows.dtype not in (np.float32, np.float16):
-        raise ValueError("k_rows must be a float32 or float16 numpy array [kv_size, n_head_kv*head_dim]")
+cdef int _check_k(object k_rows, object shift, int64_t n_head_kv, int64_t head_dim, object type,
+                  int rot_block) except -1:
+    """The lx_type of the K rows (type, or None: f32 / f16 from the dtype), every argument checked."""
     if n_head_kv < 1 or head_dim < 1:
         raise ValueError(f"n_head_kv and head_dim must be >= 1, got {n_head_kv}, {head_dim}")
-    if k_rows.ndim != 2 or k_rows.shape[1] != n_head_kv * head_dim:
-        raise ValueError(f"k_rows must have shape (kv_size, {n_head_kv * head_dim}), got {k_rows.shape}")
+    if not isinstance(k_rows, np.ndarray):
+        raise ValueError("k_rows must be a numpy array [kv_size, n_head_kv*head_dim] (uint8 row bytes when quantized)")
+    cdef int t
+    if type is None:
+        if k_rows.dtype not in (np.float32, np.float16):
+            raise ValueError("k_rows must be a float32 or float16 numpy array [kv_size, n_head_kv*head_dim] "
+                             "(or uint8 rows with type='q8_0' / 'q4_0')")
+        t = LX_TYPE_F32 if k_rows.dtype == np.float32 else LX_TYPE_F16
+    else:
+        t = _quants.type_id(type)
+        if t not in (LX_TYPE_F32, LX_TYPE_F16, LX_TYPE_Q8_0, LX_TYPE_Q4_0):
+            raise ValueError(f"type must be f32, f16, q8_0 or q4_0, got {_quants.type_name(t)}")
+        want = {LX_TYPE_F32: np.float32, LX_TYPE_F16: np.float16}.get(t, np.uint8)
+        if k_rows.dtype != want:
+            raise ValueError(f"k_rows of type {_quants.type_name(t)} must be {np.dtype(want).name}, got {k_rows.dtype}")
+    if t == LX_TYPE_Q8_0 or t == LX_TYPE_Q4_0:
+        if head_dim % 32 != 0:
+            raise ValueError(f"a {_quants.type_name(t)} K cache needs head_dim % 32 == 0, got {head_dim}")
+        cols = _quants.row_bytes(t, n_head_kv * head_dim)
+    else:
+        cols = n_head_kv * head_dim
+    if k_rows.ndim != 2 or k_rows.shape[1] != cols:
+        raise ValueError(f"k_rows must have shape (kv_size, {cols}), got {k_rows.shape}")
     if not k_rows.flags.c_contiguous or not k_rows.flags.writeable:
         raise ValueError("k_rows must be C-contiguous and writeable (it is rotated in place)")
+    if rot_block != 0 and (not lx_hadamard_block_ok(rot_block) or head_dim % rot_block != 0):
+        raise ValueError(f"rot_block must be 0 or a power of two dividing head_dim = {head_dim}, got {rot_block}")
+    if head_dim > LX_ROPE_MAX_HEAD and (rot_block or t not in (LX_TYPE_F32, LX_TYPE_F16)):
+        raise ValueError(f"head_dim = {head_dim} exceeds {LX_ROPE_MAX_HEAD}")
     _check_pos(shift, "shift", k_rows.shape[0])
-    return 1 if k_rows.dtype == np.float32 else 2
+    return t
 
 
 def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
-            double freq_scale=1.0, int kind=0, n_threads=None):
+            double freq_scale=1.0, int kind=0, n_threads=None, *, type=None, int rot_block=0):
     """llama.cpp's K-shift of one layer's K rows of one stream, in place.
 
     Every cell i with shift[i] != 0 is rotated by the angles of position shift[i]; cells with
     shift 0 keep their bits. float16 rows are rotated in float and rounded back (as ggml does).
+    A quantized K (type "q8_0" / "q4_0") is dequantized, roped and quantized back, head by head,
+    as llama.cpp's build_rope_shift does; with rot_block > 0 the rows are stored rotated by the
+    Hadamard matrix (hadamard.pyx) and each head is un-rotated before RoPE and rotated after.
 
     Args:
-        k_rows: float32 or float16 [kv_size, n_head_kv*head_dim], C-contiguous.   # IN/OUT
-        shift: int32 [kv_size] (0 for empty cells).                              # IN
+        k_rows: [kv_size, n_head_kv*head_dim] float32 / float16, or uint8 [kv_size,
+            row_bytes(type, n_head_kv*head_dim)] for a quantized type; C-contiguous.   # IN/OUT
+        shift: int32 [kv_size] (0 for empty cells).                                   # IN
         n_head_kv, head_dim, n_rot, freq_base, freq_scale, kind: as rope_f32.
-        n_threads: None/-1 = all cores, 0 invalid.
+        n_threads: None/-1 = all cores, 0 invalid; the result does not depend on it.
+        type: "f32", "f16", "q8_0", "q4_0" (or the type number); None: from the dtype.
+        rot_block: 0 (no rotation) or llama.cpp's K rotation block (hadamard.rot_block(head_dim)).
 
     Returns:
-        k_rows. O(cells shifted * n_head_kv * n_rot), trig once per run of equal shifts.
+        k_rows. O(cells shifted * n_head_kv * head_dim (* log2(rot_block))), trig once per run
+        of equal shifts.
 
     Raises:
-        ValueError: a shape, dtype or parameter is out of range.
+        ValueError: a shape, dtype or parameter is out of range (head_dim % 32 for quantized K).
     """
     cdef int nt = resolve_n_threads(n_threads)
-    cdef int which = _check_k(k_rows, shift, n_head_kv, head_dim)
+    cdef int t = _check_k(k_rows, shift, n_head_kv, head_dim, type, rot_block)
     cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
     cdef void *kp = cnp.PyArray_DATA(k_rows)
     cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
     cdef int64_t kv_size = k_rows.shape[0]
     with nogil:
-        if which == 1:
-            lx_rope_k_shift_f32(&rp, <float *> kp, sp, kv_size, n_head_kv, head_dim, nt)
-        else:
-            lx_rope_k_shift_f16(&rp, <uint16_t *> kp, sp, kv_size, n_head_kv, head_dim, nt)
+        lx_rope_k_shift(&rp, <lx_type> t, kp, sp, kv_size, n_head_kv, head_dim, rot_block, nt)
     return k_rows
 
 
 def k_shift_ref(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
-                double freq_scale=1.0, int kind=0):
+                double freq_scale=1.0, int kind=0, *, type=None, int rot_block=0):
     """Scalar oracle of k_shift (same arguments, one thread)."""
-    cdef int which = _check_k(k_rows, shift, n_head_kv, head_dim)
+    cdef int t = _check_k(k_rows, shift, n_head_kv, head_dim, type, rot_block)
     cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
     cdef void *kp = cnp.PyArray_DATA(k_rows)
     cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
     cdef int64_t kv_size = k_rows.shape[0]
     with nogil:
-        if which == 1:
-            lx_rope_k_shift_f32_ref(&rp, <float *> kp, sp, kv_size, n_head_kv, head_dim)
-        else:
-            lx_rope_k_shift_f16_ref(&rp, <uint16_t *> kp, sp, kv_size, n_head_kv, head_dim)
+        lx_rope_k_shift_ref(&rp, <lx_type> t, kp, sp, kv_size, n_head_kv, head_dim, rot_block)
     return k_rows

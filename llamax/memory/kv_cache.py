@@ -1,11 +1,17 @@
 """The KV cache (llama.cpp's llama_kv_cache): cells in C, K/V rows in numpy buffers.
 
 Layout per layer (n_stream = 1 for a unified cache, else one stream per sequence):
-    K  [n_stream, kv_size, n_head_kv, head_dim]
-    V  [n_stream, kv_size, n_head_kv, head_dim_v]     or, v_trans (flash attention off):
+    K  [n_stream, kv_size, n_head_kv, head_dim]       f32 / f16
+    K  [n_stream, kv_size, row_bytes]                 q8_0 / q4_0: one quantized row of n_head_kv * head_dim
+                                                      values per cell (34 / 18 bytes per 32 values)
+    V  [n_stream, kv_size, n_head_kv, head_dim_v]     or, v_trans (flash attention off, f32 / f16 only):
     V  [n_stream, n_head_kv, head_dim_v, kv_size]     one row per channel, cells along it
-A cell index is the row of its token in every layer. The cell table (positions, sequence sets,
-pending shifts), the slot finder and the mask run in C; this module holds the buffers and the policy.
+A cell index is the row of its token in every layer. A quantized K (V) is stored rotated by a
+Walsh-Hadamard matrix per head (llama.cpp's attn_rot_k / attn_rot_v): q is rotated the same way before
+the dot products and the attention output is rotated back, so the result is unchanged but the
+quantization error is spread over the block instead of sitting on outlier channels.
+The cell table (positions, sequence sets, pending shifts), the slot finder, the mask, the row writes
+(set_rows), the K-shift and attention run in C; this module holds the buffers and the policy.
 """
 from __future__ import annotations
 
@@ -18,7 +24,9 @@ from typing import Sequence
 import numpy as np
 
 from llamax._native import attention as _attn
+from llamax._native import hadamard as _had
 from llamax._native import kq_mask as _mask
+from llamax._native import quants as _quants
 from llamax._native import rope as _rope
 from llamax._native.cells import SWA_TYPES, KVCells
 from llamax.batch import Batch, UBatch
@@ -30,19 +38,30 @@ from llamax.rope import RoPE
 log = logging.getLogger("llamax")
 
 CACHE_TYPES = {"f32": np.float32, "f16": np.float16}
-QUANT_TYPES = ("q8_0", "q4_0")
+QUANT_TYPES = {"q8_0": 34, "q4_0": 18}  # bytes per block of 32 values (llama.cpp's block_q8_0 / block_q4_0)
+QK = 32
 N_KV_PAD = 256  # llama.cpp pads the attended cell count so the graph keeps its shape
 
 MiB = 1024.0 * 1024.0
 LX_DEBUG = int(os.environ.get("LX_DEBUG", "0") or 0)  # > 0: log the cell map after every ubatch
 
 
-def _dtype_of(name: str, what: str) -> np.dtype:
-    if name in QUANT_TYPES:
-        raise ValueError(f"{what} {name!r}: quantized KV cache types are not available yet (use 'f32' or 'f16')")
-    if name not in CACHE_TYPES:
-        raise ValueError(f"{what} {name!r} not in {sorted(CACHE_TYPES) + list(QUANT_TYPES)}")
-    return np.dtype(CACHE_TYPES[name])
+def _check_type(name: str, what: str) -> str:
+    if name not in CACHE_TYPES and name not in QUANT_TYPES:
+        raise ValueError(f"{what} {name!r} not in {sorted(CACHE_TYPES) + sorted(QUANT_TYPES)}")
+    return name
+
+
+def _row_layout(t: str, n_stream: int, kv_size: int, n_head: int, d: int) -> tuple[tuple, type]:
+    """Shape and dtype of a K (or untransposed V) buffer of type t."""
+    if t in QUANT_TYPES:
+        return (n_stream, kv_size, n_head * d // QK * QUANT_TYPES[t]), np.uint8
+    return (n_stream, kv_size, n_head, d), CACHE_TYPES[t]
+
+
+def _rot_disabled() -> bool:
+    """llama.cpp's LLAMA_ATTN_ROT_DISABLE (also read as LLAMAX_ATTN_ROT_DISABLE)."""
+    return any(os.environ.get(v, "0") not in ("", "0") for v in ("LLAMAX_ATTN_ROT_DISABLE", "LLAMA_ATTN_ROT_DISABLE"))
 
 
 @dataclass
@@ -66,7 +85,8 @@ class KVCache(Memory):
         n_seq_max: sequence ids accepted, [1, 256].
         unified: one stream shared by every sequence (llama.cpp's kv_unified), else one stream
             of kv_size cells per sequence.
-        type_k, type_v: "f32" or "f16".
+        type_k, type_v: "f32", "f16", "q8_0" or "q4_0" (llama.cpp's block layouts; a quantized cache
+            needs head sizes that are multiples of 32, and a quantized V needs v_trans=False).
         v_trans: store V transposed (llama.cpp does when flash attention is off).
         n_swa, swa_type: sliding window ("none", "standard", "chunked", "symmetric"); cells that the
             window hides from their only sequence are reused.
@@ -75,6 +95,10 @@ class KVCache(Memory):
         layer_ids: the model's layer numbers stored here (default range(n_layer)); store() and
             attend() take these numbers.
         name: label in the log lines.
+        rotate: rotate quantized K / V by a Walsh-Hadamard matrix per head (llama.cpp's attn_rot_k /
+            attn_rot_v). None: as llama.cpp, on for a quantized type whose head size is a multiple of 64,
+            unless LLAMA_ATTN_ROT_DISABLE (or LLAMAX_ATTN_ROT_DISABLE) is set. The block is the largest
+            power of two <= head_dim dividing it for K, 64 for V (rot_k / rot_v, 0 = no rotation).
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, kv_size: int, *,
@@ -82,7 +106,7 @@ class KVCache(Memory):
                  type_k: str = "f16", type_v: str = "f16", v_trans: bool = False,
                  n_swa: int = 0, swa_type: str = "none", rope: RoPE | None = None,
                  n_threads: int | None = None, layer_ids: Sequence[int] | None = None,
-                 name: str = "llama_kv_cache") -> None:
+                 name: str = "llama_kv_cache", rotate: bool | None = None) -> None:
         for what, val in (("n_layer", n_layer), ("n_head_kv", n_head_kv), ("head_dim", head_dim),
                           ("kv_size", kv_size)):
             if not isinstance(val, (int, np.integer)) or val <= 0:
@@ -105,14 +129,25 @@ class KVCache(Memory):
         self.n_layer = n_layer
         self.n_head_kv = n_head_kv
         self.head_dim = head_dim
-        self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         self.kv_size = kv_size
         self._n_seq_max = n_seq_max
         self.unified = bool(unified)
         self.n_stream = 1 if unified else n_seq_max
         self.type_k, self.type_v = type_k, type_v
-        self.dtype_k, self.dtype_v = _dtype_of(type_k, "type_k"), _dtype_of(type_v, "type_v")
         self.v_trans = bool(v_trans)
+        _check_type(type_k, "type_k")
+        _check_type(type_v, "type_v")
+        self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
+        for t, d, what in ((type_k, head_dim, "head_dim"), (type_v, self.head_dim_v, "head_dim_v")):
+            if t in QUANT_TYPES and d % QK:
+                raise ValueError(f"a {t} cache needs {what} to be a multiple of {QK}, got {d}")
+        if type_v in QUANT_TYPES and self.v_trans:
+            raise ValueError(f"a quantized V cache (type_v {type_v!r}) requires flash attention: it cannot be "
+                             "stored transposed (v_trans=True)")
+        if rotate is None:
+            rotate = not _rot_disabled()
+        self.rot_k = _had.rot_block(head_dim) if rotate and type_k in QUANT_TYPES else 0
+        self.rot_v = _had.rot_block_v(self.head_dim_v) if rotate and type_v in QUANT_TYPES else 0
         self.n_swa = int(n_swa) if swa_type != "none" else 0
         self.swa_type = swa_type
         self.rope = rope
@@ -120,11 +155,13 @@ class KVCache(Memory):
         self.name = name
 
         self.meta = KVCells(kv_size, self.n_stream, n_seq_max, self.n_swa, swa_type)
-        ks = (self.n_stream, kv_size, n_head_kv, head_dim)
-        vs = ((self.n_stream, n_head_kv, self.head_dim_v, kv_size) if self.v_trans
-              else (self.n_stream, kv_size, n_head_kv, self.head_dim_v))
-        self.k = [np.zeros(ks, dtype=self.dtype_k) for _ in range(n_layer)]
-        self.v = [np.zeros(vs, dtype=self.dtype_v) for _ in range(n_layer)]
+        ks, kdt = _row_layout(type_k, self.n_stream, kv_size, n_head_kv, head_dim)
+        if self.v_trans:
+            vs, vdt = (self.n_stream, n_head_kv, self.head_dim_v, kv_size), CACHE_TYPES[type_v]
+        else:
+            vs, vdt = _row_layout(type_v, self.n_stream, kv_size, n_head_kv, self.head_dim_v)
+        self.k = [np.zeros(ks, dtype=kdt) for _ in range(n_layer)]
+        self.v = [np.zeros(vs, dtype=vdt) for _ in range(n_layer)]
         self._pending_copies: list[tuple[int, int]] = []
         self._active: _Active | None = None
         log.info("%s", self.summary())
@@ -224,7 +261,8 @@ class KVCache(Memory):
                     continue
                 for k in self.k:
                     _rope.k_shift(k[st].reshape(self.kv_size, -1), shift, self.n_head_kv, self.head_dim,
-                                  r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads)
+                                  r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads,
+                                  type=self.type_k, rot_block=self.rot_k)
             for cells in self.meta.streams:
                 cells.reset_shift()
             did = True
@@ -285,16 +323,32 @@ class KVCache(Memory):
         K, V = self.k[li], self.v[li]
         n_parts = len(act.strm)
         n_per = n // n_parts
+        if self.type_k in QUANT_TYPES:
+            k = self._rotated(k, self.rot_k)
+        if self.type_v in QUANT_TYPES:
+            v = self._rotated(v, self.rot_v)
         for p in range(n_parts):
             st = int(act.strm[p])
             ix = act.idxs[p * n_per:(p + 1) * n_per]
             sel = slice(int(ix[0]), int(ix[0]) + n_per) if act.contiguous else ix
             kp, vp = k[p * n_per:(p + 1) * n_per], v[p * n_per:(p + 1) * n_per]
-            K[st, sel] = kp
-            if self.v_trans:
+            if self.type_k in QUANT_TYPES:
+                _quants.set_rows(self.type_k, kp, K[st], ix, self.n_threads)
+            else:
+                K[st, sel] = kp
+            if self.type_v in QUANT_TYPES:
+                _quants.set_rows(self.type_v, vp, V[st], ix, self.n_threads)
+            elif self.v_trans:
                 V[st][:, :, sel] = vp.transpose(1, 2, 0)
             else:
                 V[st, sel] = vp
+
+    def _rotated(self, x: np.ndarray, block: int) -> np.ndarray:
+        """x [n, n_head, d] as float32 rows [n, n_head * d], rotated per head when block > 0 (a copy)."""
+        rows = np.array(x, dtype=np.float32, order="C").reshape(x.shape[0], -1)
+        if block:
+            _had.hadamard_rows(rows, block, self.n_threads)
+        return rows
 
     def n_kv(self, strm: np.ndarray | None = None) -> int:
         """Cells attention looks at: llama.cpp's get_n_kv (used range padded to 256, at most kv_size)."""
@@ -341,8 +395,41 @@ class KVCache(Memory):
         if s1 - s0 + 1 != len(act.strm):
             raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
         scale = 1.0 / math.sqrt(self.head_dim) if scale is None else float(scale)
-        return _attn.attn(q, self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], m, out, n_kv=m.shape[2],
-                          scale=scale, softcap=float(softcap), v_trans=self.v_trans, n_threads=self.n_threads)
+        if self.rot_k:  # the dot products run in the rotated frame of the stored K
+            q = q.copy()
+            _had.hadamard_rows(q.reshape(n, -1), self.rot_k, self.n_threads)
+        out = _attn.attn(q, self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], m, out, n_kv=m.shape[2],
+                         scale=scale, softcap=float(softcap), v_trans=self.v_trans, n_threads=self.n_threads,
+                         type_k=self.type_k, type_v=self.type_v)
+        if self.rot_v:  # a weighted sum of rotated V rows: rotate it back
+            _had.hadamard_rows(out.reshape(n, -1), self.rot_v, self.n_threads)
+        return out
+
+    # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
+    def state_write(self, w, seq_id: int = -1) -> None:
+        """Append this cache's state to a llamax.state.StateWriter: every sequence (seq_id -1) or
+        seq_id's cells alone, written as that sequence. Pending stream copies and K-shifts are
+        applied first (update()), so the saved rows match the saved positions. The cells the
+        sliding window hides from every sequence holding them are not written. O(kv_size) metadata
+        work plus one slice per run of consecutive cells and layer."""
+        from llamax import state
+
+        self.update()
+        state.write_kv_cache(w, self, seq_id)
+
+    def state_read(self, r, seq_id: int = -1):
+        """Parse and validate this cache's section of a state (llamax.state.StateReader) without
+        changing anything; returns the function that installs it. A whole state goes back into the
+        same cells with the same heads; a sequence state is placed as a ubatch would be (contiguous
+        cells if possible) after seq_rm(seq_id).
+
+        Raises:
+            StateError: type_k/type_v, v_trans, n_layer, head sizes, row sizes, rotation, n_stream or
+                the window differ from this cache's, or counts / positions / sequence ids are out of range.
+        """
+        from llamax import state
+
+        return state.read_kv_cache(r, self, seq_id)
 
 
 def _as_float(a, shape: tuple, what: str) -> np.ndarray:
