@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+from collections.abc import Iterable
 
 import numpy as np
 
+from llamax import state as _state
 from llamax.batch import Batch
 from llamax.errors import NoKVSlotError
 from llamax.memory import KVCache, KVCacheISWA, Memory
@@ -126,3 +129,58 @@ class Context:
         if r < 0:
             raise IndexError(f"token {i} of the last batch did not ask for logits")
         return self._logits[r]
+
+    # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
+    def state_get_data(self) -> bytes:
+        """The whole state (llama_state_get_data): the memory and the last decode's outputs, so that
+        get_logits() works again after state_set_data. Pending K-shifts are applied first.
+
+        Complexity: one copy of every saved K/V byte (cells the sliding window hides are skipped)."""
+        return _state.context_get_data(self)
+
+    def state_set_data(self, data) -> int:
+        """Restore a state_get_data blob (llama_state_set_data); returns the bytes read (bytes after
+        the blob are not read). Every cell goes back to its own index, so the next decode gives the
+        same logits bit for bit.
+
+        Raises:
+            StateError: truncated, corrupt, another model's or another cache configuration's state;
+                the memory is then cleared and there are no logits (never half-written).
+        """
+        return _state.context_set_data(self, data)
+
+    def state_save_file(self, path: str | os.PathLike, tokens: Iterable[int]) -> None:
+        """Write the whole state and the tokens it holds to a file (llama_state_save_file)."""
+        _state.context_save_file(self, path, tokens)
+
+    def state_load_file(self, path: str | os.PathLike) -> list[int]:
+        """Restore the whole state from a state_save_file file; returns its tokens.
+
+        Raises:
+            StateError: as state_set_data, or a file that is not exactly one valid state.
+        """
+        return _state.context_load_file(self, path)
+
+    def state_seq_get_data(self, seq_id: int) -> bytes:
+        """The cells of one sequence (llama_state_seq_get_data), written as that sequence alone."""
+        return _state.context_get_data(self, seq_id)
+
+    def state_seq_set_data(self, data, dest_seq_id: int) -> int:
+        """Restore a state_seq_get_data blob as sequence dest_seq_id (llama_state_seq_set_data): the
+        sequence is removed, then its saved cells are placed as a ubatch would be (contiguous cells
+        when there are, else any free ones). Returns the bytes read.
+
+        Raises:
+            ValueError: dest_seq_id outside [0, n_seq_max) (nothing changes).
+            StateError: a bad blob, or no room for its cells; dest_seq_id is left empty and nothing
+                else changes.
+        """
+        return _state.context_set_data(self, data, dest_seq_id)
+
+    def state_seq_save_file(self, path: str | os.PathLike, seq_id: int, tokens: Iterable[int]) -> None:
+        """Write one sequence's state and its tokens to a file (llama_state_seq_save_file)."""
+        _state.context_save_file(self, path, tokens, seq_id)
+
+    def state_seq_load_file(self, path: str | os.PathLike, dest_seq_id: int) -> list[int]:
+        """Restore a state_seq_save_file file into dest_seq_id; returns its tokens."""
+        return _state.context_load_file(self, path, dest_seq_id)

@@ -10,12 +10,15 @@ and the application of a plan's ubatches.
 from __future__ import annotations
 
 import abc
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
 from llamax.batch import Batch, BatchAllocator, UBatch
 from llamax.errors import BatchError
+
+if TYPE_CHECKING:
+    from llamax.state import StateReader, StateWriter
 
 
 def pad(x: int, n: int) -> int:
@@ -106,6 +109,22 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0):
         """Attention of the ubatch's queries over layer il of the cache."""
+
+    # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
+    @abc.abstractmethod
+    def state_write(self, w: "StateWriter", seq_id: int = -1) -> None:
+        """Append this memory's section to a state: every sequence (seq_id -1) or only seq_id's cells.
+
+        Only cells the sliding window still shows to a sequence holding them are written."""
+
+    @abc.abstractmethod
+    def state_read(self, r: "StateReader", seq_id: int = -1) -> Callable[[], None]:
+        """Parse and validate this memory's section of a state without changing anything, and return
+        the function that installs it: the whole memory (seq_id -1), or the saved sequence as seq_id.
+
+        Raises:
+            StateError: the section does not fit this memory (configuration, counts, ids).
+        """
 
 
 class Plan:

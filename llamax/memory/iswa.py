@@ -186,3 +186,26 @@ class KVCacheISWA(Memory):
     def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0,
                causal: bool = True, out=None):
         return self.cache_of(il).attend(il, ubatch, q, scale=scale, softcap=softcap, causal=causal, out=out)
+
+    # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
+    def state_write(self, w, seq_id: int = -1) -> None:
+        """The base cache's state, then the SWA cache's (which keeps only the cells in the window)."""
+        from llamax import state
+
+        state.write_tag(w, state.TAG_ISWA)
+        self.base.state_write(w, seq_id)
+        self.swa.state_write(w, seq_id)
+
+    def state_read(self, r, seq_id: int = -1):
+        """Validate both sections before either cache changes; the installer restores both."""
+        from llamax import state
+
+        state.read_tag(r, state.TAG_ISWA)
+        install_base = self.base.state_read(r, seq_id)
+        install_swa = self.swa.state_read(r, seq_id)
+
+        def install() -> None:
+            install_base()
+            install_swa()
+
+        return install

@@ -1,6 +1,9 @@
 """llamax.Model: a GGUF model loaded once: hyperparameters, tokenizer, weights, forward pass."""
 from __future__ import annotations
 
+import dataclasses
+import functools
+import hashlib
 import logging
 import os
 import time
@@ -67,6 +70,18 @@ class Model:
     @property
     def n_vocab(self) -> int:
         return self.hparams.n_vocab
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A hex digest (blake2b-128) of the architecture, the hyperparameters and every tensor's name,
+        type and shape: what a saved state must match. Reads no tensor data."""
+        h = hashlib.blake2b(digest_size=16)
+        hp = self.hparams
+        h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare]).encode())
+        for name in sorted(self.gguf.tensors):
+            t = self.gguf.tensors[name]
+            h.update(repr((name, int(t.tensor_type), [int(x) for x in t.shape])).encode())
+        return h.hexdigest()
 
     def __repr__(self) -> str:
         return f"Model({self.path.name}, arch={self.arch}, n_layer={self.hparams.n_layer})"
