@@ -6,21 +6,33 @@ import logging
 import sys
 
 from llamax.errors import LlamaxError
+from llamax.params import CACHE_TYPES
 
 DEFAULT_PROMPT = "Once upon a time"
 
 
 def _run_parser(sub) -> None:
-    p = sub.add_parser("run", help="generate text with a model (default: smollm2-135m, fetched on first use)")
+    p = sub.add_parser("run", help="generate text with a model (default: smollm2-135m, fetched on first use)",
+                       description="Generate text after a prompt. Only the generated text goes to stdout; the KV "
+                       "size and the speed go to stderr. When a sequence's context is full, llama.cpp's context "
+                       "shift keeps its first --keep tokens, drops half of the rest and goes on.")
     p.add_argument("-m", "--model", default=None, help="GGUF path or registry name (default smollm2-135m)")
     p.add_argument("-p", "--prompt", action="append", default=None,
                    help="prompt text; repeat with --parallel to give each sequence its own")
-    p.add_argument("-n", "--n-predict", type=int, default=128, help="tokens to generate (default 128)")
+    p.add_argument("-n", "--n-predict", type=int, default=128,
+                   help="tokens to generate per sequence (default 128; -1: until end of generation, shifting the "
+                   "context as needed; -2: until the context is full)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size in cells (0: the model's)")
     p.add_argument("-b", "--batch-size", type=int, default=2048)
     p.add_argument("-ub", "--ubatch-size", type=int, default=512)
-    p.add_argument("-ctk", "--cache-type-k", default="f16", help="f32 or f16")
-    p.add_argument("-ctv", "--cache-type-v", default="f16", help="f32 or f16")
+    p.add_argument("-k", "--keep", type=int, default=0,
+                   help="tokens of the prompt a context shift keeps (default 0, -1: the whole prompt; the BOS "
+                   "token is kept too)")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="stop a sequence when its context is full instead of shifting it")
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=CACHE_TYPES, help="K cache type (default f16)")
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=CACHE_TYPES,
+                   help="V cache type (default f16; a quantized V needs flash attention)")
     p.add_argument("-fa", "--flash-attn", choices=["on", "off"], default="on")
     p.add_argument("-t", "--threads", type=int, default=None)
     p.add_argument("--temp", type=float, default=0.8)
@@ -28,9 +40,10 @@ def _run_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (sequence i uses seed + i)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    p.add_argument("--parallel", type=int, default=1, help="run N prompts as N sequences of one context")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="run N prompts as N sequences of one context, decoded together")
     p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per sequence")
     p.add_argument("-v", "--verbose", action="store_true", help="log what llama.cpp would log")
 
@@ -38,17 +51,16 @@ def _run_parser(sub) -> None:
 def cmd_run(a) -> int:
     from llamax import models
     from llamax.context import Context
-    from llamax.generate import generate
+    from llamax.generate import generate, generate_parallel
     from llamax.model import Model
     from llamax.sampling import Sampler
 
-    for t in (a.cache_type_k, a.cache_type_v):
-        if t in ("q8_0", "q4_0"):
-            print(f"llamax run: cache type {t} is not available yet (the quantized KV cache arrives in a later "
-                  "release); use f32 or f16", file=sys.stderr)
-            return 2
     if a.parallel < 1:
         print("llamax run: --parallel must be >= 1", file=sys.stderr)
+        return 2
+    if a.n_predict < -2:
+        print("llamax run: -n must be >= 0, -1 (until end of generation) or -2 (until the context is full)",
+              file=sys.stderr)
         return 2
     model = Model.load(a.model or models.DEFAULT, n_threads=a.threads)
     prompts = a.prompt or [DEFAULT_PROMPT]
@@ -61,66 +73,34 @@ def cmd_run(a) -> int:
     mem = ctx.memory
     for c in ([mem] if not hasattr(mem, "swa") else [mem.base, mem.swa]):
         print(f"llama_kv_cache: {c.summary()}", file=sys.stderr)
+    if not mem.can_shift and not a.no_context_shift:
+        print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
 
     def sampler(i: int) -> Sampler:
         seed = None if a.seed is None else a.seed + i
         return Sampler(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed)
 
+    opts = dict(n_keep=a.keep, context_shift=not a.no_context_shift)
     if a.parallel == 1:
-        gen = generate(ctx, prompts[0], max_tokens=a.n_predict, sampler=sampler(0))
+        gen = generate(ctx, prompts[0], max_tokens=a.n_predict, sampler=sampler(0), **opts)
         for piece in gen:
             sys.stdout.write(piece)
             sys.stdout.flush()
         sys.stdout.write("\n")
         print(f"llamax: {gen.stats}", file=sys.stderr)
         return 0
-    return _run_parallel(ctx, model, prompts, a, sampler)
-
-
-def _run_parallel(ctx, model, prompts, a, sampler) -> int:
-    """N sequences decoded together: one batch per step holds the next token of every live sequence."""
-    import time
-
-    from llamax.batch import Batch
-    from llamax.generate import decode_prompt
-    from llamax.model.tokenizer import TextStream
-
-    n = len(prompts)
-    toks = [model.tokenize(p, add_special=True, parse_special=True) for p in prompts]
-    t0 = time.perf_counter()
-    first = []
-    for s in range(n):
-        decode_prompt(ctx, toks[s], seq_id=s)
-        first.append(ctx.get_logits_ith(-1).copy())
-    t_prompt = time.perf_counter() - t0
-    samplers = [sampler(s) for s in range(n)]
-    streams = [TextStream(model.tokenizer) for _ in range(n)]
-    texts = [""] * n
-    nxt = [samplers[s].sample_logits(first[s]) for s in range(n)]
-    live = list(range(n))
-    n_gen = 0
-    t0 = time.perf_counter()
-    for _ in range(a.n_predict):
-        live = [s for s in live if not model.is_eog(nxt[s])
-                and ctx.memory.seq_pos_max(s) + 1 < ctx.params.n_ctx_seq]
-        if not live:
-            break
-        for s in live:
-            samplers[s].accept(nxt[s])
-            texts[s] += streams[s].push(nxt[s])
-        n_gen += len(live)
-        ctx.decode(Batch([nxt[s] for s in live], seq_ids=live, logits=[True] * len(live)))
-        for j, s in enumerate(live):
-            nxt[s] = samplers[s].sample_logits(ctx.get_logits_ith(j))
-    dt = time.perf_counter() - t0
-    for s in range(n):
-        texts[s] += streams[s].flush()
-        sys.stdout.write(f"[sequence {s}] {texts[s]}\n")
+    gen = generate_parallel(ctx, prompts, max_tokens=a.n_predict, samplers=[sampler(i) for i in range(a.parallel)],
+                            **opts)
+    texts = [""] * a.parallel
+    for i, piece in gen:
+        texts[i] += piece
+    for i, text in enumerate(texts):
+        sys.stdout.write(f"[sequence {i}] {text}\n")
     sys.stdout.flush()
-    n_p = sum(len(t) for t in toks)
-    print(f"llamax: prompts: {n_p} tokens in {t_prompt:.3f} s ({n_p / max(t_prompt, 1e-9):.1f} t/s), "
-          f"generation: {n_gen} tokens over {n} sequences in {dt:.3f} s ({n_gen / max(dt, 1e-9):.1f} t/s)",
-          file=sys.stderr)
+    st = gen.stats
+    print(f"llamax: prompts: {st.prompt_tokens} tokens in {st.prompt_s:.3f} s ({st.prompt_tps:.1f} t/s), "
+          f"generation: {st.gen_tokens} tokens over {a.parallel} sequences in {st.gen_s:.3f} s "
+          f"({st.gen_tps:.1f} t/s), stop: {st.stop}, context shifts: {st.n_shift}", file=sys.stderr)
     return 0
 
 

@@ -1,20 +1,66 @@
-"""Text generation over a context: prompt, then sample/decode until an end-of-generation token."""
+"""Text generation over a context, with llama.cpp's context shift.
+
+    generate(ctx, prompt)              one sequence: an iterator of text pieces
+    generate_parallel(ctx, prompts)    N sequences of one context, one batched decode per step:
+                                       an iterator of (index, piece)
+
+Each step samples the next token of every live sequence from its logits, stops the sequences that
+produced an end-of-generation token or reached max_tokens, makes room for the others, and decodes
+all of their new tokens in one batch. Making room is llama.cpp's context shift (tools/main and the
+server's slots): when a sequence's next token would fill its context (n_past + 1 >= n_ctx_seq),
+or a unified cache has no free cell left for the step's batch (then the sequence holding the most
+positions), the sequence keeps its first n_keep positions, forgets the n_discard after them and
+slides the rest down:
+
+    positions   [0 .. n_keep) [n_keep .. n_keep+n_discard) [n_keep+n_discard .. n_past)
+    seq_rm                     removed
+    seq_add                                                 shifted by -n_discard
+
+so its positions stay below n_ctx_seq and the next decode rotates the moved cells' K by RoPE
+(the K-shift). Only that sequence's cells are touched; in a unified cache, cells another sequence
+shares with it (after seq_cp) move for both, as in llama.cpp (generation itself never shares cells).
+A sequence stops with "context" only when it cannot shift: context_shift=False, a memory whose
+can_shift is False (llama.cpp then turns context shift off), or nothing left to discard.
+"""
 from __future__ import annotations
 
+import logging
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from llamax.batch import Batch
+from llamax.errors import LlamaxError, NoKVSlotError
 from llamax.sampling import Sampler
+
+__all__ = [
+    "Generation",
+    "GenerationStats",
+    "ParallelGeneration",
+    "context_shift",
+    "decode_prompt",
+    "generate",
+    "generate_parallel",
+]
+
+log = logging.getLogger("llamax")
+
+N_KEEP_MARGIN = 4  # llama.cpp keeps n_keep <= n_ctx - 4, so every shift discards at least one token
 
 
 @dataclass
 class GenerationStats:
+    """Counts and timings of a generation (of one sequence, or summed over several)."""
+
     prompt_tokens: int = 0
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
-    stop: str = ""  # "eog", "length" or "context"
+    stop: str = ""        # "eog", "length" or "context" ("" while running; several: comma-separated)
+    n_shift: int = 0      # context shifts
+    n_discarded: int = 0  # tokens those shifts discarded
 
     @property
     def prompt_tps(self) -> float:
@@ -25,80 +71,351 @@ class GenerationStats:
         return self.gen_tokens / self.gen_s if self.gen_s > 0 else 0.0
 
     def __str__(self) -> str:
-        return (f"prompt: {self.prompt_tokens} tokens in {self.prompt_s:.3f} s ({self.prompt_tps:.1f} t/s), "
-                f"generation: {self.gen_tokens} tokens in {self.gen_s:.3f} s ({self.gen_tps:.1f} t/s), "
-                f"stop: {self.stop}")
+        s = (f"prompt: {self.prompt_tokens} tokens in {self.prompt_s:.3f} s ({self.prompt_tps:.1f} t/s), "
+             f"generation: {self.gen_tokens} tokens in {self.gen_s:.3f} s ({self.gen_tps:.1f} t/s), "
+             f"stop: {self.stop}")
+        if self.n_shift:
+            s += f", context shifts: {self.n_shift} ({self.n_discarded} tokens discarded)"
+        return s
 
 
-def decode_prompt(ctx, tokens: list[int], seq_id: int = 0) -> None:
-    """Feed a prompt in chunks of n_batch tokens; logits on its last token."""
+def decode_prompt(ctx, tokens: Sequence[int], seq_id: int = 0) -> None:
+    """Feed a prompt to sequence seq_id in chunks of n_batch tokens; logits on its last token.
+
+    Raises:
+        BatchError, NoKVSlotError: from ctx.decode (a failing chunk leaves the memory as it was,
+            the chunks before it stay).
+    """
     n_batch = ctx.params.n_batch
     for s in range(0, len(tokens), n_batch):
-        chunk = tokens[s:s + n_batch]
+        chunk = list(tokens[s:s + n_batch])
         last = s + n_batch >= len(tokens)
-        ctx.decode(Batch(chunk, seq_ids=[seq_id] * len(chunk),
-                         logits=[False] * (len(chunk) - 1) + [last]))
+        ctx.decode(Batch(chunk, seq_ids=[seq_id] * len(chunk), logits=[False] * (len(chunk) - 1) + [last]))
 
 
-class Generation:
-    """An iterator of text pieces; `stats` holds the counts and speeds once it has run.
+def context_shift(memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tuple[int, int]:
+    """llama.cpp's context shift of one sequence: forget positions [keep_end, keep_end + n_discard)
+    and move the later ones down by n_discard (seq_rm then seq_add; the K-shift runs at the next decode).
 
     Args:
-        ctx: the context (its sequence seq_id continues from what it holds).
-        prompt: text (tokenized with special tokens parsed, BOS as the model wants) or token ids.
-        max_tokens: most tokens to generate.
-        sampler: defaults to llamax.Sampler().
+        memory: the context's memory (KVCache, KVCacheISWA, ...).
+        seq_id: the sequence; no other sequence's cells change (except cells it shares with it).
+        keep_end: first position that may be discarded (the sequence's start + n_keep).
+        n_discard: positions to forget; 0 means half of those after keep_end (n_left // 2);
+            clamped to n_left.
+
+    Returns:
+        (n_discard, n_left): what was discarded (0 when nothing could be) and how many positions
+        followed keep_end before the shift.
+
+    Raises:
+        LlamaxError: the memory cannot shift positions (can_shift is False); nothing changed.
+        ValueError: negative n_discard or keep_end.
+    """
+    if n_discard < 0 or keep_end < 0:
+        raise ValueError(f"context_shift: keep_end = {keep_end} and n_discard = {n_discard} must be >= 0")
+    if not memory.can_shift:
+        raise LlamaxError(f"context shift of sequence {seq_id}: this memory cannot shift positions "
+                          "(can_shift is False)")
+    n_past = memory.seq_pos_max(seq_id) + 1
+    n_left = n_past - keep_end
+    if n_left <= 0:
+        return 0, max(n_left, 0)
+    n = min(n_discard, n_left) if n_discard > 0 else n_left // 2
+    if n <= 0:
+        return 0, n_left
+    memory.seq_rm(seq_id, keep_end, keep_end + n)
+    memory.seq_add(seq_id, keep_end + n, n_past, -n)
+    log.info("context shift: seq %d, n_keep = %d, n_left = %d, n_discard = %d", seq_id, keep_end, n_left, n)
+    return n, n_left
+
+
+class _Sequence:
+    """One sequence being generated: its prompt, sampler, stop state and the tokens it holds."""
+
+    def __init__(self, index: int, seq_id: int, tokens: list[int], sampler: Sampler, stream) -> None:
+        self.index, self.seq_id = index, seq_id
+        self.prompt = tokens
+        self.sampler = sampler
+        self.stream = stream
+        self.stats = GenerationStats()
+        self.generated: list[int] = []  # every sampled token but an end-of-generation one
+        self.tokens: list[int] = []     # the tokens this generation has in the cache, in position order
+        self.pos0 = 0                   # position of tokens[0]
+        self.keep_end = 0               # positions below this are never discarded
+        self.logits: np.ndarray | None = None  # logits row for the next sample
+        self.done = False
+
+    def discard(self, p0: int, p1: int) -> None:
+        """Positions [p0, p1) were removed and the later ones moved down by p1 - p0."""
+        a, b = max(p0 - self.pos0, 0), max(p1 - self.pos0, 0)
+        del self.tokens[a:b]
+        if p1 <= self.pos0:
+            self.pos0 -= p1 - p0
+        elif p0 < self.pos0:
+            self.pos0 = p0
+
+
+class ParallelGeneration:
+    """N prompts generated as N sequences of one context; iterate for (index, text piece).
+
+    Per step one batch holds the next token of every live sequence (llama.cpp's parallel / server
+    slots). Each sequence has its own sampler, stop and context shift.
+
+    Args:
+        ctx: the context. Each sequence continues from what the memory holds for it.
+        prompts: texts (tokenized with special tokens parsed, BOS as the model wants) or token lists.
+        max_tokens: most tokens to generate per sequence; -1: no limit (until end-of-generation,
+            shifting the context as needed); -2: until the context is full (no shift), as llama.cpp's
+            -n -2.
+        samplers: one per prompt (default: a fresh Sampler() each).
+        seq_ids: the sequence of each prompt (default 0..N-1); distinct, < n_seq_max.
+        n_keep: tokens at the start of each sequence a context shift keeps: -1 (or more than the
+            sequence holds after its prompt) keeps everything up to the end of the prompt; else
+            n_keep plus the BOS token when the model adds one. At most n_ctx_seq - 4, as llama.cpp.
+        n_discard: tokens each shift forgets after the kept ones; 0 = half of the rest (llama.cpp).
+        context_shift: False stops a sequence with "context" when its context is full.
+
+    Attributes (after or during iteration):
+        stats: GenerationStats summed over the sequences (gen_s is the wall time of the steps).
+        seq_stats: per prompt GenerationStats.
+        generated: per prompt, the sampled tokens (end-of-generation excluded).
+        tokens: per prompt, the tokens the generation put in the cache that are still there
+            (prompt and generated, after the shifts), in position order.
+
+    Raises (on creation):
+        ValueError: empty or too long prompt, bad seq_ids / samplers / n_discard.
     """
 
-    def __init__(self, ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0) -> None:
+    def __init__(self, ctx, prompts: Sequence, max_tokens: int = 128, samplers: Sequence[Sampler] | None = None,
+                 *, seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
+                 context_shift: bool = True) -> None:
+        from llamax.model.tokenizer import TextStream
+
         self.ctx, self.model = ctx, ctx.model
-        self.tokens = (self.model.tokenize(prompt, add_special=True, parse_special=True) if isinstance(prompt, str)
-                       else [int(t) for t in prompt])
-        if not self.tokens:
-            raise ValueError("empty prompt")
-        self.max_tokens, self.seq_id = int(max_tokens), seq_id
-        self.sampler = sampler if sampler is not None else Sampler()
-        self.generated: list[int] = []
+        if isinstance(prompts, (str, bytes)) or not len(prompts):
+            raise ValueError("prompts must be a non-empty list of prompts")
+        n = len(prompts)
+        seq_ids = list(range(n)) if seq_ids is None else [int(s) for s in seq_ids]
+        n_seq_max = ctx.params.n_seq_max
+        if len(seq_ids) != n or len(set(seq_ids)) != n or not all(0 <= s < n_seq_max for s in seq_ids):
+            raise ValueError(f"seq_ids {seq_ids}: need {n} distinct ids in [0, n_seq_max = {n_seq_max})")
+        if samplers is None:
+            samplers = [Sampler() for _ in range(n)]
+        elif isinstance(samplers, Sampler) or len(samplers) != n:
+            raise ValueError(f"samplers: one Sampler per prompt ({n}), not shared")
+        if n_discard < 0:
+            raise ValueError(f"n_discard = {n_discard} must be >= 0 (0: half of what is left)")
+        max_tokens = int(max_tokens)
+        if max_tokens < -2:
+            raise ValueError(f"max_tokens = {max_tokens}: use >= 0, -1 (no limit) or -2 (until the context is full)")
+        self.max_tokens = max_tokens
+        self.context_shift = bool(context_shift) and max_tokens != -2
+        self.n_discard = int(n_discard)
+        self.n_ctx_seq = ctx.params.n_ctx_seq
+        mem = ctx.memory
+        self.seqs: list[_Sequence] = []
+        for i, (p, sid, smp) in enumerate(zip(prompts, seq_ids, samplers)):
+            from_text = isinstance(p, str)
+            toks = (self.model.tokenize(p, add_special=True, parse_special=True) if from_text
+                    else [int(t) for t in p])
+            if not toks:
+                raise ValueError(f"prompt {i} is empty")
+            s = _Sequence(i, sid, toks, smp, TextStream(self.model.tokenizer))
+            s.pos0 = mem.seq_pos_max(sid) + 1
+            if s.pos0 + len(toks) >= self.n_ctx_seq:
+                raise ValueError(f"prompt {i} of {len(toks)} tokens at position {s.pos0} does not fit in the "
+                                 f"context of {self.n_ctx_seq} cells per sequence (one more is needed for the "
+                                 "next token)")
+            start = mem.seq_pos_min(sid) if s.pos0 > 0 else 0
+            held = s.pos0 - start + len(toks)  # the sequence's positions once its prompt is in
+            if n_keep < 0 or n_keep > held:
+                keep = held
+            else:
+                add_bos = from_text and s.pos0 == 0 and bool(getattr(self.model.tokenizer, "add_bos", False))
+                keep = n_keep + int(add_bos)
+            s.keep_end = start + min(keep, self.n_ctx_seq - N_KEEP_MARGIN)
+            self.seqs.append(s)
         self.stats = GenerationStats()
         self._it = self._run()
 
-    def __iter__(self):
+    # ---- views ---------------------------------------------------------------------------------
+    @property
+    def seq_stats(self) -> list[GenerationStats]:
+        return [s.stats for s in self.seqs]
+
+    @property
+    def generated(self) -> list[list[int]]:
+        return [s.generated for s in self.seqs]
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        return [s.tokens for s in self.seqs]
+
+    def __iter__(self) -> Iterator[tuple[int, str]]:
+        return self
+
+    def __next__(self) -> tuple[int, str]:
+        return next(self._it)
+
+    # ---- the loop ------------------------------------------------------------------------------
+    def _run(self) -> Iterator[tuple[int, str]]:
+        ctx, st = self.ctx, self.stats
+        for s in self.seqs:
+            t0 = time.perf_counter()
+            decode_prompt(ctx, s.prompt, s.seq_id)
+            s.logits = ctx.get_logits_ith(-1).copy()  # the next prompt's decode replaces the logits
+            s.tokens = list(s.prompt)
+            s.stats.prompt_tokens, s.stats.prompt_s = len(s.prompt), time.perf_counter() - t0
+        st.prompt_tokens = sum(s.stats.prompt_tokens for s in self.seqs)
+        st.prompt_s = sum(s.stats.prompt_s for s in self.seqs)
+        self._t0 = time.perf_counter()
+        live = list(self.seqs)
+        if self.max_tokens == 0:
+            for s in live:
+                yield from self._stop(s, "length")
+            live = []
+        while live:
+            step: list[tuple[_Sequence, int]] = []
+            for s in live:
+                tok = s.sampler.sample_logits(s.logits)
+                s.sampler.accept(tok)
+                if self.model.is_eog(tok):
+                    yield from self._stop(s, "eog")
+                    continue
+                s.generated.append(tok)
+                s.stats.gen_tokens += 1
+                piece = s.stream.push(tok)
+                if piece:
+                    yield s.index, piece
+                if 0 <= self.max_tokens <= s.stats.gen_tokens:
+                    yield from self._stop(s, "length")
+                elif not self._make_room(s):
+                    yield from self._stop(s, "context")
+                else:
+                    step.append((s, tok))
+            for s in self._decode(step):
+                yield from self._stop(s, "context")
+            live = [s for s, _ in step if not s.done]
+        st.gen_s = time.perf_counter() - self._t0
+        st.gen_tokens = sum(s.stats.gen_tokens for s in self.seqs)
+        st.n_shift = sum(s.stats.n_shift for s in self.seqs)
+        st.n_discarded = sum(s.stats.n_discarded for s in self.seqs)
+        st.stop = ",".join(s.stats.stop for s in self.seqs)
+
+    def _stop(self, s: _Sequence, why: str) -> Iterator[tuple[int, str]]:
+        s.done, s.stats.stop, s.logits = True, why, None
+        s.stats.gen_s = time.perf_counter() - self._t0
+        tail = s.stream.flush()
+        if tail:
+            yield s.index, tail
+
+    def _shift(self, s: _Sequence) -> bool:
+        """One context shift of s; False when it is off, impossible or discards nothing."""
+        mem = self.ctx.memory
+        if not self.context_shift or not mem.can_shift:
+            return False
+        n, _ = context_shift(mem, s.seq_id, s.keep_end, self.n_discard)
+        if n == 0:
+            return False
+        s.discard(s.keep_end, s.keep_end + n)
+        s.stats.n_shift += 1
+        s.stats.n_discarded += n
+        return True
+
+    def _make_room(self, s: _Sequence) -> bool:
+        """Room for one more token of s: below n_ctx_seq - 1 positions, else shift (llama.cpp's
+        n_past + 1 >= n_ctx test, so the last position is never used)."""
+        n_past = self.ctx.memory.seq_pos_max(s.seq_id) + 1
+        return n_past + 1 < self.n_ctx_seq or self._shift(s)
+
+    def _decode(self, step: list[tuple[_Sequence, int]]) -> list[_Sequence]:
+        """Decode the step's tokens in one batch. When the memory has no slot (a unified cache is
+        full), shift the sequence holding the most positions (else the next one that can) and retry;
+        when none can, the largest is stopped and left out. Returns the sequences stopped that way."""
+        mem, stopped = self.ctx.memory, []
+        while step:
+            try:
+                self.ctx.decode(Batch([t for _, t in step], seq_ids=[s.seq_id for s, _ in step],
+                                      logits=[True] * len(step)))
+                break
+            except NoKVSlotError:
+                order = sorted((s for s, _ in step),  # most positions first
+                               key=lambda s: mem.seq_pos_min(s.seq_id) - mem.seq_pos_max(s.seq_id))
+                if not any(self._shift(s) for s in order):  # any() stops at the first shift
+                    stopped.append(order[0])
+                    step = [(s, t) for s, t in step if s is not order[0]]
+        for j, (s, t) in enumerate(step):
+            s.logits = self.ctx.get_logits_ith(j)
+            s.tokens.append(t)
+        return stopped
+
+
+class Generation:
+    """An iterator of the text pieces generated on one sequence; `stats` holds the counts and
+    speeds once it has run. See ParallelGeneration for the arguments and the context shift.
+
+    Attributes:
+        tokens: the prompt tokens; generated: the sampled tokens (end-of-generation excluded);
+        cache_tokens: the tokens of this generation still in the cache after the shifts, in
+        position order; stats: GenerationStats.
+    """
+
+    def __init__(self, ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
+                 n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> None:
+        if isinstance(prompt, str):
+            prompts = [prompt]
+        else:
+            prompts = [[int(t) for t in prompt]]
+        if not prompts[0]:
+            raise ValueError("empty prompt")
+        self.ctx, self.model, self.seq_id = ctx, ctx.model, seq_id
+        self.max_tokens = int(max_tokens)
+        self.sampler = sampler if sampler is not None else Sampler()
+        self._par = ParallelGeneration(ctx, prompts, max_tokens, [self.sampler], seq_ids=[seq_id], n_keep=n_keep,
+                                       n_discard=n_discard, context_shift=context_shift)
+        self._seq = self._par.seqs[0]
+
+    @property
+    def tokens(self) -> list[int]:
+        return self._seq.prompt
+
+    @property
+    def generated(self) -> list[int]:
+        return self._seq.generated
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        return self._seq.tokens
+
+    @property
+    def keep_end(self) -> int:
+        """Positions below this are never discarded by a context shift."""
+        return self._seq.keep_end
+
+    @property
+    def stats(self) -> GenerationStats:
+        return self._seq.stats
+
+    def __iter__(self) -> Iterator[str]:
         return self
 
     def __next__(self) -> str:
-        return next(self._it)
-
-    def _run(self):
-        from llamax.model.tokenizer import TextStream
-
-        ctx, st = self.ctx, self.stats
-        t0 = time.perf_counter()
-        decode_prompt(ctx, self.tokens, self.seq_id)
-        st.prompt_tokens, st.prompt_s = len(self.tokens), time.perf_counter() - t0
-        stream = TextStream(self.model.tokenizer)
-        t0 = time.perf_counter()
-        st.stop = "length"
-        for _ in range(self.max_tokens):
-            tok = self.sampler.sample(ctx, -1)
-            if self.model.is_eog(tok):
-                st.stop = "eog"
-                break
-            self.generated.append(tok)
-            st.gen_tokens += 1
-            piece = stream.push(tok)
-            if piece:
-                yield piece
-            if ctx.memory.seq_pos_max(self.seq_id) + 1 >= ctx.params.n_ctx_seq:
-                st.stop = "context"
-                break
-            ctx.decode(Batch([tok], seq_ids=[self.seq_id]))
-            st.gen_s = time.perf_counter() - t0
-        st.gen_s = time.perf_counter() - t0
-        tail = stream.flush()
-        if tail:
-            yield tail
+        return next(self._par)[1]
 
 
-def generate(ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0) -> Generation:
-    """Stream the text generated after `prompt` on sequence seq_id (see Generation)."""
-    return Generation(ctx, prompt, max_tokens, sampler, seq_id)
+def generate(ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
+             n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> Generation:
+    """Stream the text generated after `prompt` on sequence seq_id, shifting the context when it is
+    full (see ParallelGeneration for the options)."""
+    return Generation(ctx, prompt, max_tokens, sampler, seq_id, n_keep=n_keep, n_discard=n_discard,
+                      context_shift=context_shift)
+
+
+def generate_parallel(ctx, prompts: Sequence, max_tokens: int = 128, samplers: Sequence[Sampler] | None = None, *,
+                      seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
+                      context_shift: bool = True) -> ParallelGeneration:
+    """Generate after each prompt on its own sequence of ctx, all decoded together; iterate for
+    (prompt index, text piece). See ParallelGeneration."""
+    return ParallelGeneration(ctx, prompts, max_tokens, samplers, seq_ids=seq_ids, n_keep=n_keep,
+                              n_discard=n_discard, context_shift=context_shift)

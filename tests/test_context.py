@@ -1,8 +1,5 @@
-"""Context.decode on the real SmolLM2: errors leave the cache unchanged, logits accessors, generation,
-the CLI; Model.load's errors on bad files."""
-import subprocess
-import sys
-
+"""Context.decode on the real SmolLM2: errors leave the cache unchanged, logits accessors, generation;
+Model.load's errors on bad files. (The CLI's tests are in test_generate.py.)"""
 import gguf
 import numpy as np
 import pytest
@@ -95,25 +92,6 @@ def test_generation_stops_at_end_of_generation(model):
     gen = generate(ctx, prompt, max_tokens=200, sampler=Sampler.greedy())
     text = "".join(gen)
     assert gen.stats.stop == "eog" and "<|im_end|>" not in text and text.strip()
-
-
-def test_cli_run_writes_only_the_generated_text(model):
-    r = subprocess.run([sys.executable, "-m", "llamax", "run", "-p", "The capital of France is", "-n", "6",
-                        "--temp", "0", "-c", "512"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith(" Paris") and "capital" not in r.stdout
-    assert "size =" in r.stderr and "t/s" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "llamax", "run", "-n", "4", "-ctk", "q8_0"], capture_output=True,
-                       text=True, timeout=300)
-    assert r.returncode == 2 and "not available yet" in r.stderr
-
-
-def test_cli_parallel_sequences(model):
-    r = subprocess.run([sys.executable, "-m", "llamax", "run", "-p", "The capital of France is", "-p", "1, 2, 3,",
-                        "-n", "6", "--temp", "0", "-c", "512", "--parallel", "2"], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr
-    assert "[sequence 0]  Paris" in r.stdout and "[sequence 1]" in r.stdout
 
 
 def test_model_load_errors(tmp_path):
