@@ -61,6 +61,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from llamax._native import buffers as _buffers
 from llamax._native.cells import CELL_STATE_DTYPE, SWA_TYPES
 from llamax.errors import StateError
 
@@ -156,8 +157,8 @@ class StateWriter:
         return [bytes(head), meta] + self._data
 
     def getvalue(self, kind: int, fingerprint: bytes) -> bytes:
-        """The blob as one bytes object (one copy of every data chunk)."""
-        return b"".join(self.parts(kind, fingerprint))
+        """The blob as one bytes object (one copy of every data chunk, into huge pages)."""
+        return _buffers.join(self.parts(kind, fingerprint))
 
 
 class StateReader:

@@ -1,0 +1,70 @@
+/* buffers.c: see buffers.h. */
+#define _GNU_SOURCE
+#include "buffers.h"
+
+#include <string.h>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define LX_HUGE_PAGE ((uintptr_t)2 << 20)
+
+void lx_advise_huge(void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    uintptr_t lo = ((uintptr_t)p + LX_HUGE_PAGE - 1) & ~(LX_HUGE_PAGE - 1);
+    uintptr_t hi = ((uintptr_t)p + n) & ~(LX_HUGE_PAGE - 1);
+    if (hi > lo) {
+        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
+    }
+#else
+    (void)p;
+    (void)n;
+#endif
+}
+
+void lx_gather_ref(uint8_t *dst, const uint8_t *const *srcs, const size_t *lens, int64_t n_parts) {
+    for (int64_t i = 0; i < n_parts; i++) {
+        memcpy(dst, srcs[i], lens[i]);
+        dst += lens[i];
+    }
+}
+
+/* Copy the bytes [b0, b1) of the concatenation: the parts (or pieces of parts) that fall there. */
+static void gather_range(uint8_t *dst, const uint8_t *const *srcs, const size_t *lens, int64_t n_parts,
+                         size_t b0, size_t b1) {
+    size_t off = 0;
+    for (int64_t i = 0; i < n_parts && off < b1; i++) {
+        size_t s = off, e = off + lens[i];
+        off = e;
+        if (e <= b0) {
+            continue;
+        }
+        size_t lo = s > b0 ? s : b0, hi = e < b1 ? e : b1;
+        memcpy(dst + lo, srcs[i] + (lo - s), hi - lo);
+    }
+}
+
+void lx_gather(uint8_t *dst, const uint8_t *const *srcs, const size_t *lens, int64_t n_parts, int n_threads) {
+    size_t total = 0;
+    for (int64_t i = 0; i < n_parts; i++) {
+        total += lens[i];
+    }
+    int nt = n_threads < 1 ? 1 : n_threads;
+    if (total < ((size_t)1 << 20)) {
+        nt = 1;  /* not worth waking threads */
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+#endif
+    for (int t = 0; t < nt; t++) {
+        size_t per = (total + (size_t)nt - 1) / (size_t)nt;
+        size_t b0 = per * (size_t)t, b1 = b0 + per < total ? b0 + per : total;
+        if (b0 < b1) {
+            gather_range(dst, srcs, lens, n_parts, b0, b1);
+        }
+    }
+}
