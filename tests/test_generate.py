@@ -330,3 +330,21 @@ def test_cli_context_shift_off_and_until_eog(cli, capsys, text_tokens, model):
     with pytest.raises(SystemExit) as e:  # argparse: not a cache type
         cli("-ctk", "q5_9")
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("t", ["q8_0", "q4_0"])
+def test_cli_quantized_cache_generates_and_shifts(cli, text_tokens, model, t):
+    rc, out, err = cli("-p", "The capital of France is", "-n", "6", "--temp", "0", "-c", "2048", "-ctk", t, "-ctv", t)
+    assert rc == 0, err
+    assert out.startswith(" Paris")
+    mib = {"q8_0": "23.91", "q4_0": "12.66"}[t]  # llama.cpp's own line for this cache (kv_log.txt)
+    assert f"size =   {mib} MiB (  2048 cells,  30 layers,  1/1 seqs), K ({t})" in err
+    long = model.detokenize(text_tokens[:240])  # past n_ctx: the quantized K is shifted
+    rc, out, err = cli("-p", long, "-n", "40", "-c", "256", "--temp", "0", "-ctk", t, "-ctv", t)
+    assert rc == 0, err
+    assert int(err.split("context shifts: ")[1].split()[0]) >= 1 and out.strip()
+
+
+def test_cli_quantized_v_needs_flash_attention(cli):
+    rc, out, err = cli("-p", "Hi", "-n", "2", "-ctv", "q8_0", "-fa", "off")
+    assert rc != 0 and "flash_attn" in err and not out
