@@ -1,0 +1,60 @@
+"""Quantized caches on the real SmolLM2: how far q8_0 / q4_0 move the next-token distribution from
+the f16 cache, and that llama.cpp's Hadamard rotation helps q4_0 (benchmarks/bench_kv_quant.py
+measures the same over all reference prompts).
+
+Bounds, from that script's figures (mean KL(f16 || quant) per position, nats, on these prompts):
+q8_0 rotated 0.0001-0.0003 -> bound 0.003; q4_0 rotated 0.029-0.032 -> bound 0.1, unrotated
+0.14-0.20: rotation must lower it. A broken block (wrong scale, wrong nibble order, a missed
+rotation of q or of the output) moves KL to whole nats.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import reference_dir
+
+from llamax import Batch
+from llamax.context import Context
+from llamax.model import Model
+
+PROMPTS = ["chat", "code"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Model.load("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    meta = json.loads((reference_dir("smollm2-135m-instruct-q4_1") / "ref_logits.json").read_text())
+    return [p["tokens"] for p in meta["prompts"] if p["name"] in PROMPTS]
+
+
+def log_probs(model, toks, t, rotate=True):
+    os.environ["LLAMAX_ATTN_ROT_DISABLE"] = "0" if rotate else "1"
+    try:
+        ctx = Context(model, n_ctx=512, type_k=t, type_v=t)
+    finally:
+        os.environ.pop("LLAMAX_ATTN_ROT_DISABLE")
+    assert (ctx.memory.rot_k > 0) == (rotate and t != "f16")
+    ctx.decode(Batch(toks, logits=[True] * len(toks)))
+    x = ctx.get_logits().astype(np.float64)
+    x -= x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def mean_kl(p, q):
+    return float((np.exp(p) * (p - q)).sum(axis=1).mean())
+
+
+def test_quantized_caches_stay_close_to_f16(model, tokens):
+    for toks in tokens:
+        base = log_probs(model, toks, "f16")
+        q8 = log_probs(model, toks, "q8_0")
+        q4, q4_plain = log_probs(model, toks, "q4_0"), log_probs(model, toks, "q4_0", rotate=False)
+        assert mean_kl(base, q8) < 0.003
+        assert (q8.argmax(1) == base.argmax(1)).mean() == 1.0
+        assert mean_kl(base, q4) < 0.1
+        assert mean_kl(base, q4) < mean_kl(base, q4_plain)
