@@ -12,11 +12,6 @@ from llamax.model import Model
 from llamax.sampling import Sampler
 
 
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
-
-
 def snapshot(mem):
     out = [a.tobytes() for a in mem.k + mem.v]
     out += [c.snapshot(range(c.size)).tobytes() for c in mem.meta.streams]

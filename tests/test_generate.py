@@ -26,16 +26,10 @@ from test_kshift_model import TEXT, unshiftable_context
 from llamax import Batch, LlamaxError
 from llamax.context import Context
 from llamax.generate import ParallelGeneration, context_shift, generate, generate_parallel
-from llamax.model import Model
 from llamax.sampling import Sampler
 
 G = importlib.import_module("llamax.generate")  # the module (llamax.generate is also the function)
 ROW_MAX, ROW_RMS, TOP1_GAP = 1.54, 0.44, 0.60
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

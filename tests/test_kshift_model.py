@@ -30,7 +30,6 @@ import pytest
 from llamax import Batch, KVCache, LlamaxError
 from llamax.context import Context
 from llamax.generate import context_shift
-from llamax.model import Model
 
 CACHE_TYPES = ["f32", "f16", "q8_0", "q4_0"]  # K cache types whose K-shift runs in a Context
 ROW_MAX, ROW_RMS, TOP1_GAP = 1.54, 0.44, 0.60
@@ -48,11 +47,6 @@ TEXT = ("The old lighthouse stood at the edge of the cliff, its white paint worn
         "thank him. They drank tea in the kitchen while the kettle sang on the stove, and the fisherman promised to "
         "bring fresh fish every week. Years later, when the lighthouse was replaced by an automatic beacon, the keeper "
         "moved to the village, but he still walked to the cliff each evening to watch the light turn over the sea.")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

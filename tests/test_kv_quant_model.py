@@ -16,14 +16,8 @@ from helpers import reference_dir
 
 from llamax import Batch
 from llamax.context import Context
-from llamax.model import Model
 
 PROMPTS = ["chat", "code"]
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

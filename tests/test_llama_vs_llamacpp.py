@@ -18,7 +18,6 @@ from helpers import reference_dir
 
 from llamax import Batch
 from llamax.context import Context
-from llamax.model import Model
 from llamax.sampling import Sampler
 
 TOP1_GAP = 0.60       # 2 x the largest top-1/top-2 gap llama.cpp flips between its own paths (0.30)
@@ -32,11 +31,6 @@ def ref():
     folder = reference_dir("smollm2-135m-instruct-q4_1")
     meta = json.loads((folder / "ref_logits.json").read_text())
     return meta, np.load(folder / "ref_logits.npz")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
 
 
 def prompt(meta, name):

@@ -31,16 +31,10 @@ from helpers import load_memory_ops
 from llamax import Batch
 from llamax._native import rope as _rope
 from llamax.context import Context
-from llamax.model import Model
 
 MODEL = "smollm2-135m-instruct-q4_1"
 LOGIT_TOL = 1.54  # 2 x llama.cpp's own fa on/off spread (0.77); measured here: <= 0.45
 TOP1_GAP = 0.60
-
-
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
 
 
 @pytest.fixture(scope="module")

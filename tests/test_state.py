@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from llamax import Batch, KVCache, KVCacheISWA, RoPE, StateError, state
 from llamax.context import Context
-from llamax.model import Model
 
 SMALL = dict(n_layer=2, n_head_kv=2, head_dim=8, kv_size=32, n_seq_max=3)
 
@@ -395,11 +394,6 @@ def test_every_single_bit_flip_and_every_truncation_of_a_small_blob():
 
 
 # ---- the real model ---------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def model():
-    return Model.load("smollm2-135m")
-
-
 def test_context_round_trip_gives_the_same_logits(model, tmp_path):
     ctx = Context(model, n_ctx=256)
     prompt = model.tokenize("The capital of France is")

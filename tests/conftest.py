@@ -1,0 +1,10 @@
+"""Fixtures shared by the test modules."""
+import pytest
+
+from llamax.model import Model
+
+
+@pytest.fixture(scope="session")
+def model():
+    """SmolLM2-135M from the registry (fetched into $LLAMAX_CACHE on first use), loaded once per run."""
+    return Model.load("smollm2-135m")
