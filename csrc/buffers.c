@@ -1,30 +1,11 @@
 /* buffers.c: see buffers.h. */
-#define _GNU_SOURCE
 #include "buffers.h"
 
 #include <string.h>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-
-#define LX_HUGE_PAGE ((uintptr_t)2 << 20)
-
-void lx_advise_huge(void *p, size_t n) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-    uintptr_t lo = ((uintptr_t)p + LX_HUGE_PAGE - 1) & ~(LX_HUGE_PAGE - 1);
-    uintptr_t hi = ((uintptr_t)p + n) & ~(LX_HUGE_PAGE - 1);
-    if (hi > lo) {
-        (void)madvise((void *)lo, hi - lo, MADV_HUGEPAGE);
-    }
-#else
-    (void)p;
-    (void)n;
-#endif
-}
 
 void lx_gather_ref(uint8_t *dst, const uint8_t *const *srcs, const size_t *lens, int64_t n_parts) {
     for (int64_t i = 0; i < n_parts; i++) {

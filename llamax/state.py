@@ -157,7 +157,7 @@ class StateWriter:
         return [bytes(head), meta] + self._data
 
     def getvalue(self, kind: int, fingerprint: bytes) -> bytes:
-        """The blob as one bytes object (one copy of every data chunk, into huge pages)."""
+        """The blob as one bytes object (one copy of every data chunk, by every thread)."""
         return _buffers.join(self.parts(kind, fingerprint))
 
 
