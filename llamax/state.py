@@ -292,20 +292,6 @@ def read_outputs(r: StateReader, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- one KV cache -----------------------------------------------------------------------------------
-def _masked_swa(n_swa: int, swa_type: str, p0: np.ndarray, p1) -> np.ndarray:
-    """Vectorized lx_is_masked_swa: True where a query at p1 cannot see a key at p0."""
-    p0 = p0.astype(np.int64)
-    p1 = np.asarray(p1, dtype=np.int64)
-    if swa_type == "standard":
-        return p1 - p0 >= n_swa
-    if swa_type == "chunked":
-        return p0 < (p1 // n_swa) * n_swa
-    if swa_type == "symmetric":
-        d = p1 - p0
-        return (d < -(n_swa // 2)) | (d > n_swa // 2)
-    return np.zeros(p0.shape, dtype=bool)
-
-
 def _has_seq(bits: np.ndarray, s: int) -> np.ndarray:
     return ((bits[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1)).astype(bool)
 
@@ -321,13 +307,13 @@ def _cells_to_write(kv, st: int, seq_id: int) -> np.ndarray:
     if seq_id >= 0:
         sel &= _has_seq(bits, seq_id)
         if swa and sel.any():
-            sel &= ~_masked_swa(kv.n_swa, kv.swa_type, pos, cells.seq_pos_max(seq_id))
+            sel &= ~kv.meta.masked_swa(pos, cells.seq_pos_max(seq_id))
     elif swa and sel.any():
         seen = np.zeros(pos.shape[0], dtype=bool)
         for s in range(kv.n_seq_max):
             if cells.seq_n_cells(s):
                 has = _has_seq(bits, s)
-                seen |= has & ~_masked_swa(kv.n_swa, kv.swa_type, pos, cells.seq_pos_max(s))
+                seen |= has & ~kv.meta.masked_swa(pos, cells.seq_pos_max(s))
         sel &= seen
     return np.flatnonzero(sel)
 

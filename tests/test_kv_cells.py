@@ -157,3 +157,15 @@ def test_dump_shows_the_cell_map():
     fill(kv, 0, range(3))
     kv.seq_cp(0, 1, 0, 1)
     assert kv.dump().splitlines()[1] == "M00....."
+
+
+@pytest.mark.parametrize("swa_type", ["none", "standard", "chunked", "symmetric"])
+def test_masked_swa_of_many_keys_is_is_masked_swa_of_each(swa_type):
+    import numpy as np
+
+    kv = KVCells(16, 1, 1, 0 if swa_type == "none" else 6, swa_type)
+    p0 = np.arange(0, 40, dtype=np.int32).reshape(5, 8)
+    for p1 in (0, 5, 13, 39):
+        got = kv.masked_swa(p0, p1)
+        assert got.shape == p0.shape and got.dtype == np.bool_
+        assert got.tolist() == [[kv.is_masked_swa(int(p), p1) for p in row] for row in p0]

@@ -286,6 +286,20 @@ cdef class KVCells:
         """True if a query at p1 cannot see a key at p0 through the sliding window."""
         return lx_is_masked_swa(self.meta.n_swa, self.meta.swa_type, p0, p1)
 
+    def masked_swa(self, p0, lx_pos p1):
+        """is_masked_swa for every key position of p0 (an int array): bool array of p0's shape."""
+        a = np.ascontiguousarray(p0, dtype=np.int32)
+        out = np.empty(a.shape, dtype=np.bool_)
+        cdef const lx_pos[::1] pv = a.reshape(-1)              # IN
+        cdef cnp.uint8_t[::1] ov = out.reshape(-1).view(np.uint8)  # OUT
+        cdef Py_ssize_t i, n = pv.shape[0]
+        cdef int32_t n_swa = self.meta.n_swa
+        cdef lx_swa_type t = self.meta.swa_type
+        with nogil:
+            for i in range(n):
+                ov[i] = lx_is_masked_swa(n_swa, t, pv[i], p1)
+        return out
+
     # ---- sequences -------------------------------------------------------------------------
     def seq_pos_min(self, int s) -> int:
         self._check(s)
