@@ -344,9 +344,11 @@ class KVCache(Memory):
                 V[st, sel] = vp
 
     def _rotated(self, x: np.ndarray, block: int) -> np.ndarray:
-        """x [n, n_head, d] as float32 rows [n, n_head * d], rotated per head when block > 0 (a copy)."""
-        rows = np.array(x, dtype=np.float32, order="C").reshape(x.shape[0], -1)
+        """x [n, n_head, d] as float32 rows [n, n_head * d], rotated per head when block > 0 (then a
+        copy; otherwise a view of x when it already is C-contiguous float32)."""
+        rows = np.ascontiguousarray(x, dtype=np.float32).reshape(x.shape[0], -1)
         if block:
+            rows = rows.copy() if np.may_share_memory(rows, x) else rows
             _had.hadamard_rows(rows, block, self.n_threads)
         return rows
 
