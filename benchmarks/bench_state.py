@@ -22,24 +22,14 @@ Prints MB, median ms, GB/s and the ratio to np.copyto.
 """
 import argparse
 import os
-import statistics
 import tempfile
 import time
 import zlib
 
 import numpy as np
+from timing import median_time
 
 from llamax import Batch, Context, Model
-
-
-def median_ms(fn, runs: int) -> float:
-    fn()  # warm up (page faults of first use, caches)
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
 
 
 def raw_write(path: str, buf: np.ndarray) -> None:
@@ -107,7 +97,7 @@ def main() -> None:
     base = None
     print(f"{'':24s} {'MB':>7s} {'ms':>8s} {'GB/s':>7s} {'x copyto':>9s}")
     for name, nbytes, fn in rows:
-        ms = median_ms(fn, runs)
+        ms = median_time(fn, runs) * 1e3
         if base is None:
             base = ms
         print(f"{name:24s} {nbytes / 1e6:7.1f} {ms:8.2f} {nbytes / ms / 1e6:7.2f} {ms / base:9.2f}")

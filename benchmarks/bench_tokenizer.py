@@ -12,11 +12,11 @@ array (one "token" per byte: the floor of any tokenizer), with each time's ratio
 import argparse
 import json
 import os
-import statistics
 import time
 from pathlib import Path
 
 import numpy as np
+from timing import median_time
 
 from llamax import models
 from llamax.model.tokenizer import TextStream, Tokenizer
@@ -36,17 +36,6 @@ def long_prompt(name: str) -> tuple[str, list[int] | None]:
     return text, None
 
 
-def median_ms(fn, runs: int, setup=None) -> float:
-    times = []
-    for _ in range(runs):
-        if setup is not None:
-            setup()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def bench_model(name: str, runs: int) -> None:
     """Time one registry model's tokenizer on its long reference prompt and print the table."""
     t0 = time.perf_counter()
@@ -55,17 +44,18 @@ def bench_model(name: str, runs: int) -> None:
     text, ref = long_prompt(name)
     ids = tok.tokenize(text)
     exact = "n/a" if ref is None else ("yes" if ids == ref else "NO")
-    base = median_ms(lambda: np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32), runs)
+    base = 1e3 * median_time(lambda: np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int32), runs,
+                             warmup=0)
 
     def stream() -> str:
         s = TextStream(tok)
         return "".join(s.push(i) for i in ids) + s.flush()
 
     rows = [
-        ("tokenize (cold)", median_ms(lambda: tok.tokenize(text), runs, setup=tok._bpe_cache.clear)),
-        ("tokenize (warm)", median_ms(lambda: tok.tokenize(text), runs)),
-        ("detokenize", median_ms(lambda: tok.detokenize(ids), runs)),
-        ("TextStream", median_ms(stream, runs)),
+        ("tokenize (cold)", 1e3 * median_time(lambda: tok.tokenize(text), runs, warmup=0, setup=tok._bpe_cache.clear)),
+        ("tokenize (warm)", 1e3 * median_time(lambda: tok.tokenize(text), runs, warmup=0)),
+        ("detokenize", 1e3 * median_time(lambda: tok.detokenize(ids), runs, warmup=0)),
+        ("TextStream", 1e3 * median_time(stream, runs, warmup=0)),
     ]
     print(f"{name}: {tok.vocab_type.upper()} n_vocab={tok.n_vocab}, vocabulary loaded in {load_s:.2f} s; "
           f"prompt {len(text)} chars -> {len(ids)} tokens (equal to llama.cpp's: {exact})")
