@@ -34,16 +34,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from llamax.dtypes import LLAMA_MAX_SEQ, SEQ_WORDS
 from llamax.errors import BatchError
 
 __all__ = ["Batch", "BatchAllocator", "UBatch", "MemoryPositions", "LLAMA_MAX_SEQ", "SEQ_WORDS"]
 
 logger = logging.getLogger("llamax")
 
-#: sequence ids live in [0, LLAMA_MAX_SEQ) (llama.cpp's LLAMA_MAX_SEQ, csrc's LX_MAX_SEQ)
-LLAMA_MAX_SEQ = 256
-#: uint64 words in a sequence bitset
-SEQ_WORDS = LLAMA_MAX_SEQ // 64
 
 _I32_MIN = -(2**31)
 _I32_MAX = 2**31 - 1
@@ -422,6 +419,24 @@ class UBatch:
             output=np.zeros(n, dtype=np.bool_),
             idx=np.full(n, -1, dtype=np.int32),
         )
+
+    @classmethod
+    def of_sequence(cls, seq_id: int, pos: np.ndarray, token: np.ndarray) -> UBatch:
+        """The tokens of one sequence at the given positions as a one-sequence ubatch, no outputs:
+        the placement record for cells that come from elsewhere than a user batch (a state restore),
+        so they are placed by the same find_slot / apply_ubatch a decode uses."""
+        if not 0 <= seq_id < LLAMA_MAX_SEQ:
+            raise ValueError(f"seq_id {seq_id} outside [0, {LLAMA_MAX_SEQ})")
+        ub = cls.reserve(len(pos), 1)
+        ub.pos[:] = pos
+        ub.token[:] = token
+        ub.seq_id[:] = seq_id
+        ub.seq_bits[:] = 0
+        ub.seq_bits[:, seq_id >> 6] = _ONE_U64 << np.uint64(seq_id & 63)
+        ub.seq_id_unq[:] = seq_id
+        ub.seq_idx[:] = -1
+        ub.seq_idx[seq_id] = 0
+        return ub
 
     def __repr__(self) -> str:
         return (

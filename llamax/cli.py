@@ -6,7 +6,7 @@ import logging
 import sys
 
 from llamax.errors import LlamaxError
-from llamax.params import CACHE_TYPES
+from llamax.dtypes import CACHE_TYPES
 
 DEFAULT_PROMPT = "Once upon a time"
 

@@ -20,30 +20,13 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-__all__ = [
-    "ContextParams",
-    "resolve_n_threads",
-    "CACHE_TYPES",
-    "QUANTIZED_CACHE_TYPES",
-    "LLAMA_MAX_SEQ",
-    "N_CTX_PAD",
-]
+# as a module: the native wrappers import resolve_n_threads from here while llamax.dtypes reads them
+from llamax import dtypes as _dt
+
+__all__ = ["ContextParams", "resolve_n_threads"]
 
 logger = logging.getLogger("llamax")
 
-#: KV cache element types llamax supports (llama.cpp's -ctk / -ctv names).
-CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
-#: The block-quantized ones (ggml_is_quantized); a quantized V cache needs flash attention.
-QUANTIZED_CACHE_TYPES: frozenset[str] = frozenset({"q8_0", "q4_0"})
-#: llama.cpp's LLAMA_MAX_SEQ: sequence ids live in [0, 256).
-LLAMA_MAX_SEQ: int = 256
-#: n_ctx and n_ctx_seq are padded to a multiple of this (GGML_PAD(n_ctx, 256)).
-N_CTX_PAD: int = 256
-
-
-def _pad(x: int, n: int) -> int:
-    """GGML_PAD: the smallest multiple of n that is >= x."""
-    return (x + n - 1) // n * n
 
 
 def _available_cores() -> int:
@@ -111,7 +94,7 @@ class ContextParams:
         n_ubatch: most tokens per compute step (physical micro-batch); 0 means n_batch.
         n_seq_max: number of sequences, in [1, 256].
         kv_unified: one cache shared by every sequence (one stream), else one stream per sequence.
-        type_k, type_v: cache element types, one of CACHE_TYPES.
+        type_k, type_v: cache element types, one of llamax.dtypes.CACHE_TYPES.
         flash_attn: flash attention (V stored untransposed); a quantized V cache requires it.
         swa_full: give the SWA cache of an iSWA model the full size.
         n_threads: None / -1 for all cores, else a positive count (see resolve_n_threads).
@@ -139,15 +122,13 @@ class ContextParams:
         _check_int("n_ctx", self.n_ctx, 0)
         _check_int("n_batch", self.n_batch, 1)
         _check_int("n_ubatch", self.n_ubatch, 0)
-        _check_int("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ)
+        _check_int("n_seq_max", self.n_seq_max, 1, _dt.LLAMA_MAX_SEQ)
         _check_bool("kv_unified", self.kv_unified)
         _check_bool("flash_attn", self.flash_attn)
         _check_bool("swa_full", self.swa_full)
         for name in ("type_k", "type_v"):
-            t = getattr(self, name)
-            if t not in CACHE_TYPES:
-                raise ValueError(f"{name} = {t!r} is not a supported cache type {CACHE_TYPES}")
-        if self.type_v in QUANTIZED_CACHE_TYPES and not self.flash_attn:
+            _dt.check_cache_type(getattr(self, name), name)
+        if self.type_v in _dt.QUANTIZED_CACHE_TYPES and not self.flash_attn:
             raise ValueError(
                 f"quantized V cache requires flash_attn to be enabled (type_v = {self.type_v!r}, "
                 "flash_attn = False)"
@@ -204,11 +185,11 @@ class ContextParams:
         n_batch = min(n_ctx, self.n_batch) if causal_attn else self.n_batch
         n_ubatch = min(n_batch, self.n_ubatch if self.n_ubatch != 0 else self.n_batch)
 
-        n_ctx = _pad(n_ctx, N_CTX_PAD)
+        n_ctx = _dt.pad(n_ctx, _dt.N_CTX_PAD)
         if self.kv_unified:
             n_ctx_seq = n_ctx
         else:
-            n_ctx_seq = _pad(n_ctx // self.n_seq_max, N_CTX_PAD)
+            n_ctx_seq = _dt.pad(n_ctx // self.n_seq_max, _dt.N_CTX_PAD)
             if n_ctx_seq == 0:  # cannot happen with n_seq_max <= 256, kept as llama.cpp has it
                 raise ValueError("n_ctx_seq == 0")
             if n_ctx != n_ctx_seq * self.n_seq_max:

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from llamax.params import CACHE_TYPES, ContextParams, resolve_n_threads
+from llamax.dtypes import CACHE_TYPES
+from llamax.params import ContextParams, resolve_n_threads
 
 
 def cores() -> int:

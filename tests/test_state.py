@@ -458,7 +458,7 @@ def test_context_refusals_leave_the_destination_empty(model, tmp_path):
         other.state_set_data(blob)
     assert other.memory.n_used == 0 and other.get_logits().shape == (0, model.n_vocab)
     # a foreign fingerprint
-    w, kind, _ = state.context_writer(ctx)
+    w, kind = ctx._writer(-1)
     with pytest.raises(StateError, match="another model"):
         Context(model, n_ctx=256, n_seq_max=2).state_set_data(w.getvalue(kind, bytes(16)))
     # a corrupt sequence: only the destination goes, sequence 1 stays as it was

@@ -1,16 +1,22 @@
 """The memory interface (llama.cpp's llama_memory_i) shared by every cache type.
 
-A memory holds what a context remembers between decodes. The context talks to it only through
-this interface: the seq_* operations, plan() (init_batch: split a batch and reserve its slots
-without changing anything), update() (pending K-shift and stream copies), and per layer store()
-and attend() while a plan is being applied. Plan, make_allocator and split_batch are the planning
-machinery every cache shares (llama_batch_allocr + llama_memory_context_i). Nothing mutates the cells except the seq_* operations
-and the application of a plan's ubatches.
+A memory holds what a context remembers between decodes. A decode reaches it in one direction:
+
+    update()                       pending stream copies and K-shifts (llama_memory_i::init_update)
+    init_batch(balloc, n_ubatch)   split the validated batch into ubatches and reserve cells for all
+                                   of them (prepare, then roll every cell back): a MemoryContext, or
+                                   NoKVSlotError with nothing changed (llama_memory_i::init_batch)
+    mctx.apply(i)                  ubatch i's cells are written (apply_ubatch), i = 0, 1, ...
+    store(il, ub, k, v), attend(il, ub, q)   per layer, for the ubatch just applied
+
+Nothing mutates the cells except the seq_* operations, apply_ubatch and a state restore. plan()
+is the same path for Python model code that runs without a Context: it makes the batch allocator
+itself and returns a Plan, whose iteration applies each ubatch in turn.
 """
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
@@ -19,11 +25,6 @@ from llamax.errors import BatchError
 
 if TYPE_CHECKING:
     from llamax.state import StateReader, StateWriter
-
-
-def pad(x: int, n: int) -> int:
-    """x rounded up to a multiple of n (GGML_PAD)."""
-    return (x + n - 1) // n * n
 
 
 class Memory(abc.ABC):
@@ -99,8 +100,41 @@ class Memory(abc.ABC):
         """Apply pending stream copies and K-shifts (llama_memory_i::init_update). True if anything ran."""
 
     @abc.abstractmethod
-    def plan(self, batch, n_ubatch: int = 512, **kwargs) -> "Plan":
-        """Validate and split the batch and reserve slots for all of it (init_batch)."""
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> "MemoryContext":
+        """Split the batch of an initialised allocator into ubatches and reserve cells for every one
+        of them, then roll the cells back (llama_memory_i::init_batch). Nothing changes.
+
+        Raises:
+            BatchError: the batch cannot live in this memory (e.g. a token of several sequences when
+                every sequence has its own stream).
+            NoKVSlotError: it does not fit.
+        """
+
+    @abc.abstractmethod
+    def apply_ubatch(self, ubatch: UBatch, slot: Any) -> None:
+        """Write the cells of one prepared ubatch (slot: what init_batch reserved for it) and make it
+        the ubatch that store() and attend() act on. Called by MemoryContext.apply, in order."""
+
+    @abc.abstractmethod
+    def release_ubatch(self) -> None:
+        """Forget the ubatch applied last: store() and attend() refuse until the next apply."""
+
+    def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
+             n_batch: int | None = None, output_all: bool = False) -> "Plan":
+        """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
+        for every one of them (for model code without a Context). Nothing changes until the plan is
+        iterated.
+
+        Raises:
+            BatchError: the batch is invalid (the message names the token and the rule).
+            NoKVSlotError: it does not fit in the memory.
+        """
+        if n_ubatch <= 0:
+            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
+        self.update()
+        balloc = BatchAllocator(n_seq_max=self.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
+        balloc.init(batch, self, output_all=output_all)
+        return Plan(self.init_batch(balloc, n_ubatch), balloc)
 
     @abc.abstractmethod
     def store(self, il: int, ubatch, k, v) -> None:
@@ -127,54 +161,91 @@ class Memory(abc.ABC):
         """
 
 
-class Plan:
-    """The ubatches of one batch with their reserved slots (llama_memory_context_i).
+class MemoryContext:
+    """The ubatches of one batch and the cells reserved for each (llama_memory_context_i).
 
-    Iterating applies each ubatch to the cells (apply_ubatch) and yields it; between two steps the
-    caller stores K/V and attends for every layer. A plan that raised nothing fits entirely.
+    Made by Memory.init_batch after every ubatch was placed and rolled back, so the whole batch
+    fits; nothing has changed yet. apply(i) writes ubatch i's cells, in order i = 0, 1, ...;
+    between two applies the model stores K/V and attends for every layer.
     """
 
-    def __init__(self, memory: "Memory", balloc: BatchAllocator, ubatches: list[UBatch], slots: list):
+    def __init__(self, memory: Memory, ubatches: list[UBatch], slots: list) -> None:
+        assert len(ubatches) == len(slots)
         self.memory = memory
-        self.balloc = balloc
         self.ubatches = ubatches
-        self.slots = slots  # per sub-cache, a list of (strm, idxs) per ubatch
+        self.slots = slots      # per ubatch, what the memory reserved for it
+        self.n_applied = 0
 
     def __len__(self) -> int:
         return len(self.ubatches)
 
+    def apply(self, i: int) -> UBatch:
+        """Write ubatch i's cells (llama_memory_context_i::apply) and return it.
+
+        Raises:
+            ValueError: i is not the next ubatch.
+        """
+        if i != self.n_applied:
+            raise ValueError(f"ubatch {i} applied out of order: the next is {self.n_applied} of {len(self)}")
+        ub = self.ubatches[i]
+        self.memory.apply_ubatch(ub, self.slots[i])
+        self.n_applied += 1
+        return ub
+
+    def close(self) -> None:
+        """The batch is done: the memory forgets its last ubatch (llama.cpp drops the memory context)."""
+        self.memory.release_ubatch()
+
+
+class Plan:
+    """A validated batch with its MemoryContext (Memory.plan): iterating applies each ubatch to the
+    cells in turn and yields it; between two steps the caller stores K/V and attends for every layer.
+    A plan that raised nothing fits entirely.
+    """
+
+    def __init__(self, mctx: MemoryContext, balloc: BatchAllocator) -> None:
+        self.mctx = mctx
+        self.balloc = balloc
+
+    @property
+    def memory(self) -> Memory:
+        return self.mctx.memory
+
+    @property
+    def ubatches(self) -> list[UBatch]:
+        return self.mctx.ubatches
+
+    def __len__(self) -> int:
+        return len(self.mctx)
+
     def __iter__(self) -> Iterator[UBatch]:
-        for u, ub in enumerate(self.ubatches):
-            self.memory._apply(ub, [s[u] for s in self.slots])
-            yield ub
-        self.memory._finish()
+        for i in range(self.mctx.n_applied, len(self.mctx)):
+            yield self.mctx.apply(i)
+        self.mctx.close()
 
     @property
     def n_outputs(self) -> int:
         return self.balloc.n_outputs
 
 
-def make_allocator(memory: Memory, batch: Batch, *, n_vocab: int | None, n_batch: int | None,
-                   output_all: bool) -> BatchAllocator:
-    """A batch allocator initialised with `batch`, validated against `memory` (positions, sequences).
+def check_streams(memory: Memory, balloc: BatchAllocator) -> None:
+    """A token of several sequences cannot live in a cache with one stream per sequence.
 
     Raises:
-        BatchError: an invalid batch; also a token of several sequences when every sequence has its
-            own stream (the cache cannot share a cell across streams).
+        BatchError: naming the first such token.
     """
-    balloc = BatchAllocator(n_seq_max=memory.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
-    balloc.init(batch, memory, output_all=output_all)
     if not getattr(memory, "unified", True):
-        multi = np.flatnonzero(np.asarray(batch.n_seq_id) > 1)
+        multi = np.flatnonzero(np.asarray(balloc.batch.n_seq_id) > 1)
         if multi.size:
             raise BatchError(f"token {int(multi[0])} belongs to several sequences, but the cache keeps one "
                              f"stream per sequence (unified=False): a token can belong to one only")
-    return balloc
 
 
 def split_batch(balloc: BatchAllocator, n_ubatch: int, *, equal: bool, sequential: bool) -> list[UBatch] | None:
     """Every ubatch of the batch: split_simple, or split_equal (sequential for one stream per
     sequence); None if the allocator cannot split all of it (llama.cpp's failed prepare)."""
+    if n_ubatch <= 0:
+        raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
     balloc.split_reset()
     ubatches = []
     while True:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from llamax.batch import Batch
+from llamax import state
+from llamax.batch import BatchAllocator, UBatch
+from llamax.dtypes import N_CTX_PAD, pad
 from llamax.errors import LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory, Plan, make_allocator, pad, split_batch
+from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
 from llamax.memory.kv_cache import KVCache
 from llamax.rope import RoPE
 
@@ -24,7 +26,7 @@ def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, unified: bool, n_ub
     """Cells per stream of the SWA cache, as llama.cpp sizes it."""
     if swa_full:
         return kv_size
-    return min(kv_size, pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, 256))
+    return min(kv_size, pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, N_CTX_PAD))
 
 
 class KVCacheISWA(Memory):
@@ -149,14 +151,15 @@ class KVCacheISWA(Memory):
         b = self.swa.update()
         return a or b
 
-    def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
-             n_batch: int | None = None, output_all: bool = False) -> Plan:
-        """As KVCache.plan, placing every ubatch in both caches: first with a simple split (unified
-        caches), then with an equal split, as llama_kv_cache_iswa::init_batch does."""
-        if n_ubatch <= 0:
-            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
-        self.update()
-        balloc = make_allocator(self, batch, n_vocab=n_vocab, n_batch=n_batch, output_all=output_all)
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
+        """As KVCache.init_batch, placing every ubatch in both caches: first with a simple split
+        (unified caches), then with an equal split, as llama_kv_cache_iswa::init_batch does. A
+        ubatch's slot is the pair (base slot, SWA slot).
+
+        Raises:
+            BatchError: as KVCache.init_batch. NoKVSlotError: it does not fit in both caches.
+        """
+        check_streams(self, balloc)
         for equal in ((False, True) if self.unified else (True,)):
             ubatches = split_batch(balloc, n_ubatch, equal=equal, sequential=not self.unified)
             if ubatches is None:
@@ -167,18 +170,19 @@ class KVCacheISWA(Memory):
             ss = self.swa.meta.prepare(ubatches)
             if ss is None:
                 continue
-            return Plan(self, balloc, ubatches, [sb, ss])
+            return MemoryContext(self, ubatches, list(zip(sb, ss)))
         raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
                             f"(base {self.base.n_used}/{self.base.n_cells}, swa {self.swa.n_used}/{self.swa.n_cells} "
                             "cells used)")
 
-    def _apply(self, ubatch, slots: list) -> None:
-        self.base._apply(ubatch, slots[:1])
-        self.swa._apply(ubatch, slots[1:])
+    def apply_ubatch(self, ubatch: UBatch, slot: tuple) -> None:
+        """Write the ubatch's cells in both caches (slot: (base slot, SWA slot))."""
+        self.base.apply_ubatch(ubatch, slot[0])
+        self.swa.apply_ubatch(ubatch, slot[1])
 
-    def _finish(self) -> None:
-        self.base._finish()
-        self.swa._finish()
+    def release_ubatch(self) -> None:
+        self.base.release_ubatch()
+        self.swa.release_ubatch()
 
     def store(self, il: int, ubatch, k, v) -> None:
         self.cache_of(il).store(il, ubatch, k, v)
@@ -190,16 +194,12 @@ class KVCacheISWA(Memory):
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     def state_write(self, w, seq_id: int = -1) -> None:
         """The base cache's state, then the SWA cache's (which keeps only the cells in the window)."""
-        from llamax import state
-
         state.write_tag(w, state.TAG_ISWA)
         self.base.state_write(w, seq_id)
         self.swa.state_write(w, seq_id)
 
     def state_read(self, r, seq_id: int = -1):
         """Validate both sections before either cache changes; the installer restores both."""
-        from llamax import state
-
         state.read_tag(r, state.TAG_ISWA)
         install_base = self.base.state_read(r, seq_id)
         install_swa = self.swa.state_read(r, seq_id)

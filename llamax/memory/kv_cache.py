@@ -18,8 +18,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -28,35 +29,37 @@ from llamax._native import hadamard as _had
 from llamax._native import kq_mask as _mask
 from llamax._native import quants as _quants
 from llamax._native import rope as _rope
-from llamax._native.cells import SWA_TYPES, KVCells
-from llamax.batch import Batch, UBatch
-from llamax.errors import LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory, Plan, make_allocator, pad, split_batch
+from llamax._native.cells import CELL_STATE_DTYPE, SWA_TYPES, KVCells
+from llamax.batch import BatchAllocator, UBatch
+from llamax.dtypes import (FLOAT_CACHE_DTYPES, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES, block_size,
+                           check_cache_type, pad, row_bytes)
+from llamax.errors import LlamaxError, NoKVSlotError, StateError
+from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
 from llamax.params import resolve_n_threads
 from llamax.rope import RoPE
+from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
 
 log = logging.getLogger("llamax")
 
-CACHE_TYPES = {"f32": np.float32, "f16": np.float16}
-QUANT_TYPES = {"q8_0": 34, "q4_0": 18}  # bytes per block of 32 values (llama.cpp's block_q8_0 / block_q4_0)
-QK = 32
-N_KV_PAD = 256  # llama.cpp pads the attended cell count so the graph keeps its shape
+#: the cache section of a state (see llamax/state.py): types, v_trans, n_layer, rot_k, rot_v, n_stream,
+#: kv_size, n_seq_max, n_swa, swa type, n_head_kv, head_dim, head_dim_v, seq_id; then per stream
+#: n_cells and n_runs; one cell on the wire: position, the ext fields (M-RoPE x/y, token), sequences
+_KV_HEAD = struct.Struct("<8s8sIIIIIIIiIIIIi")
+_STREAM = struct.Struct("<II")
+CELL_DTYPE = np.dtype([("pos", "<i4"), ("x", "<i4"), ("y", "<i4"), ("tok", "<i4"), ("seq", "<u8", (4,))])
+assert CELL_DTYPE.itemsize == 48
+_SWA_CODE = {name: int(code) for name, code in SWA_TYPES.items()}
+_SWA_NAME = {code: name for name, code in _SWA_CODE.items()}
 
 MiB = 1024.0 * 1024.0
 LX_DEBUG = int(os.environ.get("LX_DEBUG", "0") or 0)  # > 0: log the cell map after every ubatch
 
 
-def _check_type(name: str, what: str) -> str:
-    if name not in CACHE_TYPES and name not in QUANT_TYPES:
-        raise ValueError(f"{what} {name!r} not in {sorted(CACHE_TYPES) + sorted(QUANT_TYPES)}")
-    return name
-
-
 def _row_layout(t: str, n_stream: int, kv_size: int, n_head: int, d: int) -> tuple[tuple, type]:
     """Shape and dtype of a K (or untransposed V) buffer of type t."""
-    if t in QUANT_TYPES:
-        return (n_stream, kv_size, n_head * d // QK * QUANT_TYPES[t]), np.uint8
-    return (n_stream, kv_size, n_head, d), CACHE_TYPES[t]
+    if t in QUANTIZED_CACHE_TYPES:
+        return (n_stream, kv_size, row_bytes(t, n_head * d)), np.uint8
+    return (n_stream, kv_size, n_head, d), FLOAT_CACHE_DTYPES[t]
 
 
 def _rot_disabled() -> bool:
@@ -135,19 +138,19 @@ class KVCache(Memory):
         self.n_stream = 1 if unified else n_seq_max
         self.type_k, self.type_v = type_k, type_v
         self.v_trans = bool(v_trans)
-        _check_type(type_k, "type_k")
-        _check_type(type_v, "type_v")
+        check_cache_type(type_k, "type_k")
+        check_cache_type(type_v, "type_v")
         self.head_dim_v = head_dim if head_dim_v is None else head_dim_v
         for t, d, what in ((type_k, head_dim, "head_dim"), (type_v, self.head_dim_v, "head_dim_v")):
-            if t in QUANT_TYPES and d % QK:
-                raise ValueError(f"a {t} cache needs {what} to be a multiple of {QK}, got {d}")
-        if type_v in QUANT_TYPES and self.v_trans:
+            if d % block_size(t):
+                raise ValueError(f"a {t} cache needs {what} to be a multiple of {block_size(t)}, got {d}")
+        if type_v in QUANTIZED_CACHE_TYPES and self.v_trans:
             raise ValueError(f"a quantized V cache (type_v {type_v!r}) requires flash attention: it cannot be "
                              "stored transposed (v_trans=True)")
         if rotate is None:
             rotate = not _rot_disabled()
-        self.rot_k = _had.rot_block(head_dim) if rotate and type_k in QUANT_TYPES else 0
-        self.rot_v = _had.rot_block_v(self.head_dim_v) if rotate and type_v in QUANT_TYPES else 0
+        self.rot_k = _had.rot_block(head_dim) if rotate and type_k in QUANTIZED_CACHE_TYPES else 0
+        self.rot_v = _had.rot_block_v(self.head_dim_v) if rotate and type_v in QUANTIZED_CACHE_TYPES else 0
         self.n_swa = int(n_swa) if swa_type != "none" else 0
         self.swa_type = swa_type
         self.rope = rope
@@ -157,7 +160,7 @@ class KVCache(Memory):
         self.meta = KVCells(kv_size, self.n_stream, n_seq_max, self.n_swa, swa_type)
         ks, kdt = _row_layout(type_k, self.n_stream, kv_size, n_head_kv, head_dim)
         if self.v_trans:
-            vs, vdt = (self.n_stream, n_head_kv, self.head_dim_v, kv_size), CACHE_TYPES[type_v]
+            vs, vdt = (self.n_stream, n_head_kv, self.head_dim_v, kv_size), FLOAT_CACHE_DTYPES[type_v]
         else:
             vs, vdt = _row_layout(type_v, self.n_stream, kv_size, n_head_kv, self.head_dim_v)
         self.k = [np.zeros(ks, dtype=kdt) for _ in range(n_layer)]
@@ -268,43 +271,40 @@ class KVCache(Memory):
             did = True
         return did
 
-    # ---- planning -------------------------------------------------------------------------------
-    def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
-             n_batch: int | None = None, output_all: bool = False) -> Plan:
-        """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
-        for every one of them (llama_kv_cache::init_batch). Nothing changes until the plan is iterated.
+    # ---- planning and applying -----------------------------------------------------------------
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
+        """Split the batch (split_simple; split_equal with one stream per sequence) and reserve cells
+        for every ubatch, then roll back (llama_kv_cache::init_batch). Nothing changes.
 
         Raises:
-            BatchError: the batch is invalid (the message names the token and the rule).
-            NoKVSlotError: it does not fit in the cache.
+            BatchError: a token of several sequences in a cache with one stream per sequence.
+            NoKVSlotError: the batch does not fit.
         """
-        if n_ubatch <= 0:
-            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
-        self.update()
-        balloc = make_allocator(self, batch, n_vocab=n_vocab, n_batch=n_batch, output_all=output_all)
+        check_streams(self, balloc)
         ubatches = split_batch(balloc, n_ubatch, equal=self.n_stream > 1, sequential=not self.unified)
         slots = None if ubatches is None else self.meta.prepare(ubatches)
         if slots is None:
             raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
                                 f"({self.n_used}/{self.n_cells} cells used)")
-        return Plan(self, balloc, ubatches, [slots])
+        return MemoryContext(self, ubatches, slots)
 
-    # ---- applying -------------------------------------------------------------------------------
-    def _apply(self, ubatch: UBatch, slots: list) -> None:
-        strm, idxs = slots[0]
+    def apply_ubatch(self, ubatch: UBatch, slot: tuple[np.ndarray, np.ndarray]) -> None:
+        """Write the cells init_batch reserved for the ubatch (slot: (streams, cell indices)) and make
+        it the ubatch store() and attend() act on (llama_kv_cache::apply_ubatch)."""
+        strm, idxs = slot
         self.meta.apply_ubatch(ubatch, strm, idxs)
         self._active = _Active(ubatch, strm, idxs, KVCells.is_contiguous(strm, idxs), {})
         if LX_DEBUG:
             log.info("%s: cells after a ubatch of %d tokens:\n%s", self.name, ubatch.n_tokens, self.meta.dump())
 
-    def _finish(self) -> None:
+    def release_ubatch(self) -> None:
         self._active = None
 
     def _active_for(self, il: int, ubatch: UBatch) -> tuple[_Active, int]:
         act = self._active
         if act is None or act.ubatch is not ubatch:
-            raise ValueError("this ubatch is not the one being applied: iterate the plan and store/attend "
-                             "inside the loop")
+            raise ValueError("this ubatch is not the one being applied: apply it (iterate the plan) and "
+                             "store/attend before the next one")
         if il not in self._layer:
             raise ValueError(f"layer {il} is not stored in this cache (layers {self.layer_ids[:8]}...)")
         return act, self._layer[il]
@@ -323,20 +323,20 @@ class KVCache(Memory):
         K, V = self.k[li], self.v[li]
         n_parts = len(act.strm)
         n_per = n // n_parts
-        if self.type_k in QUANT_TYPES:
+        if self.type_k in QUANTIZED_CACHE_TYPES:
             k = self._rotated(k, self.rot_k)
-        if self.type_v in QUANT_TYPES:
+        if self.type_v in QUANTIZED_CACHE_TYPES:
             v = self._rotated(v, self.rot_v)
         for p in range(n_parts):
             st = int(act.strm[p])
             ix = act.idxs[p * n_per:(p + 1) * n_per]
             sel = slice(int(ix[0]), int(ix[0]) + n_per) if act.contiguous else ix
             kp, vp = k[p * n_per:(p + 1) * n_per], v[p * n_per:(p + 1) * n_per]
-            if self.type_k in QUANT_TYPES:
+            if self.type_k in QUANTIZED_CACHE_TYPES:
                 _quants.set_rows(self.type_k, kp, K[st], ix, self.n_threads)
             else:
                 K[st, sel] = kp
-            if self.type_v in QUANT_TYPES:
+            if self.type_v in QUANTIZED_CACHE_TYPES:
                 _quants.set_rows(self.type_v, vp, V[st], ix, self.n_threads)
             elif self.v_trans:
                 V[st][:, :, sel] = vp.transpose(1, 2, 0)
@@ -407,31 +407,234 @@ class KVCache(Memory):
             _had.hadamard_rows(out.reshape(n, -1), self.rot_v, self.n_threads)
         return out
 
-    # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
-    def state_write(self, w, seq_id: int = -1) -> None:
-        """Append this cache's state to a llamax.state.StateWriter: every sequence (seq_id -1) or
-        seq_id's cells alone, written as that sequence. Pending stream copies and K-shifts are
-        applied first (update()), so the saved rows match the saved positions. The cells the
-        sliding window hides from every sequence holding them are not written. O(kv_size) metadata
-        work plus one slice per run of consecutive cells and layer."""
-        from llamax import state
+    # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
+    def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
+        """Append this cache's section to a state: every sequence (seq_id -1) or seq_id's cells
+        alone, written as that sequence. Pending stream copies and K-shifts are applied first
+        (update()), so the saved rows match the saved positions. The cells the sliding window hides
+        from every sequence holding them are not written. O(kv_size) metadata work plus one slice
+        per run of consecutive cells and layer (no per-cell loop).
 
+        Section: tag, header (_KV_HEAD), row bytes per layer, heads (whole states), per stream the
+        cell runs and cells (CELL_DTYPE); data: per stream and layer the K rows of every run, then
+        the V rows (or V columns with v_trans)."""
         self.update()
-        state.write_kv_cache(w, self, seq_id)
+        self._state_write(w, seq_id)
 
-    def state_read(self, r, seq_id: int = -1):
-        """Parse and validate this cache's section of a state (llamax.state.StateReader) without
-        changing anything; returns the function that installs it. A whole state goes back into the
-        same cells with the same heads; a sequence state is placed as a ubatch would be (contiguous
-        cells if possible) after seq_rm(seq_id).
+    def state_read(self, r: StateReader, seq_id: int = -1) -> Callable[[], None]:
+        """Parse and validate this cache's section of a state without changing anything; returns
+        the function that installs it. A whole state goes back into the same cells with the same
+        heads; a sequence state is placed after seq_rm(seq_id) through the reservation a decode uses
+        (prepare and apply of one ubatch; contiguous cells if there are, else any free ones).
 
         Raises:
             StateError: type_k/type_v, v_trans, n_layer, head sizes, row sizes, rotation, n_stream or
                 the window differ from this cache's, or counts / positions / sequence ids are out of range.
         """
-        from llamax import state
+        return self._state_read(r, seq_id)
 
-        return state.read_kv_cache(r, self, seq_id)
+    def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:
+        """Indices (ascending) of the cells of stream st to save: used, holding seq_id (any if -1), and
+        not hidden by the sliding window from every sequence that holds them."""
+        cells = self.meta.streams[st]
+        pos = cells.pos_view()
+        bits = cells.seq_view()
+        sel = pos >= 0
+        swa = self.swa_type != "none" and self.n_swa > 0
+        if seq_id >= 0:
+            sel &= _has_seq(bits, seq_id)
+            if swa and sel.any():
+                sel &= ~self.meta.masked_swa(pos, cells.seq_pos_max(seq_id))
+        elif swa and sel.any():
+            seen = np.zeros(pos.shape[0], dtype=bool)
+            for s in range(self.n_seq_max):
+                if cells.seq_n_cells(s):
+                    has = _has_seq(bits, s)
+                    seen |= has & ~self.meta.masked_swa(pos, cells.seq_pos_max(s))
+            sel &= seen
+        return np.flatnonzero(sel)
+
+    def _row_bytes(self) -> np.ndarray:
+        """u64 [n_layer, 2]: bytes of one cell's K row and V row (V column when v_trans), per layer."""
+        out = np.zeros((self.n_layer, 2), dtype="<u8")
+        for li in range(self.n_layer):
+            k, v = self.k[li], self.v[li]
+            out[li, 0] = int(np.prod(k.shape[2:])) * k.itemsize
+            out[li, 1] = int(np.prod(v.shape[1:-1] if self.v_trans else v.shape[2:])) * v.itemsize
+        return out
+
+    def _state_write(self, w: StateWriter, seq_id: int) -> None:
+        """Append one KVCache's section (every sequence if seq_id == -1): see the module docstring.
+
+        Runs of consecutive cells are copied whole (one slice per run and layer, no per-cell loop)."""
+        write_tag(w, TAG_KV)
+        w.pack(_KV_HEAD, _name8(self.type_k), _name8(self.type_v), int(self.v_trans), self.n_layer,
+               self.rot_k, self.rot_v, self.n_stream, self.kv_size, self.n_seq_max,
+               self.n_swa, _SWA_CODE[self.swa_type], self.n_head_kv, self.head_dim, self.head_dim_v, seq_id)
+        w.array(self._row_bytes())
+        if seq_id < 0:
+            w.array(np.asarray(self.meta.heads, dtype="<u4"))
+        all_runs = []
+        for st, cells in enumerate(self.meta.streams):
+            idx = self._cells_to_save(st, seq_id)
+            runs = _runs(idx)
+            snap = cells.snapshot(idx)
+            wire = np.zeros(idx.size, dtype=CELL_DTYPE)
+            for f in ("pos", "x", "y", "tok"):
+                wire[f] = snap[f]
+            if seq_id < 0:
+                wire["seq"] = snap["seq"]
+            else:
+                wire["seq"][:, seq_id >> 6] = np.uint64(1) << np.uint64(seq_id & 63)
+            w.pack(_STREAM, idx.size, runs.shape[0])
+            w.array(runs.astype("<u4"))
+            w.array(wire)
+            all_runs.append(runs)
+        for st, runs in enumerate(all_runs):
+            for k in self.k:
+                for a, n in runs:
+                    w.data(k[st, a:a + n])
+            for v in self.v:
+                for a, n in runs:
+                    w.data(v[st, ..., a:a + n] if self.v_trans else v[st, a:a + n])
+
+    def _state_read(self, r: StateReader, seq_id: int) -> Callable[[], None]:
+        """Parse and validate one KVCache's section without changing the cache; return the function
+        that installs it (seq_id -1: the whole cache; else restore the saved sequence as seq_id).
+
+        Raises:
+            StateError: an incompatible configuration, counts beyond the cache, positions or sequence
+                ids out of range, or a malformed section.
+        """
+        where = self.name
+        read_tag(r, TAG_KV)
+        (tk, tv, v_trans, n_layer, rot_k, rot_v, n_stream, _kv_size, _n_seq_max, n_swa, swa_code, n_head_kv, head_dim,
+         head_dim_v, src_seq) = r.unpack(_KV_HEAD, "cache header")  # kv_size / n_seq_max may differ: ids are checked
+        _check("type_k", _unname8(tk), self.type_k, where)
+        _check("type_v", _unname8(tv), self.type_v, where)
+        _check("v_trans", bool(v_trans), self.v_trans, where)
+        _check("n_layer", n_layer, self.n_layer, where)
+        _check("n_head_kv", n_head_kv, self.n_head_kv, where)
+        _check("head_dim", head_dim, self.head_dim, where)
+        _check("head_dim_v", head_dim_v, self.head_dim_v, where)
+        _check("rot_k (K rotation block)", rot_k, self.rot_k, where)
+        _check("rot_v (V rotation block)", rot_v, self.rot_v, where)
+        _check("n_stream", n_stream, self.n_stream, where)
+        _check("swa_type", _SWA_NAME.get(swa_code, f"type-{swa_code}"), self.swa_type, where)
+        _check("n_swa", n_swa, self.n_swa, where)
+        if seq_id < 0 and src_seq != -1:
+            raise StateError(f"{where}: the state holds sequence {src_seq} only, not every sequence")
+        if seq_id >= 0 and not 0 <= src_seq < 256:
+            raise StateError(f"{where}: the sequence state names sequence {src_seq}, outside [0, 256)")
+        rows = r.array("<u8", 2 * n_layer, "row sizes").reshape(n_layer, 2)
+        want = self._row_bytes()
+        bad = np.flatnonzero((rows != want).any(axis=1))
+        if bad.size:
+            li = int(bad[0])
+            raise StateError(f"{where}: layer {self.layer_ids[li]} rows are {rows[li].tolist()} bytes (K, V) in the "
+                             f"state, {want[li].tolist()} in this cache")
+        heads = r.array("<u4", n_stream, "heads") if seq_id < 0 else None
+
+        allowed = np.zeros(4, dtype=np.uint64)
+        for s in range(self.n_seq_max):
+            allowed[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+        streams = []
+        for st in range(n_stream):
+            n_cells, n_runs = r.unpack(_STREAM, "stream header")
+            if n_cells > self.kv_size:
+                raise StateError(f"{where}: stream {st} of the state holds {n_cells} cells, the cache has {self.kv_size}")
+            if n_runs > n_cells or (n_cells > 0) != (n_runs > 0):
+                raise StateError(f"{where}: stream {st} of the state has {n_runs} runs for {n_cells} cells")
+            runs = r.array("<u4", 2 * n_runs, "cell runs").reshape(n_runs, 2).astype(np.int64)
+            cells = r.array(CELL_DTYPE, n_cells, "cells")
+            if n_cells == 0:
+                continue
+            first, lens = runs[:, 0], runs[:, 1]
+            if lens.min() < 1 or int(lens.sum()) != n_cells or np.any(first[1:] < first[:-1] + lens[:-1]):
+                raise StateError(f"{where}: stream {st} of the state has malformed cell runs")
+            if seq_id < 0 and int(first[-1] + lens[-1]) > self.kv_size:
+                raise StateError(f"{where}: stream {st} of the state uses cell {int(first[-1] + lens[-1]) - 1}, "
+                                 f"the cache has {self.kv_size} cells")
+            pos = cells["pos"]
+            if pos.min() < 0 or pos.max() >= POS_MAX:
+                raise StateError(f"{where}: a position of the state is outside [0, {POS_MAX})")
+            bits = cells["seq"]
+            if seq_id >= 0:
+                one = np.zeros(4, dtype=np.uint64)
+                one[src_seq >> 6] = np.uint64(1) << np.uint64(src_seq & 63)
+                if np.any(bits != one):
+                    raise StateError(f"{where}: a cell of the sequence state does not hold exactly sequence {src_seq}")
+            else:
+                if np.any(bits & ~allowed):
+                    raise StateError(f"{where}: the state holds sequence ids outside [0, n_seq_max={self.n_seq_max})")
+                if not np.all(bits.any(axis=1)):
+                    raise StateError(f"{where}: a used cell of the state holds no sequence")
+                if n_stream > 1:
+                    own = np.zeros(4, dtype=np.uint64)
+                    own[st >> 6] = np.uint64(1) << np.uint64(st & 63)
+                    if np.any(bits != own):
+                        raise StateError(f"{where}: stream {st} of the state holds another sequence than {st}")
+            streams.append((st, runs, cells))
+        if seq_id >= 0 and len(streams) > 1:
+            raise StateError(f"{where}: the sequence state has cells in {len(streams)} streams")
+
+        rows_k, rows_v = [int(x) for x in want[:, 0]], [int(x) for x in want[:, 1]]
+        chunks = []  # per saved stream: (K chunks per layer per run, V chunks per layer per run)
+        for st, runs, cells in streams:
+            lens = [int(n) for n in runs[:, 1]]
+            ks = [[r.data(n * rows_k[li], "K rows").view(self.k[li].dtype).reshape((n,) + self.k[li].shape[2:])
+                   for n in lens] for li in range(n_layer)]
+            if self.v_trans:
+                vs = [[r.data(n * rows_v[li], "V columns").view(self.v[li].dtype).reshape(self.v[li].shape[1:-1] + (n,))
+                       for n in lens] for li in range(n_layer)]
+            else:
+                vs = [[r.data(n * rows_v[li], "V rows").view(self.v[li].dtype).reshape((n,) + self.v[li].shape[2:])
+                       for n in lens] for li in range(n_layer)]
+            chunks.append((ks, vs))
+
+        def copy_rows(st: int, lens: list[int], dst_runs: np.ndarray, ks, vs) -> None:
+            for j, off, d0, n in _pair_runs(lens, dst_runs):
+                for li in range(n_layer):
+                    np.copyto(self.k[li][st, d0:d0 + n], ks[li][j][off:off + n])
+                    if self.v_trans:
+                        np.copyto(self.v[li][st, ..., d0:d0 + n], vs[li][j][..., off:off + n])
+                    else:
+                        np.copyto(self.v[li][st, d0:d0 + n], vs[li][j][off:off + n])
+
+        def install_all() -> None:
+            self.clear(data=False)
+            for (st, runs, cells), (ks, vs) in zip(streams, chunks):
+                idx = np.concatenate([np.arange(a, a + n) for a, n in runs])
+                states = np.zeros(idx.size, dtype=CELL_STATE_DTYPE)
+                for f in ("pos", "x", "y", "tok", "seq"):
+                    states[f] = cells[f]
+                self.meta.streams[st].restore(idx, states)
+                copy_rows(st, [int(n) for n in runs[:, 1]], runs, ks, vs)
+            h = np.asarray(heads, dtype=np.int64)
+            self.meta.heads[:] = np.where(h <= self.kv_size, h, 0)  # a head may sit just past the last cell
+
+        def install_seq() -> None:
+            self.seq_rm(seq_id, -1, -1)
+            if not streams:
+                return
+            (_, runs, cells), (ks, vs) = streams[0], chunks[0]
+            n = cells.shape[0]
+            ub = UBatch.of_sequence(seq_id, cells["pos"], cells["tok"])
+            slot = self.meta.prepare([ub], cont=True) or self.meta.prepare([ub])
+            if not slot:
+                raise StateError(f"{where}: no room for the {n} cells of the saved sequence "
+                                 f"({self.n_used}/{self.n_cells} cells used)")
+            self.apply_ubatch(ub, slot[0])
+            strm, idxs = slot[0]
+            st = int(strm[0])
+            if np.any(cells["x"]) or np.any(cells["y"]):
+                c = self.meta.streams[st]
+                states = c.snapshot(idxs)
+                states["x"], states["y"] = cells["x"], cells["y"]
+                c.restore(idxs, states)
+            copy_rows(st, [int(n) for n in runs[:, 1]], _runs(np.asarray(idxs)), ks, vs)
+
+        return install_all if seq_id < 0 else install_seq
 
 
 def _as_float(a, shape: tuple, what: str) -> np.ndarray:
@@ -441,3 +644,50 @@ def _as_float(a, shape: tuple, what: str) -> np.ndarray:
     if a.shape != shape:
         raise ValueError(f"{what} shape {a.shape} != {shape}")
     return a
+
+
+# ---- state helpers --------------------------------------------------------------------------
+def _has_seq(bits: np.ndarray, s: int) -> np.ndarray:
+    return ((bits[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1)).astype(bool)
+
+
+def _runs(idx: np.ndarray) -> np.ndarray:
+    """[n_runs, 2] (first, length) of the runs of consecutive values in idx (in its order)."""
+    if idx.size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    idx = idx.astype(np.int64)
+    cut = np.flatnonzero(np.diff(idx) != 1) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [idx.size]))
+    return np.stack([idx[starts], ends - starts], axis=1)
+
+
+def _name8(s: str) -> bytes:
+    return s.encode("ascii")[:8]
+
+
+def _unname8(b: bytes) -> str:
+    return b.rstrip(b"\0").decode("ascii", "replace")
+
+
+def _check(what: str, got, want, where: str) -> None:
+    if got != want:
+        raise StateError(f"{where}: the state was saved with {what} {got!r}, this cache has {want!r}")
+
+
+def _pair_runs(src_lens: list[int], dst_runs: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """Copies that move cells saved in runs of src_lens (in order) to the destination runs
+    [n, 2] (first cell, length) holding the same number of cells: (src run, offset, first dst cell, n)."""
+    out = []
+    j, off = 0, 0
+    for d0, dn in dst_runs:
+        d0, dn = int(d0), int(dn)
+        while dn:
+            n = min(dn, src_lens[j] - off)
+            out.append((j, off, d0, n))
+            d0 += n
+            dn -= n
+            off += n
+            if off == src_lens[j]:
+                j, off = j + 1, 0
+    return out

@@ -14,6 +14,7 @@ import numpy as np
 from llamax._native import rope as _rope
 from llamax.model.gguf import GGUFFile, HParams
 from llamax.model.linear import Linear
+from llamax.model.model import Model
 from llamax.rope import RoPE
 
 
@@ -45,12 +46,12 @@ class _Layer:
         self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
 
 
-class Llama:
-    """Weights and forward pass of a llama-architecture model."""
+class Llama(Model):
+    """A llama-architecture model: its weights and forward pass."""
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
         self.hp = hp
-        self.n_threads = n_threads
         self.tok_embd = g.f32("token_embd.weight", n_threads)                 # [n_vocab, n_embd]
         self.output_norm = g.f32("output_norm.weight")
         self.output = Linear.load(g, "token_embd.weight" if hp.tied_output else "output.weight", n_threads,

@@ -9,15 +9,38 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
+from llamax.batch import UBatch
 from llamax.errors import ModelError
+from llamax.memory import KVCache, KVCacheISWA, Memory
 from llamax.model.gguf import GGUFFile, HParams, read_hparams
-from llamax.params import resolve_n_threads
+from llamax.params import ContextParams, resolve_n_threads
+from llamax.rope import RoPE
 
 log = logging.getLogger("llamax")
 
 
+def _architecture(arch: str, g: GGUFFile) -> type["Model"]:
+    """The Model subclass of an architecture (one module per architecture, imported on use)."""
+    if arch == "llama":
+        from llamax.model.llama import Llama
+
+        return Llama
+    if arch == "gemma3":
+        from llamax.model.gemma3 import Gemma3
+
+        return Gemma3
+    raise ModelError(f"{g.path.name}: no forward pass for architecture {arch!r}")
+
+
 class Model:
-    """A loaded model (llama_model). Use Model.load(name_or_path)."""
+    """A loaded model (llama_model): hyperparameters, tokenizer, weights and the forward pass.
+
+    Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
+    which loads its weights and implements forward(); create_memory() is shared (llama_model's
+    create_memory: a KV cache, or the interleaved SWA cache when the model has sliding-window layers).
+    """
 
     def __init__(self, g: GGUFFile, hparams: HParams, n_threads: int) -> None:
         from llamax.model.chat import apply_chat_template
@@ -30,19 +53,27 @@ class Model:
         self.tokenizer = Tokenizer.from_gguf(g.reader)
         self.chat_template = g.get("tokenizer.chat_template", None)
         self._apply_chat_template = apply_chat_template
-        t0 = time.perf_counter()
-        if hparams.arch == "llama":
-            from llamax.model.llama import Llama
 
-            self.impl = Llama(g, hparams, n_threads)
-        elif hparams.arch == "gemma3":
-            from llamax.model.gemma3 import Gemma3
+    # ---- llama_model's two jobs for a context ----------------------------------------------------
+    def create_memory(self, params: ContextParams) -> Memory:
+        """The memory a context of these (derived) parameters gets (llama_model::create_memory)."""
+        hp = self.hparams
+        common = dict(head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
+                      type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn,
+                      n_threads=params.n_threads)
+        rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        if hp.n_swa > 0 and hp.swa_layers:
+            rope_swa = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
+            return KVCacheISWA(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq,
+                               swa_layers=hp.swa_layers, n_swa=hp.n_swa, swa_type=hp.swa_type,
+                               swa_full=params.swa_full, n_ubatch=params.n_ubatch, rope=rope, rope_swa=rope_swa,
+                               **common)
+        return KVCache(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, rope=rope, **common)
 
-            self.impl = Gemma3(g, hparams, n_threads)
-        else:
-            raise ModelError(f"{g.path.name}: no forward pass for architecture {hparams.arch!r} yet")
-        log.info("model: %s (%s, %d layers, %d vocab) loaded in %.2f s", g.path.name, hparams.arch,
-                 hparams.n_layer, hparams.n_vocab, time.perf_counter() - t0)
+    def forward(self, memory: Memory, ubatch: UBatch) -> np.ndarray:
+        """Run the model on one ubatch whose cells were just applied: K/V written into the memory,
+        attention over it; returns float32 logits [ubatch.n_outputs, n_vocab] in ubatch order."""
+        raise NotImplementedError(f"{type(self).__name__} has no forward pass")
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, *, n_threads: int | None = None) -> "Model":
@@ -64,7 +95,12 @@ class Model:
                 raise ModelError(f"{name_or_path!r} is neither a file nor a registry name "
                                  f"({', '.join(models.available())})")
         g = GGUFFile(p)
-        return cls(g, read_hparams(g), resolve_n_threads(n_threads))
+        hp = read_hparams(g)
+        t0 = time.perf_counter()
+        model = _architecture(hp.arch, g)(g, hp, resolve_n_threads(n_threads))
+        log.info("model: %s (%s, %d layers, %d vocab) loaded in %.2f s", g.path.name, hp.arch,
+                 hp.n_layer, hp.n_vocab, time.perf_counter() - t0)
+        return model
 
     # ---- identity ------------------------------------------------------------------------------
     @property
