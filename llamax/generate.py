@@ -102,7 +102,8 @@ def context_shift(memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tup
         seq_id: the sequence; no other sequence's cells change (except cells it shares with it).
         keep_end: first position that may be discarded (the sequence's start + n_keep).
         n_discard: positions to forget; 0 means half of those after keep_end (n_left // 2);
-            clamped to n_left.
+            clamped to n_left, and to memory.exact_shift_limit (a sliding-window cache smaller than
+            the context: the shift then gives what a full-size one gives).
 
     Returns:
         (n_discard, n_left): what was discarded (0 when nothing could be) and how many positions
@@ -122,6 +123,14 @@ def context_shift(memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tup
     if n_left <= 0:
         return 0, max(n_left, 0)
     n = min(n_discard, n_left) if n_discard > 0 else n_left // 2
+    limit = memory.exact_shift_limit(seq_id, keep_end)
+    if limit is not None and n > limit:
+        if limit >= 1:  # a small SWA cache: discard less, so the window does not reach lost prefix cells
+            n = limit
+        else:
+            log.warning("context shift: seq %d keeps %d positions, but the SWA cache no longer holds all of "
+                        "them: its layers miss the oldest kept cells while the window covers them "
+                        "(swa_full=True keeps them)", seq_id, keep_end)
     if n <= 0:
         return 0, n_left
     memory.seq_rm(seq_id, keep_end, keep_end + n)

@@ -2,10 +2,9 @@
 KVCache / KVCacheISWA with the real batch allocator, and compare seq_pos_min/max and the cell
 tables with llama.cpp's after every step."""
 import numpy as np
-import pytest
 from helpers import load_memory_ops
 
-from llamax import Batch, KVCache, KVCacheISWA, LlamaxError, RoPE
+from llamax import Batch, KVCache, KVCacheISWA, RoPE
 
 
 def load(model):
@@ -42,9 +41,9 @@ def replay(mem, run, compare):
         elif kind in ("seq_add", "seq_div"):
             args = (op["seq"], op["p0"], op["p1"], op["delta"] if kind == "seq_add" else op["d"])
             if step.get("skipped"):
-                assert not mem.can_shift
-                with pytest.raises(LlamaxError):
-                    getattr(mem, kind)(*args)
+                # llama.cpp refused the shift (can_shift false with a small SWA cache); llamax shifts
+                # there too (KVCacheISWA.exact_shift_limit), but replays what llama.cpp recorded
+                assert mem.can_shift and mem.swa.kv_size < mem.base.kv_size
             else:
                 getattr(mem, kind)(*args)
         else:

@@ -71,6 +71,12 @@ class Memory(abc.ABC):
     def can_shift(self) -> bool:
         """True if seq_add / seq_div may change positions (K can be rotated)."""
 
+    def exact_shift_limit(self, seq_id: int, keep_end: int) -> int | None:
+        """The largest n_discard whose context shift (discard [keep_end, keep_end + n), move the rest
+        down by n) loses nothing the model would still attend to; None when any is exact. Only a
+        sliding-window cache smaller than the context has a limit (KVCacheISWA)."""
+        return None
+
     @property
     @abc.abstractmethod
     def n_cells(self) -> int:

@@ -4,6 +4,17 @@ Two KV caches behind one memory: the base cache holds the full-attention layers,
 holds the sliding-window layers and only needs the window (plus one ubatch) per sequence:
     size_swa = pad256(min(size_base, n_swa * (n_seq_max if unified else 1) + n_ubatch))
 (size_base when swa_full). Every seq_* goes to both; a batch is placed in both or in neither.
+
+Shifting with the small SWA cache (llama.cpp refuses it: can_shift is false there, see llama.cpp
+#12357). Both caches shift their cells and rotate their K with their own RoPE. What the small cache
+lacks are the cells of a sequence older than the window, overwritten once the ring wrapped; the
+cells inside the window are all there (only cells the window hides are reused). After a context
+shift that keeps a prefix and discards n positions after it, the window of the next token reaches
+back n positions further, so it shows the kept prefix again when n is large: the SWA layers of a
+swa_full cache would attend to those prefix cells, the small cache no longer has them. As long as
+n <= exact_shift_limit(seq_id, keep_end) the window stays clear of every prefix cell the small cache
+has lost, and the shift gives what a swa_full cache gives (the same cells are visible; only their
+order in the cache, and so the summation order, differs). llamax.generate clamps its discards to it.
 """
 from __future__ import annotations
 
@@ -83,7 +94,29 @@ class KVCacheISWA(Memory):
 
     @property
     def can_shift(self) -> bool:
-        return self.base.can_shift and self.swa.can_shift and self.base.kv_size == self.swa.kv_size
+        """Both caches have a RoPE, and the SWA cache is full size or slides a standard window (a
+        chunked window's cells are not a suffix of the sequence, so a small cache cannot shift them)."""
+        full = self.base.kv_size == self.swa.kv_size
+        return self.base.can_shift and self.swa.can_shift and (full or self.swa.swa_type == "standard")
+
+    def exact_shift_limit(self, seq_id: int, keep_end: int) -> int | None:
+        """The largest n_discard for which discarding [keep_end, keep_end + n_discard) of seq_id and
+        moving the rest down gives the same visible cells as a swa_full cache would: the window of
+        the next token must not reach a prefix cell the small SWA cache has overwritten. None when
+        any discard is exact (full-size SWA cache, or the SWA cache still holds the whole prefix);
+        a value < 1 means no discard is exact. O(1).
+
+        With the sequence's positions [p_start, n_past), the SWA cache holding [swa_min, n_past) and
+        m = min(swa_min, keep_end), the lost prefix cells are [p_start, m); the next token after the
+        shift sits at n_past - n and sees positions > n_past - n - n_swa, so the limit is
+        n_past + 1 - n_swa - m."""
+        if self.base.kv_size == self.swa.kv_size:
+            return None
+        start, swa_min = self.base.seq_pos_min(seq_id), self.swa.seq_pos_min(seq_id)
+        if start < 0 or swa_min <= start or keep_end <= start:
+            return None
+        n_past = self.swa.seq_pos_max(seq_id) + 1
+        return n_past + 1 - self.swa.n_swa - min(swa_min, keep_end)
 
     @property
     def n_cells(self) -> int:
@@ -121,8 +154,9 @@ class KVCacheISWA(Memory):
 
     def _check_shift(self, what: str) -> None:
         if not self.can_shift:
-            raise LlamaxError(f"{what}: this iSWA cache cannot shift positions (can_shift is False: "
-                              "the SWA cache is smaller than the base cache; use swa_full=True, and give a RoPE)")
+            raise LlamaxError(f"{what}: this iSWA cache cannot shift positions (can_shift is False: it needs a "
+                              "RoPE for both caches, and a full-size SWA cache (swa_full=True) unless its window "
+                              "is a standard sliding window)")
 
     def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
         if shift != 0:
