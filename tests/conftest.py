@@ -15,3 +15,9 @@ def model():
 def smollm2_gguf():
     """Path of the SmolLM2-135M GGUF in the registry cache (pulled on first use)."""
     return models.path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    """Gemma 3 270M from the registry (fetched into $LLAMAX_CACHE on first use), loaded once per run."""
+    return Model.load("gemma3-270m")

@@ -5,6 +5,7 @@ dequantized to float32 on request. Every failure to read or to find something is
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,9 @@ class HParams:
     attn_logit_softcap: float = 0.0
     final_logit_softcap: float = 0.0
     tied_output: bool = True
+    # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
+    # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
+    attn_scale: float = field(default=0.0, compare=False)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -181,9 +185,17 @@ def read_hparams(g: GGUFFile) -> HParams:
     )
     if arch == "llama":
         return HParams(rope_kind="norm", **common)
-    # gemma3: every sixth layer is global; the others slide over n_swa tokens (llama.cpp's pattern 6)
-    n_swa = int(_arch_key(g, arch, "attention.sliding_window"))
+    # gemma3 (llama.cpp's LLM_ARCH_GEMMA3): with a sliding window, every sixth layer is global and the
+    # others slide over n_swa tokens (set_swa_pattern(6): layer il slides iff il % 6 < 5), with their own
+    # RoPE (base 10000, scale 1); the global layers take gemma3.rope.freq_base and the GGUF's rope scaling.
+    # Without one, every layer is global and the final logits are soft-capped (llm_build_gemma3<false>).
+    # Q is scaled by 1/sqrt(n_embd_head_k), by 1/sqrt(n_embd / n_head) for the 27B (62 layers).
     n_layer = common["n_layer"]
-    swa_layers = tuple(il for il in range(n_layer) if (il + 1) % 6 != 0)
+    attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_k)
+    n_swa = int(_arch_key(g, arch, "attention.sliding_window", 0) or 0)
+    if n_swa <= 0:
+        softcap = float(_arch_key(g, arch, "final_logit_softcapping", 0.0) or 0.0)
+        return HParams(rope_kind="neox", final_logit_softcap=softcap, attn_scale=attn_scale, **common)
+    swa_layers = tuple(il for il in range(n_layer) if il % 6 < 5)
     return HParams(rope_kind="neox", n_swa=n_swa, swa_type="standard", swa_layers=swa_layers,
-                   rope_freq_base_swa=10000.0, **common)
+                   rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0, attn_scale=attn_scale, **common)

@@ -1,0 +1,194 @@
+"""The Gemma 3 architecture (llama.cpp's llm_build_gemma3) over llamax's memory.
+
+Embedding rows scaled by sqrt(n_embd); per layer: RMSNorm -> Q/K/V projections -> RMSNorm of each
+Q and K head (over head_dim) -> RoPE NEOX with the layer's base (sliding-window layers 10000, global
+layers gemma3.rope.freq_base and the GGUF's scaling) -> Q times f_attention_scale -> attention over
+the cache (kq scale 1) -> output projection -> RMSNorm -> residual -> RMSNorm -> GELU-gated FFN ->
+RMSNorm -> residual. Final RMSNorm, then the tied output (token_embd). The GGUF's norm weights
+already hold Gemma's "+1" (convert_hf_to_gguf adds it), so they are used as stored.
+
+The 262144 x 640 tied embedding stays in its quantized blocks (Q8_0, 178 MB) instead of a 671 MB
+float32 copy: the input rows are dequantized per ubatch, and the logits come from the native
+quantized product for a few output rows, or from BLAS over float32 tiles dequantized one at a time
+when many rows ask for logits. Everything is whole-ubatch numpy/BLAS or native calls.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamax._native import matmul, quants
+from llamax._native import rope as _rope
+from llamax.model.gguf import GGUFFile, HParams
+from llamax.model.linear import NATIVE_MAX_TOKENS, Linear
+from llamax.model.model import Model
+from llamax.rope import RoPE
+
+# output rows up to which the native quantized product computes the logits; above, BLAS over
+# dequantized tiles of the embedding (see _Embedding.logits for the measurements)
+LOGITS_NATIVE_MAX_ROWS = 128
+LOGITS_TILE_ROWS = 16384   # embedding rows per dequantized float32 tile (40 MiB for n_embd 640)
+
+_GELU_COEF_A = 0.044715
+_SQRT_2_OVER_PI = 0.79788456080286535587989211986876
+_gelu_table_f16: np.ndarray | None = None
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (any leading shape); a new C-contiguous array."""
+    ms = np.einsum("...i,...i->...", x, x) / np.float32(x.shape[-1])
+    return x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None].astype(np.float32) * w
+
+
+def _gelu_table() -> np.ndarray:
+    """ggml's ggml_table_gelu_f16 as float32: the tanh GELU of every f16 value, rounded to f16."""
+    global _gelu_table_f16
+    if _gelu_table_f16 is None:
+        x = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+        a, c = np.float32(_GELU_COEF_A), np.float32(_SQRT_2_OVER_PI)
+        with np.errstate(all="ignore"):  # the inf / nan entries are never looked up (|x| >= 10 is not)
+            y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + a * x * x)))
+        _gelu_table_f16 = y.astype(np.float16).astype(np.float32)
+    return _gelu_table_f16
+
+
+def geglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
+    """gelu(gate) * up for gu = [gate | up], as ggml's CPU geglu computes it (GGML_GELU_FP16): the
+    gate rounded to f16 and looked up in the f16 GELU table, 0 at or below -10, the gate itself at or above 10."""
+    g, u = gu[:, :n_ff], gu[:, n_ff:]
+    y = _gelu_table()[g.astype(np.float16).view(np.uint16)]
+    np.copyto(y, g, where=g >= 10.0)
+    y[g <= -10.0] = 0.0
+    y *= u
+    return y
+
+
+class _Stack:
+    """Weights stacked along n_out for one BLAS product over many tokens; for few tokens, the native
+    quantized product per run of same-type weights (Q/K/V of one layer can mix Q5_0 and Q8_0)."""
+
+    def __init__(self, g: GGUFFile, names: list[str], n_threads: int) -> None:
+        self.f32 = np.ascontiguousarray(np.concatenate([g.f32(n, n_threads) for n in names], axis=0))
+        self.parts: list[tuple[np.ndarray, int]] = []
+        for n in names:
+            t, raw = g.ggml_type(n), g.raw(n)
+            if self.parts and self.parts[-1][1] == t:
+                self.parts[-1] = (np.concatenate([self.parts[-1][0], raw], axis=0), t)
+            else:
+                self.parts.append((raw, t))
+        self.parts = [(np.ascontiguousarray(r), t) for r, t in self.parts]
+        self.n_threads = n_threads
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.shape[0] <= NATIVE_MAX_TOKENS:
+            x = np.ascontiguousarray(x, dtype=np.float32)
+            ys = [matmul.mul_mat(r, t, x, n_threads=self.n_threads) for r, t in self.parts]
+            return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
+        return x @ self.f32.T
+
+
+class _Embedding:
+    """The token embedding [n_vocab, n_embd] kept as the GGUF's raw rows; also the tied output."""
+
+    def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
+        self.type = g.ggml_type(name)
+        self.raw = np.ascontiguousarray(g.raw(name))        # [n_vocab, row_bytes], a view of the mapping
+        self.n_vocab, self.n_embd = g.shape(name)
+        self.n_threads = n_threads
+
+    def rows(self, tokens: np.ndarray) -> np.ndarray:
+        """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
+        return quants.dequantize(self.type, self.raw[tokens], (len(tokens), self.n_embd), self.n_threads)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """x @ E.T, float32 [n, n_vocab].
+
+        Up to LOGITS_NATIVE_MAX_ROWS rows: the native quantized product (x rounded to Q8_0 as ggml
+        does). It reads the 178 MB of blocks once, then costs ~3.5 ms per row on 2 cores: 10 ms for one
+        row, 0.41 s for 128, 2.0 s for 512. BLAS over float32 tiles dequantized one at a time costs
+        ~0.16 s for the dequantization plus ~2.2 ms per row (0.45 s for 128, 1.3 s for 512, as fast as
+        a kept float32 copy of the matrix would be, without its 671 MB); the two cross near 128 rows.
+        """
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        n = x.shape[0]
+        if n <= LOGITS_NATIVE_MAX_ROWS:
+            return matmul.mul_mat(self.raw, self.type, x, n_threads=self.n_threads)
+        out = np.empty((n, self.n_vocab), np.float32)
+        for r0 in range(0, self.n_vocab, LOGITS_TILE_ROWS):
+            r1 = min(self.n_vocab, r0 + LOGITS_TILE_ROWS)
+            w = quants.dequantize(self.type, self.raw[r0:r1], (r1 - r0, self.n_embd), self.n_threads)
+            np.matmul(x, w.T, out=out[:, r0:r1])
+        return out
+
+
+class _Layer:
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.attn_norm = g.f32(p + "attn_norm.weight")
+        self.wqkv = _Stack(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
+        self.q_norm = g.f32(p + "attn_q_norm.weight")
+        self.k_norm = g.f32(p + "attn_k_norm.weight")
+        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
+        self.post_attn_norm = g.f32(p + "post_attention_norm.weight")
+        self.ffn_norm = g.f32(p + "ffn_norm.weight")
+        self.w_gate_up = _Stack(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
+        self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
+        self.post_ffw_norm = g.f32(p + "post_ffw_norm.weight")
+
+
+class Gemma3(Model):
+    """A gemma3-architecture model: its weights and forward pass."""
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
+        self.hp = hp
+        self.n_threads = n_threads
+        self.tok_embd = _Embedding(g, "token_embd.weight", n_threads)
+        self.output = self.tok_embd if hp.tied_output else Linear.load(g, "output.weight", n_threads)
+        self.output_norm = g.f32("output_norm.weight")
+        self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
+        swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
+        full = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        slide = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
+        self.ropes = [slide if il in swa else full for il in range(hp.n_layer)]   # the layer's RoPE
+        self.embd_scale = np.float32(math.sqrt(hp.n_embd))
+        self.q_scale = np.float32(hp.attn_scale or 1.0 / math.sqrt(hp.n_embd_head_k))
+
+    def forward(self, mem, ub) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem."""
+        hp, n, nt = self.hp, ub.n_tokens, self.n_threads
+        nh, nkv, dk = hp.n_head, hp.n_head_kv, hp.n_embd_head_k
+        nq, nk = nh * dk, nkv * dk
+        out = ub.output
+        x = self.tok_embd.rows(ub.token)
+        x *= self.embd_scale
+        last = hp.n_layer - 1
+        for il, L in enumerate(self.layers):
+            r = self.ropes[il]
+            h = rms_norm(x, L.attn_norm, hp.rms_eps)
+            qkv = L.wqkv(h)
+            q = rms_norm(qkv[:, :nq].reshape(n, nh, dk), L.q_norm, hp.rms_eps)
+            k = rms_norm(qkv[:, nq:nq + nk].reshape(n, nkv, dk), L.k_norm, hp.rms_eps)
+            v = qkv[:, nq + nk:].reshape(n, nkv, hp.n_embd_head_v)
+            _rope.rope_f32(q, ub.pos, hp.n_rot, r.freq_base, r.freq_scale, r.mode, nt)
+            _rope.rope_f32(k, ub.pos, hp.n_rot, r.freq_base, r.freq_scale, r.mode, nt)
+            q *= self.q_scale
+            mem.store(il, ub, k, v)
+            a = mem.attend(il, ub, q, scale=1.0).reshape(n, -1)
+            if il == last:  # the rest only for the rows that asked for logits (llama.cpp's inp_out_ids)
+                if not out.all():
+                    a, x = a[out], x[out]
+                if a.shape[0] == 0:
+                    return np.zeros((0, hp.n_vocab), np.float32)
+            x += rms_norm(L.wo(a), L.post_attn_norm, hp.rms_eps)
+            h = rms_norm(x, L.ffn_norm, hp.rms_eps)
+            x += rms_norm(L.w_down(geglu(L.w_gate_up(h), hp.n_ff)), L.post_ffw_norm, hp.rms_eps)
+        xo = rms_norm(x, self.output_norm, hp.rms_eps)
+        logits = self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+        if hp.final_logit_softcap > 0.0:
+            c = np.float32(hp.final_logit_softcap)
+            logits /= c
+            np.tanh(logits, out=logits)
+            logits *= c
+        return logits
