@@ -5,8 +5,8 @@ import argparse
 import logging
 import sys
 
-from llamax.errors import LlamaxError
 from llamax.dtypes import CACHE_TYPES
+from llamax.errors import LlamaxError
 
 DEFAULT_PROMPT = "Once upon a time"
 
@@ -45,6 +45,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--parallel", type=int, default=1,
                    help="run N prompts as N sequences of one context, decoded together")
     p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per sequence")
+    p.add_argument("--swa-full", action="store_true",
+                   help="full-size cache for sliding-window layers (default: the window plus one ubatch)")
     p.add_argument("-v", "--verbose", action="store_true", help="log what llama.cpp would log")
 
 
@@ -69,7 +71,7 @@ def cmd_run(a) -> int:
         prompts = [model.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
     ctx = Context(model, n_ctx=a.ctx_size, n_batch=a.batch_size, n_ubatch=a.ubatch_size, n_seq_max=a.parallel,
                   kv_unified=not a.no_kv_unified, type_k=a.cache_type_k, type_v=a.cache_type_v,
-                  flash_attn=a.flash_attn == "on", n_threads=a.threads)
+                  flash_attn=a.flash_attn == "on", swa_full=a.swa_full, n_threads=a.threads)
     mem = ctx.memory
     for c in ([mem] if not hasattr(mem, "swa") else [mem.base, mem.swa]):
         print(f"llama_kv_cache: {c.summary()}", file=sys.stderr)
