@@ -40,14 +40,15 @@ from __future__ import annotations
 import bisect
 import codecs
 import heapq
-import mmap
 import os
 import re
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+
 from llamax.errors import ModelError
+from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
 __all__ = [
     "ATTR_BYTE",
@@ -372,86 +373,39 @@ codecs.register_error("llamax.bytewise", _bytewise_replace)
 # GGUF metadata
 # ---------------------------------------------------------------------------------------------
 
-# GGUF value types: (struct format, size) of the scalar ones
-_GGUF_SCALARS = {0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
-                 6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8)}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
 def read_gguf_metadata(path: str | os.PathLike, prefix: str = "") -> dict[str, Any]:
-    """The metadata key/values of a GGUF file whose key starts with `prefix`, tensors untouched.
+    """The metadata key/values of a GGUF file whose key starts with `prefix`.
 
     Strings are returned as `bytes` inside arrays (token texts may not be valid UTF-8) and as
-    `str` when scalar; numeric arrays as lists. Reads only the header, so the vocabulary of a
-    large model loads in a fraction of a second (gguf.GGUFReader builds an object per element).
+    `str` when scalar (invalid UTF-8 replaced by U+FFFD); numeric arrays as lists. The file is
+    read (and its tensor infos checked) by `llamax.model.gguf_reader.GGUFReader`, whose own
+    decoded ``fields`` `Tokenizer.from_gguf` takes faster (no bytes objects, no lists).
 
     Raises:
         ModelError: not a GGUF file, an unsupported version or a truncated/corrupt header.
     """
-    try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            return _parse_gguf_kv(memoryview(mm), prefix, str(path))
-    except (OSError, ValueError, struct.error, IndexError) as e:
-        raise ModelError(f"cannot read GGUF metadata of {path}: {e}") from e
-
-
-def _parse_gguf_kv(buf: memoryview, prefix: str, name: str) -> dict[str, Any]:
-    if bytes(buf[:4]) != b"GGUF":
-        raise ModelError(f"{name} is not a GGUF file (bad magic)")
-    version, = struct.unpack_from("<I", buf, 4)
-    if version not in (2, 3):
-        raise ModelError(f"{name}: GGUF version {version} is not supported")
-    n_kv, = struct.unpack_from("<Q", buf, 16)
-    off = 24
-    unpack_from = struct.unpack_from
+    reader = GGUFReader(path)
     out: dict[str, Any] = {}
-
-    def read_str(off: int) -> tuple[bytes, int]:
-        n, = unpack_from("<Q", buf, off)
-        end = off + 8 + n
-        if end > len(buf):
-            raise ModelError(f"{name}: truncated string in the GGUF header")
-        return bytes(buf[off + 8:end]), end
-
-    for _ in range(n_kv):
-        key_b, off = read_str(off)
-        key = key_b.decode("utf-8", "replace")
-        vtype, = unpack_from("<I", buf, off)
-        off += 4
-        keep = key.startswith(prefix)
-        if vtype == _GGUF_STRING:
-            s, off = read_str(off)
-            value: Any = s.decode("utf-8", "replace")
-        elif vtype == _GGUF_ARRAY:
-            etype, n = unpack_from("<IQ", buf, off)
-            off += 12
-            if etype == _GGUF_STRING:
-                items = []
-                for _ in range(n):
-                    s, off = read_str(off)
-                    items.append(s)
-                value = items if keep else None
-            elif etype in _GGUF_SCALARS:
-                fmt, size = _GGUF_SCALARS[etype]
-                if off + n * size > len(buf):
-                    raise ModelError(f"{name}: truncated array {key!r} in the GGUF header")
-                value = list(struct.unpack_from(f"<{n}{fmt[1]}", buf, off)) if keep else None
-                off += n * size
-            else:
-                raise ModelError(f"{name}: unsupported GGUF array element type {etype} for {key!r}")
-        elif vtype in _GGUF_SCALARS:
-            fmt, size = _GGUF_SCALARS[vtype]
-            value, = unpack_from(fmt, buf, off)
-            off += size
+    for key, value in reader.fields.items():
+        if not key.startswith(prefix):
+            continue
+        vtype, etype = reader.field_type(key)
+        if etype == GGUFValueType.STRING:
+            out[key] = reader.string_array_bytes(key)
+        elif isinstance(value, np.ndarray):
+            out[key] = value.tolist()
+        elif isinstance(value, str):
+            out[key] = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
         else:
-            raise ModelError(f"{name}: unsupported GGUF value type {vtype} for {key!r}")
-        if keep:
             out[key] = value
     return out
 
 
 def _fields_of_reader(reader: Any) -> dict[str, Any]:
-    """The tokenizer.* and general.* metadata of a gguf.GGUFReader, in read_gguf_metadata's form."""
+    """The tokenizer.* and general.* metadata of a gguf.GGUFReader, in read_gguf_metadata's form.
+
+    For the `gguf` package's reader (slow on large vocabularies); llamax's own GGUFReader gives its
+    ``fields`` directly."""
     import gguf
 
     out: dict[str, Any] = {}
@@ -473,6 +427,28 @@ def _fields_of_reader(reader: Any) -> dict[str, Any]:
     return out
 
 
+def _as_texts(items: Sequence[Any]) -> list[str]:
+    """A new list of the items as str: bytes decoded as UTF-8 (surrogateescape), str kept as is."""
+    if set(map(type, items)) <= {str}:
+        return list(items)
+    return [t.decode("utf-8", "surrogateescape") if isinstance(t, (bytes, bytearray)) else str(t)
+            for t in items]
+
+
+# tokenizer.ggml.token_type (llama_token_type, 0..6) -> attribute, as a lookup table
+_TYPE_TO_ATTR_LUT = np.array([_TYPE_TO_ATTR[t] for t in range(len(_TYPE_TO_ATTR))], dtype=np.int64)
+
+
+def _attrs_of_types(types: Any) -> np.ndarray:
+    """The attribute (int64) of every token type; an unknown type is ATTR_UNDEFINED."""
+    try:
+        t = np.asarray(types, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return np.array([_TYPE_TO_ATTR.get(int(x), ATTR_UNDEFINED) for x in types], dtype=np.int64)
+    known = (t >= 0) & (t < len(_TYPE_TO_ATTR_LUT))
+    return np.where(known, _TYPE_TO_ATTR_LUT[np.where(known, t, 0)], ATTR_UNDEFINED).astype(np.int64)
+
+
 # ---------------------------------------------------------------------------------------------
 # the tokenizer
 # ---------------------------------------------------------------------------------------------
@@ -488,7 +464,7 @@ class Tokenizer:
     BPE_CACHE_SIZE = 1 << 17
 
     def __init__(self, meta: Mapping[str, Any]) -> None:
-        """Build from GGUF metadata (key -> value, as `read_gguf_metadata` returns it).
+        """Build from GGUF metadata: key -> value, as `GGUFReader.fields` or `read_gguf_metadata` has it.
 
         Raises:
             ModelError: no vocabulary, an unsupported tokenizer model or pre-tokenizer, a
@@ -508,28 +484,36 @@ class Tokenizer:
                              "(supported: 'llama' (SPM), 'gpt2' (BPE))")
 
         raw_tokens = get("tokens")
-        if not raw_tokens:
+        if raw_tokens is None or len(raw_tokens) == 0:
             raise ModelError("cannot find tokenizer vocab in model file (tokenizer.ggml.tokens)")
         n = len(raw_tokens)
-        texts: list[str] = []
-        for i, t in enumerate(raw_tokens):
-            s = t.decode("utf-8", "surrogateescape") if isinstance(t, (bytes, bytearray)) else str(t)
-            texts.append(s if s else f"[EMPTY_{i}]")
+        texts = _as_texts(raw_tokens)
+        if "" in texts:
+            i = texts.index("")
+            while True:
+                texts[i] = f"[EMPTY_{i}]"
+                try:
+                    i = texts.index("", i + 1)
+                except ValueError:
+                    break
         self._texts = texts
-        self._t2i: dict[str, int] = {}
-        for i, s in enumerate(texts):
-            if self._t2i.setdefault(s, i) != i:
-                raise ModelError(f"duplicate token in vocabulary: {s!r} has ids {self._t2i[s]} and {i}")
+        self._t2i: dict[str, int] = dict(zip(texts, range(n)))
+        if len(self._t2i) != n:
+            first: dict[str, int] = {}
+            for i, s in enumerate(texts):
+                if first.setdefault(s, i) != i:
+                    raise ModelError(f"duplicate token in vocabulary: {s!r} has ids {first[s]} and {i}")
 
         scores = get("scores")
         if scores is not None and len(scores) < n:
             raise ModelError(f"Index out of array bounds for scores ({len(scores)} < {n})")
-        self._scores: list[float] = [float(x) for x in scores[:n]] if scores is not None else [0.0] * n
+        self._scores: list[float] = (np.asarray(scores[:n], dtype=np.float64).tolist()
+                                     if scores is not None else [0.0] * n)
         types = get("token_type")
         if types is not None and len(types) < n:
             raise ModelError(f"Index out of array bounds for toktypes ({len(types)} < {n})")
-        self._attrs: list[int] = ([_TYPE_TO_ATTR.get(int(t), ATTR_UNDEFINED) for t in types[:n]]
-                                  if types is not None else [ATTR_NORMAL] * n)
+        # per-token attributes as one array while they are derived below (self._attrs at the end)
+        attrs = _attrs_of_types(types[:n]) if types is not None else np.full(n, ATTR_NORMAL, dtype=np.int64)
 
         # vocab-type defaults (llama_vocab::impl::load)
         ids = dict.fromkeys(("bos", "eos", "eot", "eom", "unk", "sep", "pad", "mask", "fim_pre", "fim_suf",
@@ -556,8 +540,7 @@ class Tokenizer:
             merges = get("merges")
             if merges is None:
                 raise ModelError("cannot find tokenizer merges in model file (tokenizer.ggml.merges)")
-            for rank, m in enumerate(merges):
-                s = m.decode("utf-8", "surrogateescape") if isinstance(m, (bytes, bytearray)) else str(m)
+            for rank, s in enumerate(_as_texts(merges)):
                 sp = s.find(" ", 1)
                 pair = (s[:sp], s[sp + 1:]) if sp >= 0 else ("", "")
                 self._ranks.setdefault(pair, rank)
@@ -595,35 +578,31 @@ class Tokenizer:
             if getattr(self, flag) and ids[name] == TOKEN_NULL:
                 raise ModelError(f"tokenizer.ggml.{flag}_token is true, but tokenizer.ggml.{name}_token_id is not set")
 
-        # auto-detect special tokens by their text; the lowest id wins where llama.cpp's choice
-        # depends on the hash order of its token map
-        attrs = self._attrs
-        for i, s in enumerate(texts):
-            if ids["eot"] == TOKEN_NULL and s in _EOT_TEXTS:
-                ids["eot"] = i
-                attrs[i] |= ATTR_CONTROL
-            if ids["eom"] == TOKEN_NULL and s in _EOM_TEXTS:
-                ids["eom"] = i
-                attrs[i] |= ATTR_CONTROL
-            for name, cands in _FIM_TEXTS.items():
-                if ids[name] == TOKEN_NULL and s in cands:
-                    ids[name] = i
-                    attrs[i] |= ATTR_CONTROL
+        # auto-detect special tokens by their text (llama.cpp scans every token; the texts are
+        # unique, so looking the candidates up is the same); the lowest id wins where llama.cpp's
+        # choice depends on the hash order of its token map
+        t2i = self._t2i
+
+        def ids_of(cands: Iterable[str]) -> list[int]:
+            return sorted(t2i[s] for s in cands if s in t2i)
+
+        for name, cands in (("eot", _EOT_TEXTS), ("eom", _EOM_TEXTS), *_FIM_TEXTS.items()):
+            found = ids_of(cands)
+            if ids[name] == TOKEN_NULL and found:
+                ids[name] = found[0]
+                attrs[found[0]] |= ATTR_CONTROL
         self.n_unused = 0
-        for i, s in enumerate(texts):
-            if attrs[i] & ATTR_CONTROL:
-                if not attrs[i] & ATTR_UNUSED and "unused" in s:
-                    attrs[i] |= ATTR_UNUSED
-                if attrs[i] & ATTR_UNUSED:
-                    self.n_unused += 1
+        for i in np.flatnonzero(attrs & ATTR_CONTROL).tolist():
+            if not attrs[i] & ATTR_UNUSED and "unused" in texts[i]:
+                attrs[i] |= ATTR_UNUSED
+            if attrs[i] & ATTR_UNUSED:
+                self.n_unused += 1
         eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] != TOKEN_NULL}
-        for i, s in enumerate(texts):
-            if s in _EOG_TEXTS:
-                eog.add(i)
-                attrs[i] |= ATTR_CONTROL
-        for i, s in enumerate(texts):
-            if s in _ALWAYS_USER_DEFINED:
-                attrs[i] = ATTR_USER_DEFINED
+        for i in ids_of(_EOG_TEXTS):
+            eog.add(i)
+            attrs[i] |= ATTR_CONTROL
+        for i in ids_of(_ALWAYS_USER_DEFINED):
+            attrs[i] = ATTR_USER_DEFINED
         eog.update(ids[k] for k in ("eos", "eot", "eom") if ids[k] != TOKEN_NULL)
         eog_texts = {texts[i]: i for i in eog if 0 <= i < n}
         has_call = "<|call|>" in eog_texts or "<|calls|>" in eog_texts
@@ -641,8 +620,9 @@ class Tokenizer:
         def nbytes(i: int) -> int:
             return len(texts[i].encode("utf-8", "surrogateescape"))
 
-        specials = [i for i in range(n) if attrs[i] & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        specials = np.flatnonzero(attrs & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)).tolist()
         specials.sort(key=lambda i: (-nbytes(i), i))
+        attrs = self._attrs = attrs.tolist()
         self._specials_all = specials
         self._specials_plain = [i for i in specials if not attrs[i] & (ATTR_CONTROL | ATTR_UNKNOWN)]
         self._special_matchers: dict[bool, _SpecialMatcher] = {}
@@ -672,22 +652,25 @@ class Tokenizer:
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, source: Any) -> Tokenizer:
-        """The tokenizer of a GGUF: a path, a gguf.GGUFReader, or a metadata mapping.
+        """The tokenizer of a GGUF: a path, a `GGUFReader`, a metadata mapping, or a gguf.GGUFReader.
 
-        A path is read with `read_gguf_metadata` (header only, fast); a GGUFReader's fields and
-        a mapping (key -> value) are taken as they are.
+        A path is opened with llamax's `GGUFReader`; its ``fields`` (and a mapping, key -> value
+        as either `GGUFReader.fields` or `read_gguf_metadata` has them) are taken as they are.
+        The `gguf` package's reader is still accepted (its fields are converted, slowly).
 
         Raises:
             ModelError: unreadable metadata or an unsupported vocabulary (see __init__).
         """
         if isinstance(source, (str, os.PathLike)):
-            meta: Mapping[str, Any] = read_gguf_metadata(source)
-        elif hasattr(source, "fields") and not isinstance(source, Mapping):
-            meta = _fields_of_reader(source)
+            meta: Mapping[str, Any] = GGUFReader(source).fields
+        elif isinstance(source, GGUFReader):
+            meta = source.fields
         elif isinstance(source, Mapping):
             meta = source
+        elif hasattr(source, "fields"):
+            meta = _fields_of_reader(source)
         else:
-            raise TypeError("Tokenizer.from_gguf needs a path, a gguf.GGUFReader or a mapping, "
+            raise TypeError("Tokenizer.from_gguf needs a path, a GGUFReader or a mapping, "
                             f"not {type(source).__name__}")
         return cls(meta)
 
