@@ -120,7 +120,7 @@ class Model:
         h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare]).encode())
         for name in sorted(self.gguf.tensors):
             t = self.gguf.tensors[name]
-            h.update(repr((name, int(t.tensor_type), [int(x) for x in t.shape])).encode())
+            h.update(repr((name, t.ggml_type, [int(x) for x in t.shape])).encode())
         return h.hexdigest()
 
     def __repr__(self) -> str:
