@@ -137,7 +137,7 @@ class _Layer:
         self.post_ffw_norm = g.f32(p + "post_ffw_norm.weight")
 
 
-class Gemma3(Model):
+class Gemma3(Model, arch="gemma3"):
     """A gemma3-architecture model: its weights and forward pass."""
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:

@@ -46,7 +46,7 @@ class _Layer:
         self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
 
 
-class Llama(Model):
+class Llama(Model, arch="llama"):
     """A llama-architecture model: its weights and forward pass."""
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import logging
 import os
 import time
@@ -21,17 +22,8 @@ from llamax.rope import RoPE
 log = logging.getLogger("llamax")
 
 
-def _architecture(arch: str, g: GGUFFile) -> type["Model"]:
-    """The Model subclass of an architecture (one module per architecture, imported on use)."""
-    if arch == "llama":
-        from llamax.model.llama import Llama
-
-        return Llama
-    if arch == "gemma3":
-        from llamax.model.gemma3 import Gemma3
-
-        return Gemma3
-    raise ModelError(f"{g.path.name}: no forward pass for architecture {arch!r}")
+#: the module that defines each architecture's Model subclass (imported on first use)
+ARCH_MODULES = {"llama": "llamax.model.llama", "gemma3": "llamax.model.gemma3"}
 
 
 class Model:
@@ -40,7 +32,22 @@ class Model:
     Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
     which loads its weights and implements forward(); create_memory() is shared (llama_model's
     create_memory: a KV cache, or the interleaved SWA cache when the model has sliding-window layers).
+    A subclass names its architecture in its class statement: `class Llama(Model, arch="llama")`.
     """
+
+    _by_arch: dict[str, type["Model"]] = {}
+
+    def __init_subclass__(cls, arch: str, **kw) -> None:
+        super().__init_subclass__(**kw)
+        Model._by_arch[arch] = cls
+
+    @classmethod
+    def _architecture(cls, arch: str, g: GGUFFile) -> type["Model"]:
+        """The Model subclass of an architecture."""
+        if arch not in ARCH_MODULES:
+            raise ModelError(f"{g.path.name}: no forward pass for architecture {arch!r}")
+        importlib.import_module(ARCH_MODULES[arch])
+        return cls._by_arch[arch]
 
     def __init__(self, g: GGUFFile, hparams: HParams, n_threads: int) -> None:
         from llamax.model.chat import apply_chat_template
@@ -97,7 +104,7 @@ class Model:
         g = GGUFFile(p)
         hp = read_hparams(g)
         t0 = time.perf_counter()
-        model = _architecture(hp.arch, g)(g, hp, resolve_n_threads(n_threads))
+        model = Model._architecture(hp.arch, g)(g, hp, resolve_n_threads(n_threads))
         log.info("model: %s (%s, %d layers, %d vocab) loaded in %.2f s", g.path.name, hp.arch,
                  hp.n_layer, hp.n_vocab, time.perf_counter() - t0)
         return model
