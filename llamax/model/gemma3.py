@@ -21,7 +21,7 @@ import numpy as np
 from llamax._native import matmul, quants
 from llamax._native import rope as _rope
 from llamax.model.gguf import GGUFFile, HParams
-from llamax.model.linear import NATIVE_MAX_TOKENS, Linear
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
 
@@ -33,12 +33,6 @@ LOGITS_TILE_ROWS = 16384   # embedding rows per dequantized float32 tile (40 MiB
 _GELU_COEF_A = 0.044715
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
 _gelu_table_f16: np.ndarray | None = None
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis (any leading shape); a new C-contiguous array."""
-    ms = np.einsum("...i,...i->...", x, x) / np.float32(x.shape[-1])
-    return x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None].astype(np.float32) * w
 
 
 def _gelu_table() -> np.ndarray:
@@ -62,30 +56,6 @@ def geglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
     y[g <= -10.0] = 0.0
     y *= u
     return y
-
-
-class _Stack:
-    """Weights stacked along n_out for one BLAS product over many tokens; for few tokens, the native
-    quantized product per run of same-type weights (Q/K/V of one layer can mix Q5_0 and Q8_0)."""
-
-    def __init__(self, g: GGUFFile, names: list[str], n_threads: int) -> None:
-        self.f32 = np.ascontiguousarray(np.concatenate([g.f32(n, n_threads) for n in names], axis=0))
-        self.parts: list[tuple[np.ndarray, int]] = []
-        for n in names:
-            t, raw = g.ggml_type(n), g.raw(n)
-            if self.parts and self.parts[-1][1] == t:
-                self.parts[-1] = (np.concatenate([self.parts[-1][0], raw], axis=0), t)
-            else:
-                self.parts.append((raw, t))
-        self.parts = [(np.ascontiguousarray(r), t) for r, t in self.parts]
-        self.n_threads = n_threads
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape[0] <= NATIVE_MAX_TOKENS:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-            ys = [matmul.mul_mat(r, t, x, n_threads=self.n_threads) for r, t in self.parts]
-            return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
-        return x @ self.f32.T
 
 
 class _Embedding:
@@ -126,13 +96,13 @@ class _Layer:
     def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
         p = f"blk.{il}."
         self.attn_norm = g.f32(p + "attn_norm.weight")
-        self.wqkv = _Stack(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
+        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
         self.q_norm = g.f32(p + "attn_q_norm.weight")
         self.k_norm = g.f32(p + "attn_k_norm.weight")
         self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
         self.post_attn_norm = g.f32(p + "post_attention_norm.weight")
         self.ffn_norm = g.f32(p + "ffn_norm.weight")
-        self.w_gate_up = _Stack(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
+        self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
         self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
         self.post_ffw_norm = g.f32(p + "post_ffw_norm.weight")
 

@@ -13,15 +13,9 @@ import numpy as np
 
 from llamax._native import rope as _rope
 from llamax.model.gguf import GGUFFile, HParams
-from llamax.model.linear import Linear
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
-
-
-def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * w, over the last axis."""
-    ms = np.einsum("ij,ij->i", x, x) / x.shape[1]
-    return x * (1.0 / np.sqrt(ms + eps))[:, None].astype(np.float32) * w
 
 
 def swiglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
