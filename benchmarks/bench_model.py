@@ -1,12 +1,13 @@
 """Prompt processing (pp512) and generation (tg128) of a registry model, llamax beside llama.cpp.
 
-    python benchmarks/bench_model.py [--model smollm2-135m] [--threads 2] [--reps 3]
-        [--llama-python /path/to/python-with-llama-cpp-python]
+    python benchmarks/bench_model.py [--model smollm2-135m|gemma3-270m] [--threads 2] [--reps 3]
+        [--llama-python /path/to/python-with-llama-cpp-python] [--llama-bench /path/to/llama-bench]
 
 pp512: one decode of 512 tokens into an empty cache (logits for the last); tg128: 128 single-token
 decodes from an empty cache, as llama-bench measures them. llama.cpp runs through llama-cpp-python in
-a subprocess (its own interpreter, if given with --llama-python), alternating with llamax rep by rep
-so both see the same machine load. Prints medians and the llamax / llama.cpp ratios.
+a subprocess (its own interpreter, if given with --llama-python), and llama.cpp's own llama-bench
+(--llama-bench, e.g. built by ../shared/tools/build-llama-cpp.sh), each alternating with llamax rep by
+rep so all see the same machine load. Prints medians and the llamax / llama.cpp ratios.
 """
 import argparse
 import json
@@ -74,6 +75,18 @@ def bench_llama_cpp(python, path, threads, fa, n_pp, n_tg):
     return out
 
 
+def bench_llama_bench(binary, path, threads, fa, n_pp, n_tg):
+    """pp and tg of one llama-bench run (-r 1: one repetition after its warm-up); None where it failed."""
+    cmd = [binary, "-m", str(path), "-p", str(n_pp), "-n", str(n_tg), "-t", str(threads), "-fa", "1" if fa else "0",
+           "-r", "1", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    out = {"pp": None, "tg": None}
+    if r.returncode == 0:
+        for row in json.loads(r.stdout):
+            out["pp" if row["n_prompt"] else "tg"] = row["avg_ts"]
+    return out
+
+
 def reference_speed(model_name, fa):
     """llama.cpp's pp512 / tg128 recorded on this kind of machine (shared/reference/*/speed.json)."""
     import os
@@ -101,6 +114,7 @@ def main():
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--fa", choices=["on", "off"], default="on")
     ap.add_argument("--llama-python", default=None, help="interpreter with llama-cpp-python (skip llama.cpp if absent)")
+    ap.add_argument("--llama-bench", default=None, help="llama.cpp's llama-bench binary, run alternating too")
     a = ap.parse_args()
 
     from llamax import models
@@ -109,11 +123,13 @@ def main():
     path = models.path(a.model) if a.model in models.available() else a.model
     model = Model.load(path, n_threads=a.threads)
     fa = a.fa == "on"
-    res = {"llamax": [], "llama.cpp": []}
+    res = {"llamax": [], "llama.cpp": [], "llama-bench": []}
     for _ in range(a.reps):
         res["llamax"].append(bench_llamax(model, a.threads, fa, a.pp, a.tg))
         if a.llama_python:
             res["llama.cpp"].append(bench_llama_cpp(a.llama_python, path, a.threads, fa, a.pp, a.tg))
+        if a.llama_bench:
+            res["llama-bench"].append(bench_llama_bench(a.llama_bench, path, a.threads, fa, a.pp, a.tg))
     print(f"{a.model}, {a.threads} threads, flash attention {a.fa}, f16 cache, median of {a.reps} alternating runs")
 
     def med(rows, m):
@@ -134,6 +150,16 @@ def main():
         if theirs[m] is not None:
             print(f"  llama.cpp  {m}{n} {theirs[m]:8.1f} t/s  [{source[m]}]   llamax / llama.cpp = "
                   f"{ours[m] / theirs[m]:.2f}x")
+    bench = {m: med(res["llama-bench"], m) for m in ("pp", "tg")}
+    for m, n in (("pp", a.pp), ("tg", a.tg)):
+        if bench[m] is not None:
+            print(f"  llama-bench {m}{n} {bench[m]:7.1f} t/s  [same run]   llamax / llama-bench = {ours[m] / bench[m]:.2f}x")
+    if a.reps > 1:
+        for who, rows in res.items():
+            for m in ("pp", "tg"):
+                vals = sorted(r[m] for r in rows if r.get(m) is not None)
+                if vals:
+                    print(f"    {who:11s} {m}: min {vals[0]:.1f}  max {vals[-1]:.1f}")
 
 
 if __name__ == "__main__":
