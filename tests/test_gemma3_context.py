@@ -130,3 +130,37 @@ def test_context_shift_with_the_small_swa_cache_matches_swa_full(gemma, text):
     d = np.abs(small[0] - full[0]).max()
     assert d <= 2 * noise, (d, noise)
     assert small[1] == full[1] == perm[1]
+
+
+def test_generation_past_the_context_with_the_small_swa_cache(gemma, text):
+    """llamax.generate keeps going past n_ctx on the small SWA cache (llama.cpp would stop: can_shift
+    false) and gives the tokens a swa_full context gives with the same discard."""
+    from llamax import Sampler, generate
+
+    out = []
+    for swa_full in (False, True):
+        ctx = Context(gemma, n_ctx=1024, n_ubatch=128, swa_full=swa_full)
+        gen = generate(ctx, text[:1000], max_tokens=40, sampler=Sampler.greedy(), n_keep=4, n_discard=485)
+        list(gen)
+        assert gen.stats.n_shift == 1 and gen.stats.n_discarded == 485 and gen.stats.gen_tokens == 40
+        out.append(gen.generated)
+    assert out[0] == out[1]
+
+
+def test_cli_runs_gemma_with_its_sliding_window_cache():
+    """The real entry point: a sensible greedy completion, the two caches' size lines, --swa-full."""
+    import subprocess
+    import sys
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "llamax", "run", "-m", "gemma3-270m", "-p",
+                            "Water boils at a temperature of", "-n", "6", "--temp", "0", "-c", "2048", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return r.stdout, [ln for ln in r.stderr.splitlines() if "size =" in ln]
+
+    out, sizes = run()
+    assert out.startswith(" 100 degrees"), out
+    assert "2048 cells,   3 layers" in sizes[0] and "1024 cells,  15 layers" in sizes[1], sizes
+    out_full, sizes = run("--swa-full")
+    assert "2048 cells,  15 layers" in sizes[1] and out_full == out
