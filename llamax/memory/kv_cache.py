@@ -31,8 +31,8 @@ from llamax._native import quants as _quants
 from llamax._native import rope as _rope
 from llamax._native.cells import CELL_STATE_DTYPE, SWA_TYPES, KVCells
 from llamax.batch import BatchAllocator, UBatch
-from llamax.dtypes import (FLOAT_CACHE_DTYPES, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES, block_size,
-                           check_cache_type, pad, row_bytes)
+from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES,
+                           SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
 from llamax.errors import LlamaxError, NoKVSlotError, StateError
 from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
 from llamax.params import resolve_n_threads
@@ -46,7 +46,7 @@ log = logging.getLogger("llamax")
 #: n_cells and n_runs; one cell on the wire: position, the ext fields (M-RoPE x/y, token), sequences
 _KV_HEAD = struct.Struct("<8s8sIIIIIIIiIIIIi")
 _STREAM = struct.Struct("<II")
-CELL_DTYPE = np.dtype([("pos", "<i4"), ("x", "<i4"), ("y", "<i4"), ("tok", "<i4"), ("seq", "<u8", (4,))])
+CELL_DTYPE = np.dtype([("pos", "<i4"), ("x", "<i4"), ("y", "<i4"), ("tok", "<i4"), ("seq", "<u8", (SEQ_WORDS,))])
 assert CELL_DTYPE.itemsize == 48
 _SWA_CODE = {name: int(code) for name, code in SWA_TYPES.items()}
 _SWA_NAME = {code: name for name, code in _SWA_CODE.items()}
@@ -114,8 +114,8 @@ class KVCache(Memory):
                           ("kv_size", kv_size)):
             if not isinstance(val, (int, np.integer)) or val <= 0:
                 raise ValueError(f"{what} must be a positive int, got {val!r}")
-        if not 1 <= n_seq_max <= 256:
-            raise ValueError(f"n_seq_max must be in [1, 256], got {n_seq_max}")
+        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
+            raise ValueError(f"n_seq_max must be in [1, {LLAMA_MAX_SEQ}], got {n_seq_max}")
         if swa_type not in SWA_TYPES:
             raise ValueError(f"swa_type {swa_type!r} not in {sorted(SWA_TYPES)}")
         if swa_type != "none" and n_swa <= 0:
@@ -524,8 +524,8 @@ class KVCache(Memory):
         _check("n_swa", n_swa, self.n_swa, where)
         if seq_id < 0 and src_seq != -1:
             raise StateError(f"{where}: the state holds sequence {src_seq} only, not every sequence")
-        if seq_id >= 0 and not 0 <= src_seq < 256:
-            raise StateError(f"{where}: the sequence state names sequence {src_seq}, outside [0, 256)")
+        if seq_id >= 0 and not 0 <= src_seq < LLAMA_MAX_SEQ:
+            raise StateError(f"{where}: the sequence state names sequence {src_seq}, outside [0, {LLAMA_MAX_SEQ})")
         rows = r.array("<u8", 2 * n_layer, "row sizes").reshape(n_layer, 2)
         want = self._row_bytes()
         bad = np.flatnonzero((rows != want).any(axis=1))
@@ -535,7 +535,7 @@ class KVCache(Memory):
                              f"state, {want[li].tolist()} in this cache")
         heads = r.array("<u4", n_stream, "heads") if seq_id < 0 else None
 
-        allowed = np.zeros(4, dtype=np.uint64)
+        allowed = np.zeros(SEQ_WORDS, dtype=np.uint64)
         for s in range(self.n_seq_max):
             allowed[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
         streams = []
@@ -560,7 +560,7 @@ class KVCache(Memory):
                 raise StateError(f"{where}: a position of the state is outside [0, {POS_MAX})")
             bits = cells["seq"]
             if seq_id >= 0:
-                one = np.zeros(4, dtype=np.uint64)
+                one = np.zeros(SEQ_WORDS, dtype=np.uint64)
                 one[src_seq >> 6] = np.uint64(1) << np.uint64(src_seq & 63)
                 if np.any(bits != one):
                     raise StateError(f"{where}: a cell of the sequence state does not hold exactly sequence {src_seq}")
@@ -570,7 +570,7 @@ class KVCache(Memory):
                 if not np.all(bits.any(axis=1)):
                     raise StateError(f"{where}: a used cell of the state holds no sequence")
                 if n_stream > 1:
-                    own = np.zeros(4, dtype=np.uint64)
+                    own = np.zeros(SEQ_WORDS, dtype=np.uint64)
                     own[st >> 6] = np.uint64(1) << np.uint64(st & 63)
                     if np.any(bits != own):
                         raise StateError(f"{where}: stream {st} of the state holds another sequence than {st}")
