@@ -17,55 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass, field
 
-# as a module: the native wrappers import resolve_n_threads from here while llamax.dtypes reads them
-from llamax import dtypes as _dt
+from llamax.dtypes import LLAMA_MAX_SEQ, N_CTX_PAD, QUANTIZED_CACHE_TYPES, check_cache_type, pad
+from llamax.threads import resolve_n_threads
 
 __all__ = ["ContextParams", "resolve_n_threads"]
 
 logger = logging.getLogger("llamax")
 
-
-
-def _available_cores() -> int:
-    """Cores this process may run on: the affinity mask when the OS has one, else os.cpu_count()."""
-    if hasattr(os, "sched_getaffinity"):
-        try:
-            n = len(os.sched_getaffinity(0))
-            if n > 0:
-                return n
-        except OSError:  # pragma: no cover - exotic platforms
-            pass
-    process_cpu_count = getattr(os, "process_cpu_count", None)  # Python >= 3.13
-    n = process_cpu_count() if process_cpu_count is not None else os.cpu_count()
-    return max(1, n or 1)
-
-
-def resolve_n_threads(n_threads: int | None = None) -> int:
-    """Resolve a thread count with scikit-learn's semantics.
-
-    Args:
-        n_threads: None or -1 for every core this process may use (the affinity mask, else
-            os.cpu_count()); a positive int is taken as is (it may exceed the core count).
-
-    Returns:
-        The number of threads, >= 1.
-
-    Raises:
-        ValueError: n_threads is 0 or < -1.
-        TypeError: n_threads is not an int (bool is refused too).
-    """
-    if n_threads is None:
-        return _available_cores()
-    if isinstance(n_threads, bool) or not isinstance(n_threads, int):
-        raise TypeError(f"n_threads must be an int or None, got {type(n_threads).__name__}")
-    if n_threads == -1:
-        return _available_cores()
-    if n_threads == 0 or n_threads < -1:
-        raise ValueError(f"n_threads = {n_threads}: use a positive count, or None / -1 for all cores")
-    return n_threads
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
@@ -122,13 +82,13 @@ class ContextParams:
         _check_int("n_ctx", self.n_ctx, 0)
         _check_int("n_batch", self.n_batch, 1)
         _check_int("n_ubatch", self.n_ubatch, 0)
-        _check_int("n_seq_max", self.n_seq_max, 1, _dt.LLAMA_MAX_SEQ)
+        _check_int("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ)
         _check_bool("kv_unified", self.kv_unified)
         _check_bool("flash_attn", self.flash_attn)
         _check_bool("swa_full", self.swa_full)
         for name in ("type_k", "type_v"):
-            _dt.check_cache_type(getattr(self, name), name)
-        if self.type_v in _dt.QUANTIZED_CACHE_TYPES and not self.flash_attn:
+            check_cache_type(getattr(self, name), name)
+        if self.type_v in QUANTIZED_CACHE_TYPES and not self.flash_attn:
             raise ValueError(
                 f"quantized V cache requires flash_attn to be enabled (type_v = {self.type_v!r}, "
                 "flash_attn = False)"
@@ -185,11 +145,11 @@ class ContextParams:
         n_batch = min(n_ctx, self.n_batch) if causal_attn else self.n_batch
         n_ubatch = min(n_batch, self.n_ubatch if self.n_ubatch != 0 else self.n_batch)
 
-        n_ctx = _dt.pad(n_ctx, _dt.N_CTX_PAD)
+        n_ctx = pad(n_ctx, N_CTX_PAD)
         if self.kv_unified:
             n_ctx_seq = n_ctx
         else:
-            n_ctx_seq = _dt.pad(n_ctx // self.n_seq_max, _dt.N_CTX_PAD)
+            n_ctx_seq = pad(n_ctx // self.n_seq_max, N_CTX_PAD)
             if n_ctx_seq == 0:  # cannot happen with n_seq_max <= 256, kept as llama.cpp has it
                 raise ValueError("n_ctx_seq == 0")
             if n_ctx != n_ctx_seq * self.n_seq_max:

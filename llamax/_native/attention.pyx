@@ -35,7 +35,7 @@ from llamax._native.quants cimport (
     lx_type_block_bytes,
 )
 from llamax._native import quants as _quants
-from llamax.params import resolve_n_threads
+from llamax.threads import resolve_n_threads
 
 # the declarations of csrc/attention.h come from attention.pxd (same module name)
 

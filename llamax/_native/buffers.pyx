@@ -11,7 +11,7 @@ from libc.stdlib cimport free, malloc
 
 # the declarations of csrc/buffers.h come from buffers.pxd (same module name)
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 
 cdef bytes _join(list parts, int nth, bint ref):

@@ -16,7 +16,7 @@ from libc.stdint cimport int64_t
 
 cnp.import_array()
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 MIN_ROT = LX_HADAMARD_MIN_ROT
 MAX_BLOCK = LX_HADAMARD_MAX_BLOCK

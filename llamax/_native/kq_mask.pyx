@@ -17,7 +17,7 @@ from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cnp.import_array()
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 KQ_MASK_PAD = LX_KQ_MASK_PAD
 SWA_NONE, SWA_STANDARD, SWA_CHUNKED, SWA_SYMMETRIC = 0, 1, 2, 3

@@ -20,7 +20,7 @@ from llamax._native.quants cimport lx_row_bytes, lx_type, lx_type_block_size
 
 cnp.import_array()
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 TILE = LX_MM_TILE
 ROWS = LX_MM_ROWS

@@ -18,7 +18,7 @@ from llamax._native.kv_cells cimport LX_OK
 
 cnp.import_array()
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 TYPE_F32 = LX_TYPE_F32
 TYPE_F16 = LX_TYPE_F16

@@ -18,7 +18,7 @@ cnp.import_array()
 
 from llamax._native import quants as _quants
 
-from llamax.params import resolve_n_threads  # the one place n_threads is resolved
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 ROPE_NORM = 0
 ROPE_NEOX = 2

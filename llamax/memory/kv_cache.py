@@ -35,7 +35,7 @@ from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX,
                            SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
 from llamax.errors import LlamaxError, NoKVSlotError, StateError
 from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
-from llamax.params import resolve_n_threads
+from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
 from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
 
