@@ -55,3 +55,33 @@ def load_memory_ops(model: str) -> dict:
     import json
 
     return json.loads((reference_dir(model) / "memory_ops.json").read_text())
+
+
+def check_top1_against(logits, top_ids, top_vals, gap):
+    """llamax's top-1 per row against llama.cpp's top-k (ids, values) of the same rows: equal wherever
+    llama.cpp's top-1/top-2 gap exceeds `gap`; elsewhere llama.cpp must rate llamax's choice within
+    `gap` of its own best (among its top-k)."""
+    import numpy as np
+
+    top_ids, top_vals = np.asarray(top_ids), np.asarray(top_vals, np.float32)
+    decided = top_vals[:, 0] - top_vals[:, 1] > gap
+    ours = np.asarray(logits).argmax(axis=1)
+    bad = np.flatnonzero(decided & (ours != top_ids[:, 0]))
+    assert bad.size == 0, f"top-1 differs at rows {bad.tolist()}"
+    for i in np.flatnonzero(~decided):
+        hit = np.flatnonzero(top_ids[i] == ours[i])
+        assert hit.size and top_vals[i, 0] - top_vals[i, hit[0]] <= gap, (i, ours[i], top_ids[i], top_vals[i])
+
+
+def check_top5(logits, tops, where, logit_tol, gap):
+    """A decode's logits against llama.cpp's recorded top-5 per output (memory_ops.json): values at its
+    ids within logit_tol, top-1 by check_top1_against's rule. Returns the largest difference."""
+    import numpy as np
+
+    assert logits.shape[0] == len(tops), where
+    ids = np.asarray([t["ids"] for t in tops])
+    vals = np.asarray([t["vals"] for t in tops], np.float32)
+    d = np.abs(np.take_along_axis(np.asarray(logits), ids, axis=1) - vals)
+    assert d.max() <= logit_tol, (where, d.max(axis=1).tolist())
+    check_top1_against(logits, ids, vals, gap)
+    return float(d.max())

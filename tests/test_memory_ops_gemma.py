@@ -50,6 +50,7 @@ Tolerances (the `tol` fixture derives them from ref_logits.npz, as test_gemma3_v
 """
 import numpy as np
 import pytest
+import helpers
 from helpers import load_memory_ops, reference_dir
 from test_memory_ops_model import decode_step, rotate_like_llamacpp_div, sections
 
@@ -102,20 +103,7 @@ def context(model, run, fa=True):
 
 
 def check_top5(logits, tops, tol, where):
-    assert logits.shape[0] == len(tops), where
-    worst = 0.0
-    gap = tol["top1_gap"]
-    for row, top in zip(logits, tops):
-        ids, vals = np.asarray(top["ids"]), np.asarray(top["vals"], np.float32)
-        d = np.abs(row[ids] - vals)
-        worst = max(worst, float(d.max()))
-        assert d.max() <= tol["logit"], (where, ids.tolist(), row[ids].tolist(), vals.tolist())
-        ours = int(np.argmax(row))
-        if vals[0] - vals[1] > gap:
-            assert ours == ids[0], (where, ours, ids.tolist())
-        else:
-            assert ours in ids and vals[0] - vals[list(ids).index(ours)] <= gap, (where, ours, ids.tolist())
-    return worst
+    return helpers.check_top5(logits, tops, where, tol["logit"], tol["top1_gap"])
 
 
 def state_cells(ctx, seq_id):

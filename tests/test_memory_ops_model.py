@@ -26,6 +26,7 @@ llama.cpp is undecided, llamax's choice must be among its top 5, within TOP1_GAP
 """
 import numpy as np
 import pytest
+import helpers
 from helpers import load_memory_ops
 
 from llamax import Batch
@@ -71,19 +72,7 @@ def rotate_like_llamacpp_div(mem, before, after):
 
 
 def check_top5(logits, tops, where):
-    assert logits.shape[0] == len(tops), where
-    worst = 0.0
-    for row, top in zip(logits, tops):
-        ids, vals = np.asarray(top["ids"]), np.asarray(top["vals"], np.float32)
-        d = np.abs(row[ids] - vals)
-        worst = max(worst, float(d.max()))
-        assert d.max() <= LOGIT_TOL, (where, ids.tolist(), row[ids].tolist(), vals.tolist())
-        ours = int(np.argmax(row))
-        if vals[0] - vals[1] > TOP1_GAP:
-            assert ours == ids[0], (where, ours, ids.tolist())
-        else:
-            assert ours in ids and vals[0] - vals[list(ids).index(ours)] <= TOP1_GAP, (where, ours, ids.tolist())
-    return worst
+    return helpers.check_top5(logits, tops, where, LOGIT_TOL, TOP1_GAP)
 
 
 def decode_step(ctx, run, op, n_out):
