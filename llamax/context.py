@@ -6,7 +6,7 @@ One decode runs one way, context -> batch -> memory -> model -> native:
     balloc.init(batch, memory)      the context's batch allocator validates the batch (BatchError)
                                     and fills positions and outputs from the memory's positions
     memory.init_batch(balloc)       split into ubatches, reserve cells for all of them, roll back
-                                    (NoKVSlotError -> one memory update and one retry)
+                                    (NoKVSlotError, nothing changed)
     for i: mctx.apply(i)            ubatch i's cells are written, then model.forward(memory, ubatch):
                                     K/V stored in those cells, mask + attention over the cache in
                                     the native kernels, logits for the tokens that asked
@@ -25,8 +25,8 @@ import numpy as np
 
 from llamax import state as _state
 from llamax.batch import Batch, BatchAllocator
-from llamax.errors import NoKVSlotError, StateError
-from llamax.memory import Memory, MemoryContext
+from llamax.errors import StateError
+from llamax.memory import Memory
 from llamax.params import ContextParams
 
 log = logging.getLogger("llamax")
@@ -57,27 +57,18 @@ class Context:
         return (f"Context(n_ctx={p.n_ctx}, n_seq_max={p.n_seq_max}, unified={p.kv_unified}, "
                 f"type_k={p.type_k}, type_v={p.type_v}, flash_attn={p.flash_attn})")
 
-    def _init_batch(self) -> MemoryContext:
-        n_ubatch = self.params.n_ubatch
-        try:
-            return self.memory.init_batch(self.balloc, n_ubatch)
-        except NoKVSlotError:
-            # llama_decode's one optimize retry: apply pending memory updates, then try again
-            self.memory.update()
-            return self.memory.init_batch(self.balloc, n_ubatch)
-
     def decode(self, batch: Batch) -> None:
         """Run the model on a batch (llama_decode).
 
         Raises:
             BatchError: invalid batch (memory unchanged).
-            NoKVSlotError: the batch does not fit, even after one retry (memory unchanged).
+            NoKVSlotError: the batch does not fit, after pending memory updates (memory unchanged).
         """
         if not isinstance(batch, Batch):
             raise TypeError(f"decode takes a llamax.Batch, not {type(batch).__name__}")
-        self.memory.update()
+        self.memory.update()  # llama_decode's optimize step: the retry after it would find the same cells
         self.balloc.init(batch, self.memory, output_all=False)
-        mctx = self._init_batch()
+        mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         rows = []
         try:
             for i in range(len(mctx)):
@@ -141,8 +132,7 @@ class Context:
         kind = _state.KIND_CONTEXT if seq_id < 0 else _state.KIND_SEQ
         try:
             n, outputs = _state.restore(self.memory, data, seq_id, kind=kind, exact=exact,
-                                        fingerprint=_state.fingerprint_bytes(self.model.fingerprint),
-                                        n_vocab=self.model.n_vocab)
+                                        fingerprint=self._fingerprint(), n_vocab=self.model.n_vocab)
         except BaseException:
             if seq_id < 0:
                 self._clear_outputs()

@@ -18,7 +18,7 @@ class BatchError(LlamaxError, ValueError):
 
 
 class NoKVSlotError(LlamaxError):
-    """The batch does not fit in the KV cache, even after one optimize retry. Memory unchanged."""
+    """The batch does not fit in the KV cache after the pending memory updates (llamax has no defrag). Memory unchanged."""
 
 
 class StateError(LlamaxError, ValueError):

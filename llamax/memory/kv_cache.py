@@ -408,31 +408,6 @@ class KVCache(Memory):
         return out
 
     # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
-    def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
-        """Append this cache's section to a state: every sequence (seq_id -1) or seq_id's cells
-        alone, written as that sequence. Pending stream copies and K-shifts are applied first
-        (update()), so the saved rows match the saved positions. The cells the sliding window hides
-        from every sequence holding them are not written. O(kv_size) metadata work plus one slice
-        per run of consecutive cells and layer (no per-cell loop).
-
-        Section: tag, header (_KV_HEAD), row bytes per layer, heads (whole states), per stream the
-        cell runs and cells (CELL_DTYPE); data: per stream and layer the K rows of every run, then
-        the V rows (or V columns with v_trans)."""
-        self.update()
-        self._state_write(w, seq_id)
-
-    def state_read(self, r: StateReader, seq_id: int = -1) -> Callable[[], None]:
-        """Parse and validate this cache's section of a state without changing anything; returns
-        the function that installs it. A whole state goes back into the same cells with the same
-        heads; a sequence state is placed after seq_rm(seq_id) through the reservation a decode uses
-        (prepare and apply of one ubatch; contiguous cells if there are, else any free ones).
-
-        Raises:
-            StateError: type_k/type_v, v_trans, n_layer, head sizes, row sizes, rotation, n_stream or
-                the window differ from this cache's, or counts / positions / sequence ids are out of range.
-        """
-        return self._state_read(r, seq_id)
-
     def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:
         """Indices (ascending) of the cells of stream st to save: used, holding seq_id (any if -1), and
         not hidden by the sliding window from every sequence that holds them."""
@@ -463,10 +438,17 @@ class KVCache(Memory):
             out[li, 1] = int(np.prod(v.shape[1:-1] if self.v_trans else v.shape[2:])) * v.itemsize
         return out
 
-    def _state_write(self, w: StateWriter, seq_id: int) -> None:
-        """Append one KVCache's section (every sequence if seq_id == -1): see the module docstring.
+    def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
+        """Append this cache's section to a state: every sequence (seq_id -1) or seq_id's cells
+        alone, written as that sequence. Pending stream copies and K-shifts are applied first
+        (update()), so the saved rows match the saved positions. The cells the sliding window hides
+        from every sequence holding them are not written. O(kv_size) metadata work plus one slice
+        per run of consecutive cells and layer (no per-cell loop).
 
-        Runs of consecutive cells are copied whole (one slice per run and layer, no per-cell loop)."""
+        Section: tag, header (_KV_HEAD), row bytes per layer, heads (whole states), per stream the
+        cell runs and cells (CELL_DTYPE); data: per stream and layer the K rows of every run, then
+        the V rows (or V columns with v_trans)."""
+        self.update()
         write_tag(w, TAG_KV)
         w.pack(_KV_HEAD, _name8(self.type_k), _name8(self.type_v), int(self.v_trans), self.n_layer,
                self.rot_k, self.rot_v, self.n_stream, self.kv_size, self.n_seq_max,
@@ -498,13 +480,15 @@ class KVCache(Memory):
                 for a, n in runs:
                     w.data(v[st, ..., a:a + n] if self.v_trans else v[st, a:a + n])
 
-    def _state_read(self, r: StateReader, seq_id: int) -> Callable[[], None]:
-        """Parse and validate one KVCache's section without changing the cache; return the function
-        that installs it (seq_id -1: the whole cache; else restore the saved sequence as seq_id).
+    def state_read(self, r: StateReader, seq_id: int = -1) -> Callable[[], None]:
+        """Parse and validate this cache's section of a state without changing anything; returns
+        the function that installs it. A whole state goes back into the same cells with the same
+        heads; a sequence state is placed after seq_rm(seq_id) through the reservation a decode uses
+        (prepare and apply of one ubatch; contiguous cells if there are, else any free ones).
 
         Raises:
-            StateError: an incompatible configuration, counts beyond the cache, positions or sequence
-                ids out of range, or a malformed section.
+            StateError: type_k/type_v, v_trans, n_layer, head sizes, row sizes, rotation, n_stream or
+                the window differ from this cache's, or counts / positions / sequence ids are out of range.
         """
         where = self.name
         read_tag(r, TAG_KV)

@@ -19,7 +19,7 @@ from llamax._native import quants
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader
 
-ARCHS = ("llama", "gemma3")  # architectures with a forward pass
+ARCHS = ("llama", "gemma3")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
 
 
 @dataclass(frozen=True)

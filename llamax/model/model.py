@@ -15,15 +15,11 @@ import numpy as np
 from llamax.batch import UBatch
 from llamax.errors import ModelError
 from llamax.memory import KVCache, KVCacheISWA, Memory
-from llamax.model.gguf import GGUFFile, HParams, read_hparams
+from llamax.model.gguf import ARCHS, GGUFFile, HParams, read_hparams
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
 
 log = logging.getLogger("llamax")
-
-
-#: the module that defines each architecture's Model subclass (imported on first use)
-ARCH_MODULES = {"llama": "llamax.model.llama", "gemma3": "llamax.model.gemma3"}
 
 
 class Model:
@@ -43,10 +39,11 @@ class Model:
 
     @classmethod
     def _architecture(cls, arch: str, g: GGUFFile) -> type["Model"]:
-        """The Model subclass of an architecture."""
-        if arch not in ARCH_MODULES:
+        """The Model subclass of an architecture of gguf.ARCHS, defined in llamax/model/<arch>.py
+        (imported on first use)."""
+        if arch not in ARCHS:
             raise ModelError(f"{g.path.name}: no forward pass for architecture {arch!r}")
-        importlib.import_module(ARCH_MODULES[arch])
+        importlib.import_module(f"llamax.model.{arch}")
         return cls._by_arch[arch]
 
     def __init__(self, g: GGUFFile, hparams: HParams, n_threads: int) -> None:
