@@ -15,7 +15,7 @@ if "numpy" not in sys.modules:
 from llamax import models  # noqa: E402
 from llamax.batch import Batch
 from llamax.context import Context
-from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StateError
+from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StalePlanError, StateError
 from llamax.generate import context_shift, generate, generate_parallel
 from llamax.memory import KVCache, KVCacheISWA, Memory
 from llamax.model import Model
@@ -25,6 +25,6 @@ from llamax.sampling import Sampler
 
 __version__ = "0.1.0"
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError", "Batch", "ContextParams",
-           "RoPE", "KVCache", "KVCacheISWA", "Memory", "Model", "Context", "Sampler", "generate",
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
+           "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "Model", "Context", "Sampler", "generate",
            "generate_parallel", "context_shift", "models"]

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from llamax.dtypes import LLAMA_MAX_SEQ, SEQ_WORDS
+from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX, SEQ_WORDS
 from llamax.errors import BatchError
 
 __all__ = ["Batch", "BatchAllocator", "UBatch", "MemoryPositions", "LLAMA_MAX_SEQ", "SEQ_WORDS"]
@@ -139,6 +139,13 @@ def _as_int32(x: Any, name: str) -> np.ndarray:
             i = int(np.argmax((a < _I32_MIN) | (a > _I32_MAX)))
             raise BatchError(f"{name}[{i}] = {int(a[i])} does not fit in int32")
     return a.astype(np.int32)  # always a copy
+
+
+def _check_pos_room(seq_id: int, p0: int, n: int) -> None:
+    """n filled positions from p0 on must stay below POS_MAX."""
+    if p0 + n - 1 >= POS_MAX:
+        raise BatchError(f"sequence {seq_id} continues at position {p0}: its {n} tokens would reach position "
+                         f"{p0 + n - 1}, beyond the largest position {POS_MAX - 1}")
 
 
 def _is_int_scalar(x: Any) -> bool:
@@ -607,7 +614,8 @@ class BatchAllocator:
         Raises:
             BatchError: with the offending token index, value and rule: an empty batch, more
                 than n_batch tokens, a token id outside [0, n_vocab), a seq id outside
-                [0, n_seq_max), a negative position, the first position Y of a sequence that the
+                [0, n_seq_max), a position outside [0, POS_MAX) (given, or filled from the memory),
+                the first position Y of a sequence that the
                 memory holds (last position X) not equal to X + 1, positions of a sequence that
                 are not continuous or decrease inside the batch, sequences coupled by a shared
                 token whose ranges in the memory differ. On failure the allocator keeps its
@@ -687,6 +695,7 @@ class BatchAllocator:
         elif one_seq:
             s0 = int(seq[0])
             p0 = x_of(s0) + 1
+            _check_pos_room(s0, p0, n)
             pos = np.arange(p0, p0 + n, dtype=np.int32)
             seqs = seq[:1]
             s_min = np.array([p0], dtype=np.int32)
@@ -702,6 +711,8 @@ class BatchAllocator:
             counts = np.diff(np.append(starts, n))
             seqs = ss[starts]
             p0 = np.array([x_of(s) + 1 for s in seqs.tolist()], dtype=np.int64)
+            for s, p, c in zip(seqs.tolist(), p0.tolist(), counts.tolist()):
+                _check_pos_room(s, p, c)
             rank = np.arange(n) - np.repeat(starts, counts)
             pos = np.empty(n, dtype=np.int32)
             pos[order] = np.repeat(p0, counts) + rank
@@ -716,6 +727,9 @@ class BatchAllocator:
             pos_l = [0] * n
             for i in range(n):
                 p = p0d[seq_l[i]]
+                if p >= POS_MAX:
+                    raise BatchError(f"token {i}: its position {p} (after the memory's and the batch's "
+                                     f"earlier tokens) is beyond the largest position {POS_MAX - 1}")
                 pos_l[i] = p
                 for s in members[i].tolist():
                     p0d[s] = p + 1
@@ -743,6 +757,11 @@ class BatchAllocator:
             if neg.any():
                 i = int(np.argmax(neg))
                 raise BatchError(f"token {i}: position {int(pos[i])} is negative (positions must be >= 0)")
+            big = pos >= POS_MAX
+            if big.any():
+                i = int(np.argmax(big))
+                raise BatchError(f"token {i}: position {int(pos[i])} is beyond the largest position "
+                                 f"{POS_MAX - 1} (positions lie in [0, {POS_MAX}))")
 
             # per-sequence position stats (llama.cpp's seq_pos sets); fast when no sequence's
             # positions decrease in batch order, else an exact (pos-sorted) pass
@@ -857,9 +876,13 @@ class BatchAllocator:
             p = int(pos[0])
         else:
             p = x + 1
+            _check_pos_room(s, p, 1)
             pos = np.array([p], dtype=np.int32)
         if p < 0:
             raise BatchError(f"token 0: position {p} is negative (positions must be >= 0)")
+        if p >= POS_MAX:
+            raise BatchError(f"token 0: position {p} is beyond the largest position {POS_MAX - 1} "
+                             f"(positions lie in [0, {POS_MAX}))")
         if x >= 0 and p != x + 1:
             raise BatchError(
                 f"token 0: the tokens of sequence {s} start at position Y = {p}, but the last "

@@ -40,7 +40,8 @@ def _run_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=0.95)
     p.add_argument("--min-p", type=float, default=0.05)
     p.add_argument("--repeat-penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None, help="sampling seed (sequence i uses seed + i)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed (sequence i uses seed + i; default or -1: fresh entropy)")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--parallel", type=int, default=1,
                    help="run N prompts as N sequences of one context, decoded together")
@@ -64,6 +65,11 @@ def cmd_run(a) -> int:
         print("llamax run: -n must be >= 0, -1 (until end of generation) or -2 (until the context is full)",
               file=sys.stderr)
         return 2
+    def sampler(i: int) -> Sampler:
+        seed = None if a.seed in (None, -1) else a.seed + i
+        return Sampler(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed)
+
+    sampler(0)  # bad sampler settings fail before the model loads
     model = Model.load(a.model or models.DEFAULT, n_threads=a.threads)
     prompts = a.prompt or [DEFAULT_PROMPT]
     prompts = [prompts[i % len(prompts)] for i in range(a.parallel)]
@@ -78,9 +84,6 @@ def cmd_run(a) -> int:
     if not mem.can_shift and not a.no_context_shift:
         print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
 
-    def sampler(i: int) -> Sampler:
-        seed = None if a.seed is None else a.seed + i
-        return Sampler(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed)
 
     opts = dict(n_keep=a.keep, context_shift=not a.no_context_shift)
     if a.parallel == 1:
@@ -113,8 +116,15 @@ def cmd_pull(a) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): every input error is one line and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="llamax", description="llama.cpp's KV-cache runtime for Python")
+    parser = _Parser(prog="llamax", description="llama.cpp's KV-cache runtime for Python")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
     pp = sub.add_parser("pull", help="fetch a registry model into the cache and print its path")
@@ -136,9 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     except LlamaxError as e:
         print(f"llamax {args.cmd}: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         print(f"llamax {args.cmd}: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:
+        print(f"llamax {args.cmd}: out of memory: {e or 'an allocation failed'} (try a smaller -c)", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"llamax {args.cmd}: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -21,8 +21,13 @@ class NoKVSlotError(LlamaxError):
     """The batch does not fit in the KV cache after the pending memory updates (llamax has no defrag). Memory unchanged."""
 
 
+class StalePlanError(LlamaxError, RuntimeError):
+    """A plan (or its ubatch) used after the memory changed since it was made: another plan applied,
+    a seq_* operation, a clear or a restore. Memory unchanged."""
+
+
 class StateError(LlamaxError, ValueError):
     """A truncated, corrupt, foreign or incompatible state blob. The destination is left empty."""
 
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StateError"]
+__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError"]

@@ -19,7 +19,8 @@ import dataclasses
 import logging
 from dataclasses import dataclass, field
 
-from llamax.dtypes import LLAMA_MAX_SEQ, N_CTX_PAD, QUANTIZED_CACHE_TYPES, check_cache_type, pad
+from llamax import checks
+from llamax.dtypes import LLAMA_MAX_SEQ, N_CTX_PAD, POS_MAX, QUANTIZED_CACHE_TYPES, check_cache_type, pad
 from llamax.threads import resolve_n_threads
 
 __all__ = ["ContextParams", "resolve_n_threads"]
@@ -28,12 +29,17 @@ logger = logging.getLogger("llamax")
 
 
 
-def _check_int(name: str, value: object, lo: int, hi: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} = {value} is outside {rng}")
+#: the largest n_ctx / n_batch / n_ubatch: positions are int32 below POS_MAX, so no context needs more
+#: cells than that (rounded down to the n_ctx padding)
+SIZE_MAX = POS_MAX // N_CTX_PAD * N_CTX_PAD
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> int:
+    """value as an int in [lo, hi] (numpy integers welcome); TypeError / ValueError otherwise."""
+    v = checks.integer(value, name)
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} = {v} is outside [{lo}, {hi}]")
+    return v
 
 
 def _check_bool(name: str, value: object) -> None:
@@ -79,10 +85,9 @@ class ContextParams:
     n_ctx_seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        _check_int("n_ctx", self.n_ctx, 0)
-        _check_int("n_batch", self.n_batch, 1)
-        _check_int("n_ubatch", self.n_ubatch, 0)
-        _check_int("n_seq_max", self.n_seq_max, 1, LLAMA_MAX_SEQ)
+        for name, lo, hi in (("n_ctx", 0, SIZE_MAX), ("n_batch", 1, SIZE_MAX), ("n_ubatch", 0, SIZE_MAX),
+                             ("n_seq_max", 1, LLAMA_MAX_SEQ)):
+            object.__setattr__(self, name, _check_int(name, getattr(self, name), lo, hi))
         _check_bool("kv_unified", self.kv_unified)
         _check_bool("flash_attn", self.flash_attn)
         _check_bool("swa_full", self.swa_full)
@@ -133,7 +138,7 @@ class ContextParams:
         capacity of the model will not be utilized" when n_ctx_seq < n_ctx_train and WARNING
         "... possible training context overflow" when n_ctx_seq > n_ctx_train (llama.cpp's levels).
         """
-        _check_int("n_ctx_train", n_ctx_train, 0)
+        n_ctx_train = _check_int("n_ctx_train", n_ctx_train, 0, 2**32 - 1)
         _check_bool("causal_attn", causal_attn)
 
         n_ctx = self.n_ctx if self.n_ctx != 0 else n_ctx_train

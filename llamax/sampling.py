@@ -6,7 +6,19 @@ from collections import deque
 
 import numpy as np
 
+from llamax import checks
+
 PENALTY_LAST_N = 64  # llama.cpp's default penalty window
+
+
+def _real(value, what: str) -> float:
+    """A finite real number (ints and numpy scalars too)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not np.isfinite(v):
+        raise ValueError(f"{what} = {v} is not finite")
+    return v
 
 
 class Sampler:
@@ -18,17 +30,27 @@ class Sampler:
         top_p: keep the smallest set whose probability reaches p (1.0: all).
         min_p: drop tokens below min_p times the most likely token's probability (0: none).
         repeat_penalty: divide positive / multiply negative logits of the last 64 tokens (1.0: off).
-        seed: seed of the draw (None: fresh entropy).
+        seed: seed of the draw (None or -1, llama.cpp's default seed: fresh entropy).
+
+    Raises:
+        TypeError: a setting of the wrong type. ValueError: a setting out of range, or not finite.
     """
 
     def __init__(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, seed: int | None = None) -> None:
+        temperature, top_p, min_p, repeat_penalty = (_real(v, w) for v, w in (
+            (temperature, "temperature"), (top_p, "top_p"), (min_p, "min_p"), (repeat_penalty, "repeat_penalty")))
+        top_k = checks.integer(top_k, "top_k")
         if top_k < 0 or not 0.0 < top_p <= 1.0 or not 0.0 <= min_p <= 1.0 or repeat_penalty <= 0:
             raise ValueError(f"invalid sampler settings: top_k={top_k} top_p={top_p} min_p={min_p} "
                              f"repeat_penalty={repeat_penalty}")
-        self.temperature, self.top_k, self.top_p, self.min_p = float(temperature), int(top_k), float(top_p), float(min_p)
-        self.repeat_penalty = float(repeat_penalty)
-        self.rng = np.random.default_rng(seed)
+        if seed is not None:
+            seed = checks.integer(seed, "seed")
+            if seed < -1:
+                raise ValueError(f"seed = {seed}: a seed is >= 0, or -1 (or None) for fresh entropy")
+        self.temperature, self.top_k, self.top_p, self.min_p = temperature, top_k, top_p, min_p
+        self.repeat_penalty = repeat_penalty
+        self.rng = np.random.default_rng(None if seed == -1 else seed)
         self.history: deque[int] = deque(maxlen=PENALTY_LAST_N)
 
     @classmethod

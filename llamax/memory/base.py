@@ -12,23 +12,58 @@ A memory holds what a context remembers between decodes. A decode reaches it in 
 Nothing mutates the cells except the seq_* operations, apply_ubatch and a state restore. plan()
 is the same path for Python model code that runs without a Context: it makes the batch allocator
 itself and returns a Plan, whose iteration applies each ubatch in turn.
+
+Threads: every public operation of a memory runs under the memory's own lock (an RLock, `memory.lock`),
+so calls from several threads wait for each other; the native work inside still runs without the
+GIL. Staleness: every change of the cells (a seq_* operation, clear, apply_ubatch, a restore) moves
+the memory's generation on. A MemoryContext (a Plan) remembers the generation it was made on and
+refuses to apply a ubatch once the memory moved on without it (StalePlanError, nothing changed);
+store() and attend() refuse the same way once the cells changed after the ubatch was applied.
 """
 from __future__ import annotations
 
 import abc
+import functools
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from llamax.batch import Batch, BatchAllocator, UBatch
-from llamax.errors import BatchError
+from llamax.checks import positive
+from llamax.errors import BatchError, StalePlanError
 
 if TYPE_CHECKING:
     from llamax.state import StateReader, StateWriter
 
 
+def locked(method: Callable) -> Callable:
+    """Run a memory's public method under the memory's own lock."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    run.locked = True
+    return run
+
+
 class Memory(abc.ABC):
-    """Abstract base of KVCache and KVCacheISWA."""
+    """Abstract base of KVCache and KVCacheISWA.
+
+    Subclasses call Memory.__init__ first (the lock and the generation), run every public
+    operation under @locked and call _changed() after each change of the cells."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self._generation = 0
+
+    @property
+    def generation(self):
+        """A value that changes with every change of the cells (for stale-plan checks)."""
+        return self._generation
+
+    def _changed(self) -> None:
+        self._generation += 1
 
     # ---- sequences (llama_memory_seq_*) -------------------------------------------------------
     @abc.abstractmethod
@@ -71,6 +106,7 @@ class Memory(abc.ABC):
     def can_shift(self) -> bool:
         """True if seq_add / seq_div may change positions (K can be rotated)."""
 
+    @locked
     def exact_shift_limit(self, seq_id: int, keep_end: int) -> int | None:
         """The largest n_discard whose context shift (discard [keep_end, keep_end + n), move the rest
         down by n) loses nothing the model would still attend to; None when any is exact. Only a
@@ -125,18 +161,20 @@ class Memory(abc.ABC):
     def release_ubatch(self) -> None:
         """Forget the ubatch applied last: store() and attend() refuse until the next apply."""
 
+    @locked
     def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
              n_batch: int | None = None, output_all: bool = False) -> "Plan":
         """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
         for every one of them (for model code without a Context). Nothing changes until the plan is
-        iterated.
+        iterated. The plan holds for the cells it was made on: once anything else changes them
+        (another plan applied, a seq_* operation, a clear, a restore), iterating it raises
+        StalePlanError and changes nothing.
 
         Raises:
             BatchError: the batch is invalid (the message names the token and the rule).
             NoKVSlotError: it does not fit in the memory.
         """
-        if n_ubatch <= 0:
-            raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
+        n_ubatch = positive(n_ubatch, "n_ubatch")
         self.update()
         balloc = BatchAllocator(n_seq_max=self.n_seq_max, n_vocab=n_vocab, n_batch=n_batch)
         balloc.init(batch, self, output_all=output_all)
@@ -172,7 +210,8 @@ class MemoryContext:
 
     Made by Memory.init_batch after every ubatch was placed and rolled back, so the whole batch
     fits; nothing has changed yet. apply(i) writes ubatch i's cells, in order i = 0, 1, ...;
-    between two applies the model stores K/V and attends for every layer.
+    between two applies the model stores K/V and attends for every layer. It is valid for the
+    memory's generation it was made on (and, after each apply, the one that apply made).
     """
 
     def __init__(self, memory: Memory, ubatches: list[UBatch], slots: list) -> None:
@@ -181,6 +220,7 @@ class MemoryContext:
         self.ubatches = ubatches
         self.slots = slots      # per ubatch, what the memory reserved for it
         self.n_applied = 0
+        self.generation = memory.generation
 
     def __len__(self) -> int:
         return len(self.ubatches)
@@ -190,17 +230,30 @@ class MemoryContext:
 
         Raises:
             ValueError: i is not the next ubatch.
+            StalePlanError: the memory changed since this context was made (or since its last
+                apply); nothing changes.
         """
-        if i != self.n_applied:
-            raise ValueError(f"ubatch {i} applied out of order: the next is {self.n_applied} of {len(self)}")
-        ub = self.ubatches[i]
-        self.memory.apply_ubatch(ub, self.slots[i])
-        self.n_applied += 1
+        mem = self.memory
+        with mem.lock:
+            if i != self.n_applied:
+                raise ValueError(f"ubatch {i} applied out of order: the next is {self.n_applied} of {len(self)}")
+            if mem.generation != self.generation:
+                raise StalePlanError(f"this plan was made for other cells: the memory changed since it was made "
+                                     f"(another plan applied, a seq_* operation, a clear or a restore); "
+                                     f"plan the batch again ({i} of {len(self)} ubatches were applied)")
+            ub = self.ubatches[i]
+            mem.apply_ubatch(ub, self.slots[i])
+            self.generation = mem.generation
+            self.n_applied += 1
         return ub
 
     def close(self) -> None:
-        """The batch is done: the memory forgets its last ubatch (llama.cpp drops the memory context)."""
-        self.memory.release_ubatch()
+        """The batch is done: the memory forgets its last ubatch (llama.cpp drops the memory context),
+        unless the memory moved on since (then that ubatch is no longer this context's)."""
+        mem = self.memory
+        with mem.lock:
+            if mem.generation == self.generation:
+                mem.release_ubatch()
 
 
 class Plan:

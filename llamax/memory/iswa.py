@@ -25,7 +25,7 @@ from llamax import state
 from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import N_CTX_PAD, pad
 from llamax.errors import LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
+from llamax.memory.base import Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.memory.kv_cache import KVCache
 from llamax.rope import RoPE
 
@@ -57,6 +57,7 @@ class KVCacheISWA(Memory):
                  swa_layers: Sequence[int], n_swa: int, swa_type: str = "standard", swa_full: bool = False,
                  n_ubatch: int = 512, rope: RoPE | None = None, rope_swa: RoPE | None = None,
                  n_seq_max: int = 1, unified: bool = True, **kw) -> None:
+        super().__init__()
         swa = sorted({int(i) for i in swa_layers})
         if any(i < 0 or i >= n_layer for i in swa):
             raise ValueError(f"swa_layers {swa} outside [0, {n_layer})")
@@ -80,6 +81,11 @@ class KVCacheISWA(Memory):
         self.n_layer = n_layer
         self._of = {il: self.base for il in base} | {il: self.swa for il in swa}
 
+    @property
+    def generation(self):
+        """The pair of the two caches' generations: a change made through either moves it on."""
+        return (self.base.generation, self.swa.generation)
+
     def cache_of(self, il: int) -> KVCache:
         """The sub-cache that stores layer il."""
         try:
@@ -99,6 +105,7 @@ class KVCacheISWA(Memory):
         full = self.base.kv_size == self.swa.kv_size
         return self.base.can_shift and self.swa.can_shift and (full or self.swa.swa_type == "standard")
 
+    @locked
     def exact_shift_limit(self, seq_id: int, keep_end: int) -> int | None:
         """The largest n_discard for which discarding [keep_end, keep_end + n_discard) of seq_id and
         moving the rest down gives the same visible cells as a swa_full cache would: the window of
@@ -123,6 +130,7 @@ class KVCacheISWA(Memory):
         return self.base.n_cells + self.swa.n_cells
 
     @property
+    @locked
     def n_used(self) -> int:
         return self.base.n_used + self.swa.n_used
 
@@ -130,24 +138,31 @@ class KVCacheISWA(Memory):
         b, s = self.base.breakdown(), self.swa.breakdown()
         return {"k": b["k"], "v": b["v"], "k_swa": s["k"], "v_swa": s["v"]}
 
+    @locked
     def cells(self) -> list[tuple[int, frozenset[int]]]:
         """The base cache's cells then the SWA cache's."""
         return self.base.cells() + self.swa.cells()
 
     # ---- sequences ------------------------------------------------------------------------------
+    # Both caches check the same arguments the same way, so the base cache raising first leaves both
+    # unchanged; seq_add / seq_div check both caches before either changes.
+    @locked
     def clear(self, data: bool = True) -> None:
         self.base.clear(data)
         self.swa.clear(data)
 
+    @locked
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         r0 = self.base.seq_rm(seq_id, p0, p1)
         r1 = self.swa.seq_rm(seq_id, p0, p1)
         return r0 and r1
 
+    @locked
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         self.base.seq_cp(seq_id_src, seq_id_dst, p0, p1)
         self.swa.seq_cp(seq_id_src, seq_id_dst, p0, p1)
 
+    @locked
     def seq_keep(self, seq_id: int) -> None:
         self.base.seq_keep(seq_id)
         self.swa.seq_keep(seq_id)
@@ -158,33 +173,41 @@ class KVCacheISWA(Memory):
                               "RoPE for both caches, and a full-size SWA cache (swa_full=True) unless its window "
                               "is a standard sliding window)")
 
+    @locked
     def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
-        if shift != 0:
+        args = self.base.check_seq_add(seq_id, p0, p1, shift)
+        if args[3] != 0:
             self._check_shift(f"seq_add({seq_id}, {p0}, {p1}, {shift})")
-        self.base.seq_add(seq_id, p0, p1, shift)
-        self.swa.seq_add(seq_id, p0, p1, shift)
+        self.swa.check_seq_add(*args)
+        self.base.seq_add(*args)
+        self.swa.seq_add(*args)
 
+    @locked
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
-        if d <= 0:
-            raise ValueError(f"seq_div by {d}: the divisor must be positive")
-        if d != 1:
+        args = self.base.check_seq_div(seq_id, p0, p1, d)
+        if args[3] != 1:
             self._check_shift(f"seq_div({seq_id}, {p0}, {p1}, {d})")
-        self.base.seq_div(seq_id, p0, p1, d)
-        self.swa.seq_div(seq_id, p0, p1, d)
+        self.swa.check_seq_div(*args)
+        self.base.seq_div(*args)
+        self.swa.seq_div(*args)
 
+    @locked
     def seq_pos_min(self, seq_id: int) -> int:
         """From the SWA cache, as llama.cpp: the oldest position any layer still sees."""
         return self.swa.seq_pos_min(seq_id)
 
+    @locked
     def seq_pos_max(self, seq_id: int) -> int:
         return self.swa.seq_pos_max(seq_id)
 
     # ---- decoding -------------------------------------------------------------------------------
+    @locked
     def update(self) -> bool:
         a = self.base.update()
         b = self.swa.update()
         return a or b
 
+    @locked
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
         """As KVCache.init_batch, placing every ubatch in both caches: first with a simple split
         (unified caches), then with an equal split, as llama_kv_cache_iswa::init_batch does. A
@@ -209,29 +232,35 @@ class KVCacheISWA(Memory):
                             f"(base {self.base.n_used}/{self.base.n_cells}, swa {self.swa.n_used}/{self.swa.n_cells} "
                             "cells used)")
 
+    @locked
     def apply_ubatch(self, ubatch: UBatch, slot: tuple) -> None:
         """Write the ubatch's cells in both caches (slot: (base slot, SWA slot))."""
         self.base.apply_ubatch(ubatch, slot[0])
         self.swa.apply_ubatch(ubatch, slot[1])
 
+    @locked
     def release_ubatch(self) -> None:
         self.base.release_ubatch()
         self.swa.release_ubatch()
 
+    @locked
     def store(self, il: int, ubatch, k, v) -> None:
         self.cache_of(il).store(il, ubatch, k, v)
 
+    @locked
     def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0,
                causal: bool = True, out=None):
         return self.cache_of(il).attend(il, ubatch, q, scale=scale, softcap=softcap, causal=causal, out=out)
 
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
+    @locked
     def state_write(self, w, seq_id: int = -1) -> None:
         """The base cache's state, then the SWA cache's (which keeps only the cells in the window)."""
         state.write_tag(w, state.TAG_ISWA)
         self.base.state_write(w, seq_id)
         self.swa.state_write(w, seq_id)
 
+    @locked
     def state_read(self, r, seq_id: int = -1):
         """Validate both sections before either cache changes; the installer restores both."""
         state.read_tag(r, state.TAG_ISWA)
@@ -239,7 +268,8 @@ class KVCacheISWA(Memory):
         install_swa = self.swa.state_read(r, seq_id)
 
         def install() -> None:
-            install_base()
-            install_swa()
+            with self.lock:
+                install_base()
+                install_swa()
 
         return install

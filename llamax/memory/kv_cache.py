@@ -30,11 +30,12 @@ from llamax._native import kq_mask as _mask
 from llamax._native import quants as _quants
 from llamax._native import rope as _rope
 from llamax._native.cells import CELL_STATE_DTYPE, SWA_TYPES, KVCells
+from llamax import checks
 from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES,
                            SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
-from llamax.errors import LlamaxError, NoKVSlotError, StateError
-from llamax.memory.base import Memory, MemoryContext, check_streams, split_batch
+from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
+from llamax.memory.base import Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
 from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
@@ -76,6 +77,7 @@ class _Active:
     idxs: np.ndarray   # uint32 [n_tokens]
     contiguous: bool
     masks: dict
+    generation: int    # the memory's generation right after the apply
 
 
 class KVCache(Memory):
@@ -110,12 +112,13 @@ class KVCache(Memory):
                  n_swa: int = 0, swa_type: str = "none", rope: RoPE | None = None,
                  n_threads: int | None = None, layer_ids: Sequence[int] | None = None,
                  name: str = "llama_kv_cache", rotate: bool | None = None) -> None:
-        for what, val in (("n_layer", n_layer), ("n_head_kv", n_head_kv), ("head_dim", head_dim),
-                          ("kv_size", kv_size)):
-            if not isinstance(val, (int, np.integer)) or val <= 0:
-                raise ValueError(f"{what} must be a positive int, got {val!r}")
-        if not 1 <= n_seq_max <= LLAMA_MAX_SEQ:
-            raise ValueError(f"n_seq_max must be in [1, {LLAMA_MAX_SEQ}], got {n_seq_max}")
+        super().__init__()
+        n_layer, n_head_kv, head_dim = (checks.positive(v, w) for v, w in
+                                        ((n_layer, "n_layer"), (n_head_kv, "n_head_kv"), (head_dim, "head_dim")))
+        kv_size = checks.positive(kv_size, "kv_size")
+        head_dim_v = None if head_dim_v is None else checks.positive(head_dim_v, "head_dim_v")
+        n_seq_max = checks.in_range(n_seq_max, "n_seq_max", 1, LLAMA_MAX_SEQ + 1)
+        n_swa = checks.in_range(n_swa, "n_swa", 0, 2**31)
         if swa_type not in SWA_TYPES:
             raise ValueError(f"swa_type {swa_type!r} not in {sorted(SWA_TYPES)}")
         if swa_type != "none" and n_swa <= 0:
@@ -183,6 +186,7 @@ class KVCache(Memory):
         return self.kv_size * self.n_stream
 
     @property
+    @locked
     def n_used(self) -> int:
         return self.meta.n_used
 
@@ -197,6 +201,7 @@ class KVCache(Memory):
                 % ((b["k"] + b["v"]) / MiB, self.kv_size, self.n_layer, self._n_seq_max, self.n_stream,
                    self.type_k, b["k"] / MiB, self.type_v, b["v"] / MiB))
 
+    @locked
     def cells(self) -> list[tuple[int, frozenset[int]]]:
         return self.meta.cells()
 
@@ -204,6 +209,13 @@ class KVCache(Memory):
         return f"KVCache({self.summary()}, used {self.n_used})"
 
     # ---- sequences ------------------------------------------------------------------------------
+    # Arguments are checked before anything changes (llamax.checks): ids in [0, n_seq_max) (-1 for
+    # every sequence where allowed), bounds p0 / p1 negative (unbounded) or at most POS_MAX, and no
+    # position may leave [0, POS_MAX) upwards (one shifted below 0 removes its cell, as llama.cpp).
+    def _seq(self, seq_id, what: str = "seq_id", every: bool = False) -> int:
+        return checks.seq_id(seq_id, self.n_seq_max, what, every=every)
+
+    @locked
     def clear(self, data: bool = True) -> None:
         self.meta.clear()
         self._pending_copies.clear()
@@ -211,42 +223,105 @@ class KVCache(Memory):
         if data:
             for a in self.k + self.v:
                 a.fill(0)
+        self._changed()
 
+    @locked
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
-        return self.meta.seq_rm(seq_id, p0, p1)
+        seq_id = self._seq(seq_id, every=True)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        self.meta.seq_rm(seq_id, p0, p1)
+        self._changed()
+        return True
 
+    @locked
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
-        pending = self.meta.seq_cp(seq_id_src, seq_id_dst, p0, p1)
+        src, dst = self._seq(seq_id_src, "seq_id_src"), self._seq(seq_id_dst, "seq_id_dst")
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        pending = self.meta.seq_cp(src, dst, p0, p1)
         if pending is not None:
             self._pending_copies.append(pending)
+        self._changed()
 
+    @locked
     def seq_keep(self, seq_id: int) -> None:
-        self.meta.seq_keep(seq_id)
+        self.meta.seq_keep(self._seq(seq_id))
+        self._changed()
 
     def _check_shift(self, what: str) -> None:
         if not self.can_shift:
             raise LlamaxError(f"{what}: this cache cannot shift positions (can_shift is False: "
                               + ("no RoPE was given" if self.rope is None else "see can_shift") + ")")
 
-    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+    @locked
+    def range_pos_max(self, seq_id: int, p0: int, p1: int) -> int:
+        """The largest position of seq_id in [p0, p1) (bounds as seq_add's, checked), -1 if none."""
+        cells = self.meta.streams[self.meta.seq_to_stream[seq_id]]
+        if cells.seq_n_cells(seq_id) == 0:
+            return -1
+        pos = cells.pos_view()
+        sel = _has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
+        if p1 >= 0:
+            sel &= pos < p1
+        return int(pos[sel].max()) if sel.any() else -1
+
+    @locked
+    def check_seq_add(self, seq_id, p0, p1, shift) -> tuple[int, int, int, int]:
+        """seq_add's arguments, checked and normalised (seq_id, p0, p1, shift); changes nothing.
+
+        Raises:
+            TypeError: a non-integer. ValueError: an id or bound out of range, or a position the
+                shift would move to POS_MAX or beyond. LlamaxError: the cache cannot shift.
+        """
+        seq_id = self._seq(seq_id)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        shift = checks.integer(shift, "shift")
         if shift != 0:
             self._check_shift(f"seq_add({seq_id}, {p0}, {p1}, {shift})")
-        self.meta.seq_add(seq_id, p0, p1, shift)
+        if shift > 0 and self.seq_pos_max(seq_id) + shift >= POS_MAX:
+            top = self.range_pos_max(seq_id, p0, p1)
+            if top >= 0 and top + shift >= POS_MAX:
+                raise ValueError(f"seq_add({seq_id}, {p0}, {p1}, {shift}) would move position {top} to "
+                                 f"{top + shift}, beyond the largest position {POS_MAX - 1}")
+        return seq_id, p0, p1, max(shift, -POS_MAX)  # a shift below -POS_MAX removes as much as -POS_MAX
 
-    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+    @locked
+    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+        seq_id, p0, p1, shift = self.check_seq_add(seq_id, p0, p1, shift)
+        if shift == 0:
+            return
+        self.meta.seq_add(seq_id, p0, p1, shift)
+        self._changed()
+
+    @locked
+    def check_seq_div(self, seq_id, p0, p1, d) -> tuple[int, int, int, int]:
+        """seq_div's arguments, checked and normalised (seq_id, p0, p1, d); changes nothing."""
+        seq_id = self._seq(seq_id)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        d = checks.integer(d, "d")
         if d <= 0:
             raise ValueError(f"seq_div by {d}: the divisor must be positive")
         if d != 1:
             self._check_shift(f"seq_div({seq_id}, {p0}, {p1}, {d})")
+        return seq_id, p0, p1, min(d, POS_MAX)  # any divisor beyond the largest position gives 0
+
+    @locked
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        seq_id, p0, p1, d = self.check_seq_div(seq_id, p0, p1, d)
+        if d == 1:
+            return
         self.meta.seq_div(seq_id, p0, p1, d)
+        self._changed()
 
+    @locked
     def seq_pos_min(self, seq_id: int) -> int:
-        return self.meta.seq_pos_min(seq_id)
+        return self.meta.seq_pos_min(self._seq(seq_id))
 
+    @locked
     def seq_pos_max(self, seq_id: int) -> int:
-        return self.meta.seq_pos_max(seq_id)
+        return self.meta.seq_pos_max(self._seq(seq_id))
 
     # ---- update ---------------------------------------------------------------------------------
+    @locked
     def update(self) -> bool:
         """Copy pending stream rows (cross-stream seq_cp), then rotate K of shifted cells."""
         did = False
@@ -272,6 +347,7 @@ class KVCache(Memory):
         return did
 
     # ---- planning and applying -----------------------------------------------------------------
+    @locked
     def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
         """Split the batch (split_simple; split_equal with one stream per sequence) and reserve cells
         for every ubatch, then roll back (llama_kv_cache::init_batch). Nothing changes.
@@ -288,27 +364,39 @@ class KVCache(Memory):
                                 f"({self.n_used}/{self.n_cells} cells used)")
         return MemoryContext(self, ubatches, slots)
 
+    @locked
     def apply_ubatch(self, ubatch: UBatch, slot: tuple[np.ndarray, np.ndarray]) -> None:
         """Write the cells init_batch reserved for the ubatch (slot: (streams, cell indices)) and make
         it the ubatch store() and attend() act on (llama_kv_cache::apply_ubatch)."""
         strm, idxs = slot
         self.meta.apply_ubatch(ubatch, strm, idxs)
-        self._active = _Active(ubatch, strm, idxs, KVCells.is_contiguous(strm, idxs), {})
+        self._changed()
+        self._active = _Active(ubatch, strm, idxs, KVCells.is_contiguous(strm, idxs), {}, self._generation)
         if LX_DEBUG:
             log.info("%s: cells after a ubatch of %d tokens:\n%s", self.name, ubatch.n_tokens, self.meta.dump())
 
+    @locked
     def release_ubatch(self) -> None:
         self._active = None
 
-    def _active_for(self, il: int, ubatch: UBatch) -> tuple[_Active, int]:
+    def _active_ubatch(self, ubatch: UBatch) -> _Active:
+        """The applied ubatch, if it is this one and the cells did not change since its apply."""
         act = self._active
         if act is None or act.ubatch is not ubatch:
             raise ValueError("this ubatch is not the one being applied: apply it (iterate the plan) and "
                              "store/attend before the next one")
+        if act.generation != self._generation:
+            raise StalePlanError("the memory changed since this ubatch was applied (a seq_* operation, a clear, "
+                                 "a restore or another ubatch): store and attend refuse its stale cells")
+        return act
+
+    def _active_for(self, il: int, ubatch: UBatch) -> tuple[_Active, int]:
+        act = self._active_ubatch(ubatch)
         if il not in self._layer:
             raise ValueError(f"layer {il} is not stored in this cache (layers {self.layer_ids[:8]}...)")
         return act, self._layer[il]
 
+    @locked
     def store(self, il: int, ubatch: UBatch, k, v) -> None:
         """Write K/V rows of layer il for the tokens of the ubatch being applied (set_rows).
 
@@ -352,6 +440,7 @@ class KVCache(Memory):
             _had.hadamard_rows(rows, block, self.n_threads)
         return rows
 
+    @locked
     def n_kv(self, strm: np.ndarray | None = None) -> int:
         """Cells attention looks at: llama.cpp's get_n_kv (used range padded to 256, at most kv_size)."""
         streams = range(self.n_stream) if strm is None else (int(s) for s in strm)
@@ -361,11 +450,10 @@ class KVCache(Memory):
             n = max(n, min(self.kv_size, max(N_KV_PAD, pad(used, N_KV_PAD))))
         return n
 
+    @locked
     def mask(self, ubatch: UBatch, *, causal: bool = True) -> np.ndarray:
         """The KQ mask of the ubatch being applied, [n_parts, n_tps_pad, n_kv] (built once per ubatch)."""
-        act = self._active
-        if act is None or act.ubatch is not ubatch:
-            raise ValueError("this ubatch is not the one being applied")
+        act = self._active_ubatch(ubatch)
         m = act.masks.get(causal)
         if m is None:
             n_kv = self.n_kv(act.strm)
@@ -377,6 +465,7 @@ class KVCache(Memory):
             act.masks[causal] = m
         return m
 
+    @locked
     def attend(self, il: int, ubatch: UBatch, q, *, scale: float | None = None, softcap: float = 0.0,
                causal: bool = True, out: np.ndarray | None = None) -> np.ndarray:
         """Attention of q over layer il with the mask llama.cpp builds, in the native kernel.
@@ -438,6 +527,7 @@ class KVCache(Memory):
             out[li, 1] = int(np.prod(v.shape[1:-1] if self.v_trans else v.shape[2:])) * v.itemsize
         return out
 
+    @locked
     def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
         """Append this cache's section to a state: every sequence (seq_id -1) or seq_id's cells
         alone, written as that sequence. Pending stream copies and K-shifts are applied first
@@ -480,6 +570,7 @@ class KVCache(Memory):
                 for a, n in runs:
                     w.data(v[st, ..., a:a + n] if self.v_trans else v[st, a:a + n])
 
+    @locked
     def state_read(self, r: StateReader, seq_id: int = -1) -> Callable[[], None]:
         """Parse and validate this cache's section of a state without changing anything; returns
         the function that installs it. A whole state goes back into the same cells with the same
@@ -586,6 +677,10 @@ class KVCache(Memory):
                         np.copyto(self.v[li][st, d0:d0 + n], vs[li][j][off:off + n])
 
         def install_all() -> None:
+            with self.lock:
+                _install_all()
+
+        def _install_all() -> None:
             self.clear(data=False)
             for (st, runs, cells), (ks, vs) in zip(streams, chunks):
                 idx = np.concatenate([np.arange(a, a + n) for a, n in runs])
@@ -596,8 +691,13 @@ class KVCache(Memory):
                 copy_rows(st, [int(n) for n in runs[:, 1]], runs, ks, vs)
             h = np.asarray(heads, dtype=np.int64)
             self.meta.heads[:] = np.where(h <= self.kv_size, h, 0)  # a head may sit just past the last cell
+            self._changed()
 
         def install_seq() -> None:
+            with self.lock:
+                _install_seq()
+
+        def _install_seq() -> None:
             self.seq_rm(seq_id, -1, -1)
             if not streams:
                 return
@@ -609,6 +709,7 @@ class KVCache(Memory):
                 raise StateError(f"{where}: no room for the {n} cells of the saved sequence "
                                  f"({self.n_used}/{self.n_cells} cells used)")
             self.apply_ubatch(ub, slot[0])
+            self.release_ubatch()
             strm, idxs = slot[0]
             st = int(strm[0])
             if np.any(cells["x"]) or np.any(cells["y"]):
