@@ -25,7 +25,6 @@ import numpy as np
 
 from llamax import state as _state
 from llamax.batch import Batch, BatchAllocator
-from llamax.errors import StateError
 from llamax.memory import Memory
 from llamax.params import ContextParams
 
@@ -142,15 +141,18 @@ class Context:
         return n
 
     def _load(self, path, seq_id: int) -> list[int]:
+        """Restore a state file: its headers are checked against its length first, then the blob is
+        read from the file as the memory asks for it. On any failure the destination is left empty."""
         try:
-            tokens, blob = _state.load_file(path)
-        except StateError:
+            f = _state.open_file(path)
+        except BaseException:
             _state.empty(self.memory, seq_id)
             if seq_id < 0:
                 self._clear_outputs()
             raise
-        self._restore(blob, seq_id, exact=True)
-        return tokens
+        with f:
+            self._restore(f, seq_id)
+        return f.tokens
 
     def _fingerprint(self) -> bytes:
         return _state.fingerprint_bytes(self.model.fingerprint)
@@ -175,7 +177,13 @@ class Context:
         return self._restore(data, -1)
 
     def state_save_file(self, path: str | os.PathLike, tokens: Iterable[int]) -> None:
-        """Write the whole state and the tokens it holds to a file (llama_state_save_file)."""
+        """Write the whole state and the tokens it holds to a file (llama_state_save_file): a new file
+        next to path, renamed over it.
+
+        Raises:
+            StateError: path exists and is not a regular file (a directory, a symbolic link, a FIFO,
+                a device); nothing is written.
+        """
         w, kind = self._writer(-1)
         _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
 
@@ -183,7 +191,10 @@ class Context:
         """Restore the whole state from a state_save_file file; returns its tokens.
 
         Raises:
-            StateError: as state_set_data, or a file that is not exactly one valid state.
+            StateError: as state_set_data, or a file that is not exactly one valid state (sizes are
+                checked against the file's length before its body is read), or not a regular file.
+            OSError: the file cannot be opened or read.
+            On any failure the memory is cleared and there are no logits.
         """
         return self._load(path, -1)
 
@@ -205,10 +216,15 @@ class Context:
         return self._restore(data, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))
 
     def state_seq_save_file(self, path: str | os.PathLike, seq_id: int, tokens: Iterable[int]) -> None:
-        """Write one sequence's state and its tokens to a file (llama_state_seq_save_file)."""
+        """Write one sequence's state and its tokens to a file (llama_state_seq_save_file); refuses
+        a path as state_save_file does."""
         w, kind = self._writer(seq_id)
         _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
 
     def state_seq_load_file(self, path: str | os.PathLike, dest_seq_id: int) -> list[int]:
-        """Restore a state_seq_save_file file into dest_seq_id; returns its tokens."""
+        """Restore a state_seq_save_file file into dest_seq_id; returns its tokens.
+
+        Raises:
+            StateError, OSError: as state_load_file; dest_seq_id is then left empty.
+        """
         return self._load(path, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))

@@ -16,8 +16,9 @@ A state blob is one header, one metadata region and one data region:
 
 Every count and compatibility field lives in the metadata; the data region holds nothing but the
 bulk arrays (logits, K rows, V rows or V columns), each chunk padded to 8 bytes, in the order the
-metadata describes. A reader checks the lengths, the CRC and the XOR before it parses anything, so
-a truncated blob or one bit flipped anywhere is refused before a single count is trusted (the CRC
+metadata describes. A reader checks the lengths, the CRC and the XOR before it parses anything (a
+file's reader: the XOR once the data is read, still before anything is installed), so a truncated
+blob or one bit flipped anywhere is refused before a single count is trusted (the CRC
 catches every burst of up to 32 bits in the small regions; the word XOR catches every odd number of
 flips in a bit lane of the data at memory speed).
 
@@ -49,11 +50,21 @@ empty (the whole cache cleared, or seq_rm of the destination sequence), never le
 
 File format (state_save_file / state_seq_save_file): magic b"LLAMAXSF", version u32, n_tokens u32,
 tokens i32[n_tokens], crc32 u32 of all that, then exactly one state blob up to the end of the file.
+A file is never read whole: open_file checks both headers against the file's length (the blob's
+64 + meta_len + padding + data_len bytes must end exactly at the end of the file) before it reads the
+tokens; restore then reads the metadata (CRC checked before a count is trusted) and each data chunk
+from the file when the memory asks for it, and checks the data's XOR before anything is installed.
+Loading holds at most the metadata and the chunks the memory asked for, never the file. Saving
+writes a new file next to the path and renames it over the path; a path that exists and is not a
+regular file (a directory, a symbolic link, a FIFO, a device) is refused and left as it is.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
+import stat
 import struct
 import zlib
 from collections.abc import Iterable
@@ -84,6 +95,7 @@ _CRC_AT = 56
 _FILE_HEAD = struct.Struct("<8sII")
 _U32 = struct.Struct("<I")
 _OUTPUTS = struct.Struct("<III")
+_CHUNK = 1 << 24  # bytes of a file read (and XORed) at a time
 
 
 
@@ -150,6 +162,59 @@ class StateWriter:
         return _buffers.join(self.parts(kind, fingerprint))
 
 
+class _Head:
+    """A blob's header, its lengths checked against the n bytes available (exact: n must be the blob).
+
+    Raises:
+        StateError: too short for a header, another magic or version, a data length that is not a
+            multiple of 8, fewer bytes than announced (or more, when exact).
+    """
+
+    def __init__(self, buf, n: int, exact: bool, where: str = "") -> None:
+        if n < _HEADER.size:
+            raise StateError(f"{where}state truncated: {n} bytes, the header alone takes {_HEADER.size}")
+        (magic, version, self.kind, self.fingerprint, meta_len, self.data_len, self.data_xor, self.crc,
+         self.reserved) = _HEADER.unpack_from(buf, 0)
+        if magic != MAGIC:
+            raise StateError(f"{where}not a llamax state (magic {magic!r}, expected {MAGIC!r})")
+        if version != VERSION:
+            raise StateError(f"{where}state format version {version} is not supported "
+                             f"(this llamax reads version {VERSION})")
+        if self.data_len % 8:
+            raise StateError(f"{where}corrupt state: data length {self.data_len} is not a multiple of 8")
+        self.meta_end = _HEADER.size + meta_len
+        self.data_at = self.meta_end + (-meta_len % 8)  # the metadata region is padded to 8 bytes
+        self.size = self.data_at + self.data_len
+        if n < self.size:
+            raise StateError(f"{where}state truncated: {n} bytes, the header announces {self.size}")
+        if exact and n > self.size:
+            raise StateError(f"{where}{n - self.size} unexpected bytes after the state ({self.size} bytes)")
+        self.where = where
+
+    def check_crc(self, mv: memoryview) -> None:
+        """mv holds the header and the padded metadata."""
+        c = zlib.crc32(mv[_CRC_AT + 4:_HEADER.size], zlib.crc32(mv[:_CRC_AT]))
+        c = zlib.crc32(mv[_HEADER.size:self.data_at], c)
+        if c != self.crc:
+            raise StateError(f"{self.where}corrupt state: checksum of the header and metadata is {c:#010x}, "
+                             f"expected {self.crc:#010x}")
+
+    def check_xor(self, x: int) -> None:
+        if x != self.data_xor:
+            raise StateError(f"{self.where}corrupt state: checksum of the K/V data is {x:#018x}, "
+                             f"expected {self.data_xor:#018x}")
+
+    def check_kind(self, kind: int, fingerprint: bytes) -> None:
+        if self.reserved != 0:
+            raise StateError(f"{self.where}corrupt state: reserved header field is {self.reserved}")
+        if self.kind != kind:
+            raise StateError(f"{self.where}this is a {KIND_NAMES.get(self.kind, f'kind-{self.kind}')} state, "
+                             f"expected a {KIND_NAMES[kind]} state")
+        if self.fingerprint != fingerprint:
+            raise StateError(f"{self.where}state of another model: fingerprint {self.fingerprint.hex()}, "
+                             f"this one is {fingerprint.hex()}")
+
+
 class StateReader:
     """Reads a blob written by StateWriter. The constructor checks the magic, the version, the
     lengths, both checksums, the kind and the fingerprint; then metadata and data are read in order.
@@ -169,43 +234,20 @@ class StateReader:
             raise StateError("state data must be a contiguous buffer")
         if mv.ndim != 1 or mv.itemsize != 1:
             mv = mv.cast("B")
-        n = mv.nbytes
-        if n < _HEADER.size:
-            raise StateError(f"state truncated: {n} bytes, the header alone takes {_HEADER.size}")
-        magic, version, got_kind, fp, meta_len, data_len, data_xor, crc, reserved = _HEADER.unpack_from(mv, 0)
-        if magic != MAGIC:
-            raise StateError(f"not a llamax state (magic {magic!r}, expected {MAGIC!r})")
-        if version != VERSION:
-            raise StateError(f"state format version {version} is not supported (this llamax reads version {VERSION})")
-        meta_pad = meta_len + (-meta_len % 8)
-        total = _HEADER.size + meta_pad + data_len
-        if data_len % 8:
-            raise StateError(f"corrupt state: data length {data_len} is not a multiple of 8")
-        if n < total:
-            raise StateError(f"state truncated: {n} bytes, the header announces {total}")
-        if exact and n > total:
-            raise StateError(f"{n - total} unexpected bytes after the state ({total} bytes)")
-        c = zlib.crc32(mv[_CRC_AT + 4:_HEADER.size], zlib.crc32(mv[:_CRC_AT]))
-        c = zlib.crc32(mv[_HEADER.size:_HEADER.size + meta_pad], c)
-        if c != crc:
-            raise StateError(f"corrupt state: checksum of the header and metadata is {c:#010x}, expected {crc:#010x}")
-        words = np.frombuffer(mv, np.uint64, count=data_len // 8, offset=_HEADER.size + meta_pad)
-        x = int(np.bitwise_xor.reduce(words)) if words.size else 0
-        if x != data_xor:
-            raise StateError(f"corrupt state: checksum of the K/V data is {x:#018x}, expected {data_xor:#018x}")
-        if reserved != 0:
-            raise StateError(f"corrupt state: reserved header field is {reserved}")
-        if got_kind != kind:
-            raise StateError(f"this is a {KIND_NAMES.get(got_kind, f'kind-{got_kind}')} state, "
-                             f"expected a {KIND_NAMES[kind]} state")
-        if fp != fingerprint:
-            raise StateError(f"state of another model: fingerprint {fp.hex()}, this one is {fingerprint.hex()}")
+        h = _Head(mv, mv.nbytes, exact)
+        h.check_crc(mv)
+        h.check_xor(_xor64(np.frombuffer(mv, np.uint8, count=h.data_len, offset=h.data_at)))
+        h.check_kind(kind, fingerprint)
+        self._start(mv, h)
+
+    def _start(self, mv: memoryview, h: _Head) -> None:
+        """Read from mv (the metadata at least) the regions h describes."""
         self._mv = mv
         self._meta = _HEADER.size
-        self._meta_end = _HEADER.size + meta_len
-        self._data = _HEADER.size + meta_pad
-        self._data_end = total
-        self.size = total
+        self._meta_end = h.meta_end
+        self._data = h.data_at
+        self._data_end = h.size
+        self.size = h.size
 
     def _take_meta(self, nbytes: int, what: str) -> int:
         at = self._meta
@@ -224,13 +266,18 @@ class StateReader:
         at = self._take_meta(count * dtype.itemsize, what)
         return np.frombuffer(self._mv, dtype, count=count, offset=at)
 
-    def data(self, nbytes: int, what: str) -> np.ndarray:
-        """The next data chunk of nbytes (uint8 view; the chunk's padding is skipped)."""
+    def _take_data(self, nbytes: int, what: str) -> tuple[int, int]:
+        """(offset, padded size) of the next data chunk of nbytes."""
         at = self._data
         step = nbytes + (-nbytes % 8)
         if step > self._data_end - at:
             raise StateError(f"state data ends early: {what} needs {nbytes} bytes, {self._data_end - at} left")
         self._data = at + step
+        return at, step
+
+    def data(self, nbytes: int, what: str) -> np.ndarray:
+        """The next data chunk of nbytes (uint8 view; the chunk's padding is skipped)."""
+        at, _ = self._take_data(nbytes, what)
         return np.frombuffer(self._mv, np.uint8, count=nbytes, offset=at)
 
     def finish(self) -> None:
@@ -239,6 +286,45 @@ class StateReader:
             raise StateError(f"{self._meta_end - self._meta} unexpected bytes at the end of the state metadata")
         if self._data != self._data_end:
             raise StateError(f"{self._data_end - self._data} unexpected bytes at the end of the state data")
+
+
+class _FileReader(StateReader):
+    """A StateReader over the blob of an open state file (StateFile), for restore: it holds the
+    metadata and the data chunks the memory asked for, never the file. The constructor reads the
+    padded metadata (its size was checked against the file's) and checks the CRC, the kind and the
+    fingerprint; data() reads each chunk from the file when the memory asks for it, in bounded
+    pieces XORed as they arrive; finish() checks that the data was read exactly and its XOR, before
+    anything is installed. A blob whose memory section asks for less data than the file holds is
+    refused without reading the rest.
+    """
+
+    def __init__(self, sf: "StateFile", *, kind: int, fingerprint: bytes) -> None:
+        h = sf.head
+        buf = bytearray(h.data_at)
+        buf[:_HEADER.size] = sf.head_bytes
+        _read_exactly(sf, memoryview(buf)[_HEADER.size:])
+        mv = memoryview(buf).toreadonly()
+        h.check_crc(mv)
+        h.check_kind(kind, fingerprint)
+        self._start(mv, h)
+        self._sf = sf
+        self._head = h
+        self._xor = 0
+
+    def data(self, nbytes: int, what: str) -> np.ndarray:
+        """The next data chunk of nbytes, read from the file into a new uint8 array."""
+        _, step = self._take_data(nbytes, what)
+        out = np.empty(step, np.uint8)
+        mv = memoryview(out)
+        for at in range(0, step, _CHUNK):
+            _read_exactly(self._sf, mv[at:at + _CHUNK])
+            self._xor ^= _xor64(out[at:at + _CHUNK])
+        return out[:nbytes]
+
+    def finish(self) -> None:
+        """Both regions must be read exactly, and the data's XOR must be the header's."""
+        super().finish()
+        self._head.check_xor(self._xor)
 
 
 # ---- tags ------------------------------------------------------------------------------------------
@@ -312,13 +398,20 @@ def restore(memory, data, seq_id: int = -1, *, kind: int, fingerprint: bytes, ex
             n_vocab: int | None = None) -> tuple[int, tuple | None]:
     """Validate a whole blob, then install it into the memory (of seq_id, or all if -1).
 
+    Args:
+        data: a bytes-like blob, or an open StateFile (its blob read from the file as the memory
+            asks for it; always exact: open_file checked the lengths against the file's).
     Returns:
         (bytes read, (logits, row_of) copies when kind is KIND_CONTEXT, else None).
     Raises:
-        StateError: nothing was installed and the destination is left empty.
+        StateError: nothing was installed and the destination is left empty (as on any exception:
+            an OSError reading a StateFile too).
     """
     try:
-        r = StateReader(data, kind=kind, fingerprint=fingerprint, exact=exact)
+        if isinstance(data, StateFile):
+            r = data.reader(kind=kind, fingerprint=fingerprint)
+        else:
+            r = StateReader(data, kind=kind, fingerprint=fingerprint, exact=exact)
         outputs = read_outputs(r, n_vocab) if kind == KIND_CONTEXT else None
         install = memory.state_read(r, seq_id)
         r.finish()
@@ -368,49 +461,129 @@ def _tokens_i32(tokens: Iterable[int]) -> np.ndarray:
     return t.astype("<i4")
 
 
+def _kind_of(mode: int) -> str:
+    """What a path that is not a regular file is, for messages."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return f"a file of type {stat.S_IFMT(mode):#o}"
+
+
 def save_file(path, tokens: Iterable[int], parts: list) -> None:
-    """Write the file header with its tokens, then the blob parts (to path.tmp, then renamed)."""
+    """Write the file header with its tokens, then the blob parts, to a new file next to path, then
+    rename it over path (a reader sees the old file or the new one, never half of one).
+
+    Raises:
+        ValueError: a token id outside [0, 2**31) (nothing is written).
+        StateError: path exists and is not a regular file (a directory, a symbolic link, even to a
+            regular file, a FIFO, a device, ...): it would be replaced; nothing is written.
+        OSError: the directory cannot be written (the temporary file is removed).
+    """
     toks = _tokens_i32(tokens)
-    head = _FILE_HEAD.pack(FILE_MAGIC, VERSION, toks.size) + toks.tobytes()
-    path = os.fspath(path)
-    tmp = path + ".tmp"
+    name = os.fsdecode(path)
     try:
-        with open(tmp, "wb") as f:
+        mode = os.lstat(name).st_mode
+    except FileNotFoundError:
+        mode = stat.S_IFREG
+    if not stat.S_ISREG(mode):
+        raise StateError(f"{name} is {_kind_of(mode)}, not a regular file: a state file is not saved over it")
+    head = _FILE_HEAD.pack(FILE_MAGIC, VERSION, toks.size) + toks.tobytes()
+    tmp = f"{name}.{secrets.token_hex(8)}.tmp"
+    # O_EXCL: a new file, never an existing one or the target of a symbolic link planted at tmp
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with open(fd, "wb") as f:
             f.write(head)
             f.write(_U32.pack(zlib.crc32(head)))
             f.writelines(parts)
-        os.replace(tmp, path)
+        os.replace(tmp, name)
     except BaseException:
-        if os.path.exists(tmp):
+        with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
 
 
-def load_file(path) -> tuple[list[int], np.ndarray]:
-    """(tokens, the blob) of a state file; sizes are checked against the file before reading.
+class StateFile:
+    """An open state file whose headers were checked against its length (open_file): `tokens`, and
+    the blob that starts at the file's position, read by restore. Close it (or use `with`).
+    """
+
+    def __init__(self, name: str, f, tokens: list[int], head_bytes: bytes, head: _Head) -> None:
+        self.name = name
+        self.file = f
+        self.tokens = tokens
+        self.head_bytes = head_bytes
+        self.head = head
+
+    def reader(self, *, kind: int, fingerprint: bytes) -> StateReader:
+        """A StateReader that reads the blob from the file (its metadata now, its data on demand)."""
+        return _FileReader(self, kind=kind, fingerprint=fingerprint)
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> "StateFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _read_exactly(sf: StateFile, mv: memoryview) -> None:
+    if sf.file.readinto(mv) != mv.nbytes:
+        raise StateError(f"{sf.name}: the state file changed while it was read")
+
+
+def open_file(path) -> StateFile:
+    """Open a state file and check what its headers declare before reading any more of it: the
+    file's magic and version, its token count against the file's length, the tokens' CRC, then the
+    blob's magic, version and lengths, which must end exactly at the end of the file. Reads
+    84 + 4 * n_tokens bytes, whatever the file's size (the blob's header before the tokens).
 
     Raises:
-        StateError: not a llamax state file, an unsupported version, a corrupt or truncated header.
-        OSError: the file cannot be read.
+        StateError: path is not a regular file (a directory, a FIFO, a device: refused without
+            reading or waiting), not a llamax state file, an unsupported version, a corrupt token
+            list, or lengths that are not the file's (truncated, trailing bytes).
+        OSError: path cannot be opened (missing, no permission).
     """
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    name = os.fsdecode(path)
+    mode = os.stat(name).st_mode  # a socket cannot even be opened
+    if not stat.S_ISREG(mode):
+        raise StateError(f"{name} is {_kind_of(mode)}, not a state file")
+    fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO swapped in meanwhile: no wait
+    f = open(fd, "rb")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{name} is {_kind_of(st.st_mode)}, not a state file")
+        size = st.st_size
         head = f.read(_FILE_HEAD.size)
         if len(head) < _FILE_HEAD.size:
-            raise StateError(f"{path}: truncated state file ({size} bytes)")
+            raise StateError(f"{name}: truncated state file ({size} bytes)")
         magic, version, n_tokens = _FILE_HEAD.unpack(head)
         if magic != FILE_MAGIC:
-            raise StateError(f"{path}: not a llamax state file (magic {magic!r}, expected {FILE_MAGIC!r})")
+            raise StateError(f"{name}: not a llamax state file (magic {magic!r}, expected {FILE_MAGIC!r})")
         if version != VERSION:
-            raise StateError(f"{path}: state file version {version} is not supported (this llamax reads {VERSION})")
-        rest = size - _FILE_HEAD.size - 4 * n_tokens - 4
-        if rest < _HEADER.size:
-            raise StateError(f"{path}: truncated state file: {size} bytes cannot hold {n_tokens} tokens and a state")
-        toks = f.read(4 * n_tokens)
-        (crc,) = _U32.unpack(f.read(4))
-        if zlib.crc32(toks, zlib.crc32(head)) != crc:
-            raise StateError(f"{path}: corrupt state file: checksum of the header and tokens does not match")
-        blob = np.empty(rest, dtype=np.uint8)
-        if f.readinto(memoryview(blob)) != rest:
-            raise StateError(f"{path}: the state file changed while it was read")
-    return np.frombuffer(toks, "<i4").tolist(), blob
+            raise StateError(f"{name}: state file version {version} is not supported (this llamax reads {VERSION})")
+        at = _FILE_HEAD.size + 4 * n_tokens + 4  # where the blob starts
+        if size - at < _HEADER.size:
+            raise StateError(f"{name}: truncated state file: {size} bytes cannot hold {n_tokens} tokens and a state")
+        f.seek(at)  # the blob's lengths first: a wrong token count or size is refused before the tokens are read
+        blob_head = f.read(_HEADER.size)
+        if len(blob_head) != _HEADER.size:
+            raise StateError(f"{name}: the state file changed while it was read")
+        h = _Head(blob_head, size - at, exact=True, where=f"{name}: ")
+        f.seek(_FILE_HEAD.size)
+        toks = f.read(4 * n_tokens + 4)
+        if len(toks) != 4 * n_tokens + 4:
+            raise StateError(f"{name}: the state file changed while it was read")
+        (crc,) = _U32.unpack_from(toks, 4 * n_tokens)
+        if zlib.crc32(memoryview(toks)[:-4], zlib.crc32(head)) != crc:
+            raise StateError(f"{name}: corrupt state file: checksum of the header and tokens does not match")
+        f.seek(at + _HEADER.size)
+        return StateFile(name, f, np.frombuffer(toks, "<i4", count=n_tokens).tolist(), blob_head, h)
+    except BaseException:
+        f.close()
+        raise
