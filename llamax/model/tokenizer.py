@@ -26,6 +26,18 @@ listed in `_PRE_TOKENIZERS`. Checked against llama.cpp's own outputs: "smollm" (
 Like llama.cpp, a BPE symbol that is no token falls back to the one-byte tokens of its UTF-8 bytes
 and silently drops the bytes that have none.
 
+Bytes that are not valid UTF-8 are tokenized as llama.cpp does, byte for byte: special tokens are
+cut out of the raw bytes; BPE then decodes each fragment leniently (unicode_cpts_from_utf8: overlong
+forms decode, C0 8A is "\n"; surrogates ED A0 80.. stay code points; any other invalid byte is one
+U+FFFD), and SPM splits the raw bytes by the length each lead byte announces, unvalidated, so what
+is no token falls back to <0xXX> byte tokens. A BPE code point above U+10FFFF (F4 90 80 80, F5..F7
+leads) makes llama.cpp abort; here it is a `CodePointError` (ValueError). Checked against
+llama.cpp on ~460 strings per model (tests/reference/tokenize_invalid_utf8.json).
+
+Token ids passed in are checked: a non-integer (float, bool, str) is a TypeError, numpy integers
+are welcome, an id outside [0, n_vocab) is a ValueError (llama.cpp aborts there); `detokenize`
+checks a whole list in one C-level pass.
+
 Speed: BPE results are cached per pre-token word; SmolLM2's 1350-token reference prompt takes
 about 1.5 ms cold and 0.7 ms warm. SPM merges the whole fragment at once (no word cache): Gemma 3's
 1339-token prompt takes about 10 ms. (benchmarks/bench_tokenizer.py)
@@ -47,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from llamax.checks import integer
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
@@ -62,6 +75,7 @@ __all__ = [
     "ATTR_UNKNOWN",
     "ATTR_UNUSED",
     "ATTR_USER_DEFINED",
+    "CodePointError",
     "TOKEN_NULL",
     "TextStream",
     "Tokenizer",
@@ -361,12 +375,46 @@ _SPECIAL_ID_KEYS = (
 )
 
 
-def _bytewise_replace(err: UnicodeDecodeError) -> tuple[str, int]:
-    """Decode error handler: one U+FFFD per invalid byte, as unicode_cpts_from_utf8 does."""
-    return "\ufffd", err.start + 1
+# unicode_len_utf8: the sequence length a lead byte announces, by its high nibble
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
 
 
-codecs.register_error("llamax.bytewise", _bytewise_replace)
+class CodePointError(ValueError):
+    """A byte sequence decodes (leniently, as llama.cpp does) to a code point above U+10FFFF."""
+
+
+def _lenient_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+    """Decode error handler: unicode_cpt_from_utf8 at the failing offset (llama.cpp's lenient UTF-8).
+
+    Python's strict decoder and llama.cpp's agree on valid UTF-8, so only where Python fails does
+    llama.cpp's rule need applying: a C0..DF / E0..EF / F0..F7 lead with enough continuation bytes
+    decodes whatever value the bits give (overlong forms such as C0 8A -> "\n", and surrogates
+    ED A0 80 -> U+D800, a lone surrogate in the str); anything else (a continuation byte, F8..FF,
+    a lead without its continuations) is one U+FFFD for one byte, and decoding goes on after it.
+
+    Raises:
+        CodePointError: the value is above U+10FFFF (llama.cpp's unicode_cpt_to_utf8 throws out of
+            llama_tokenize there, which aborts the process).
+    """
+    data, i = err.object, err.start
+    b = data[i]
+    k = _UTF8_LEN[b >> 4] if b < 0xF8 else 0
+    if k < 2 or i + k > len(data):
+        return "\ufffd", i + 1
+    cpt = b & (0x7F >> k)
+    for j in range(i + 1, i + k):
+        c = data[j]
+        if c & 0xC0 != 0x80:
+            return "\ufffd", i + 1
+        cpt = cpt << 6 | c & 0x3F
+    if cpt > 0x10FFFF:
+        raise CodePointError(f"bytes {bytes(data[i:i + k]).hex(' ').upper()} at offset {i} decode to "
+                             f"U+{cpt:X}, beyond U+10FFFF: llama.cpp aborts on this text "
+                             "(unicode_cpt_to_utf8 throws); it cannot be tokenized")
+    return chr(cpt), i + k
+
+
+codecs.register_error("llamax.lenient", _lenient_replace)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -726,28 +774,82 @@ class Tokenizer:
         """CONTROL, USER_DEFINED and UNKNOWN tokens, longest text first (cache_special_tokens)."""
         return list(self._specials_all)
 
-    def _check(self, token: int) -> int:
-        t = int(token)
+    def _check(self, token: Any) -> int:
+        """A token id as a Python int in [0, n_vocab).
+
+        Raises:
+            TypeError: not an integer (a float, a bool, a str, ...; numpy integers are welcome).
+            ValueError: outside the vocabulary (llama.cpp aborts there).
+        """
+        t = token if type(token) is int else integer(token, "token id")
         if not 0 <= t < len(self._texts):
-            raise ValueError(f"token id {token} is outside the vocabulary [0, {len(self._texts)})")
+            raise ValueError(f"token id {t} is outside the vocabulary [0, n_vocab = {len(self._texts)})")
         return t
 
+    def _check_many(self, tokens: Any) -> list[int]:
+        """Every id of `tokens` (an iterable of integers, or a 1-D integer numpy array) as a list of
+        Python ints in [0, n_vocab), checked as `_check` does but without a Python call per id:
+        the element types are collected with set(map(type, ...)) and the range is min/max (numpy's
+        for an array). O(n) in C.
+
+        Raises:
+            TypeError: an element is not an integer, or an array is not 1-D integer.
+            ValueError: an id outside the vocabulary (the first one is named, with its index).
+        """
+        n_vocab = len(self._texts)
+        if isinstance(tokens, np.ndarray):
+            if tokens.ndim != 1 or tokens.dtype.kind not in "iu":
+                if tokens.ndim == 1 and tokens.dtype.kind == "O":
+                    return self._check_many(tokens.tolist())
+                raise TypeError(f"token ids must be a 1-D integer array, got a {tokens.ndim}-D "
+                                f"array of {tokens.dtype}")
+            if tokens.size and (tokens.min() < 0 or tokens.max() >= n_vocab):
+                i = int(np.flatnonzero((tokens < 0) | (tokens >= n_vocab))[0])
+                raise ValueError(f"token id {int(tokens[i])} (at index {i}) is outside the vocabulary "
+                                 f"[0, n_vocab = {n_vocab})")
+            return tokens.tolist()
+        if isinstance(tokens, (str, bytes, bytearray)):
+            raise TypeError(f"token ids must be integers, not a {type(tokens).__name__}")
+        toks = tokens if isinstance(tokens, list) else list(tokens)
+        if not toks:
+            return toks
+        types = set(map(type, toks))
+        if types != {int}:
+            if any(not issubclass(t, (int, np.integer)) or issubclass(t, (bool, np.bool_)) for t in types):
+                for i, t in enumerate(toks):       # the first non-integer, for the message
+                    integer(t, f"token id (at index {i})")
+            toks = [int(t) for t in toks]          # numpy integers and int subclasses -> int
+        if min(toks) < 0 or max(toks) >= n_vocab:
+            i, t = next((i, t) for i, t in enumerate(toks) if not 0 <= t < n_vocab)
+            raise ValueError(f"token id {t} (at index {i}) is outside the vocabulary [0, n_vocab = {n_vocab})")
+        return toks
+
     def is_eog(self, token: int) -> bool:
-        """True if generating `token` ends the generation (eos, eot, <|im_end|>, ...)."""
-        return token != TOKEN_NULL and token in self._eog
+        """True if generating `token` ends the generation (eos, eot, <|im_end|>, ...).
+
+        Any integer is accepted, as llama_vocab_is_eog does: one outside the vocabulary (TOKEN_NULL
+        included) is simply not an end-of-generation token.
+
+        Raises:
+            TypeError: `token` is not an integer.
+        """
+        return integer(token, "token id") in self._eog
 
     def is_control(self, token: int) -> bool:
+        """True for a CONTROL token. Raises TypeError (not an integer) or ValueError (outside the vocabulary)."""
         return bool(self._attrs[self._check(token)] & ATTR_CONTROL)
 
     def token_attr(self, token: int) -> int:
-        """The llama_token_attr bit set of a token (ATTR_*)."""
+        """The llama_token_attr bit set of a token (ATTR_*). Raises as `is_control`."""
         return self._attrs[self._check(token)]
 
     def token_text(self, token: int) -> str:
-        """The token's text as stored in the vocabulary (byte-encoded for BPE, U+2581 for SPM)."""
+        """The token's text as stored in the vocabulary (byte-encoded for BPE, U+2581 for SPM).
+        Raises as `is_control`."""
         return self._texts[self._check(token)]
 
     def token_score(self, token: int) -> float:
+        """The token's score (SPM merge priority). Raises as `is_control`."""
         return self._scores[self._check(token)]
 
     def text_to_token(self, text: str) -> int:
@@ -773,24 +875,41 @@ class Tokenizer:
         """llama_tokenize: the token ids of `text`.
 
         Args:
-            text: a str, or UTF-8 bytes (each invalid byte reads as U+FFFD, as in llama.cpp).
+            text: a str, or bytes. Bytes that are not valid UTF-8 are tokenized as llama.cpp
+                does: BPE decodes them leniently (unicode_cpts_from_utf8: overlong forms and
+                surrogates decode, any other invalid byte is one U+FFFD); SPM splits the raw bytes
+                by the length each lead byte announces and falls back to <0xXX> byte tokens.
             add_special: add BOS/EOS where the vocabulary asks for them (add_bos/add_eos).
             parse_special: match CONTROL tokens (e.g. "<|im_start|>") in the text; USER_DEFINED
                 tokens are matched either way.
         Returns:
             The ids. Cost: linear in the text plus the BPE of each unseen word.
         Raises:
-            ValueError: `text` holds a lone surrogate (not encodable as UTF-8).
+            TypeError: `text` is neither str nor bytes.
+            ValueError: a str `text` holds a lone surrogate (not encodable as UTF-8);
+                `CodePointError` (a ValueError): BPE bytes that decode to a code point above
+                U+10FFFF, where llama.cpp aborts.
         """
+        raw = False          # text is bytes that are not UTF-8, held losslessly (surrogateescape)
         if isinstance(text, (bytes, bytearray, memoryview)):
-            text = bytes(text).decode("utf-8", "llamax.bytewise")
+            data = bytes(text)
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                raw = True
+                text = data.decode("utf-8", "surrogateescape")
+                if self.vocab_type == "bpe":
+                    data.decode("utf-8", "llamax.lenient")     # CodePointError where llama.cpp aborts
         elif not isinstance(text, str):
             raise TypeError(f"tokenize needs str or bytes, not {type(text).__name__}")
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"text is not valid Unicode: lone surrogate {text[e.start]!r} "
-                             f"at index {e.start}") from None
+        else:
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise ValueError(f"text is not valid Unicode: lone surrogate {text[e.start]!r} "
+                                 f"at index {e.start}") from None
+        # special tokens are cut out of the raw bytes (the surrogateescape str finds a valid
+        # UTF-8 token text exactly where a byte search finds it)
         frags = self._partition(text, parse_special) if text else []
         out: list[int] = []
         if add_special and self.add_bos:
@@ -804,13 +923,19 @@ class Tokenizer:
                 else:
                     if self.add_space_prefix and prev_special:
                         f = " " + f
-                    out.extend(self._tokenize_spm(f.replace(" ", _SPM_SPACE)))
+                    f = f.replace(" ", _SPM_SPACE)
+                    if raw:
+                        out.extend(self._tokenize_spm_bytes(f.encode("utf-8", "surrogateescape")))
+                    else:
+                        out.extend(self._tokenize_spm(f))
                     prev_special = False
         else:
             for f in frags:
                 if isinstance(f, int):
                     out.append(f)
                 else:
+                    if raw:     # unicode_cpts_from_utf8 of the fragment's bytes
+                        f = f.encode("utf-8", "surrogateescape").decode("utf-8", "llamax.lenient")
                     out.extend(self._tokenize_bpe_text(f))
         if add_special and self.add_eos:
             out.append(self.eos)
@@ -910,7 +1035,7 @@ class Tokenizer:
         falls back to its single-byte tokens.
         """
         t2i = self._t2i
-        enc = "".join([_BYTE_TO_CHAR[b] for b in word.encode("utf-8")])
+        enc = "".join([_BYTE_TO_CHAR[b] for b in word.encode("utf-8", "surrogatepass")])
         if self.ignore_merges:
             t = t2i.get(enc)
             if t is not None:
@@ -965,13 +1090,33 @@ class Tokenizer:
 
     # ---- SPM -------------------------------------------------------------------------------------
     def _tokenize_spm(self, text: str) -> list[int]:
-        """llm_tokenizer_spm_session::tokenize on one (space-escaped) fragment.
+        """llm_tokenizer_spm_session::tokenize on one (space-escaped) valid fragment: one symbol
+        per character."""
+        return self._spm_merge(list(text), self._t2i.get)
+
+    def _tokenize_spm_bytes(self, data: bytes) -> list[int]:
+        """llm_tokenizer_spm_session::tokenize on raw (space-escaped) bytes that are not UTF-8.
+
+        As llama.cpp: one symbol per lead byte and as many bytes as it announces
+        (unicode_len_utf8, cut at the end), without validation, so C3 41 is one symbol; symbols
+        are compared with the vocabulary byte for byte.
+        """
+        syms: list[bytes] = []
+        i, n = 0, len(data)
+        while i < n:
+            k = _UTF8_LEN[data[i] >> 4]
+            syms.append(data[i:i + k])
+            i += k
+        t2i = self._t2i
+        return self._spm_merge(syms, lambda b: t2i.get(b.decode("utf-8", "surrogateescape")))
+
+    def _spm_merge(self, syms: list, lookup: Any) -> list[int]:
+        """The SPM merge over initial symbols (str, or bytes with a byte-exact lookup).
 
         Bigrams that form a token are merged by that token's score, highest first, leftmost on
         ties; a final symbol that is no token is emitted as its <0xXX> byte tokens.
         """
-        t2i, scores = self._t2i, self._scores
-        syms = list(text)
+        t2i, scores = lookup, self._scores
         n = len(syms)
         if n == 0:
             return []
@@ -980,7 +1125,7 @@ class Tokenizer:
         prv = list(range(-1, n - 1))
         heap = []
         for i in range(n - 1):
-            t = t2i.get(syms[i] + syms[i + 1])
+            t = t2i(syms[i] + syms[i + 1])
             if t is not None:
                 heap.append((-scores[t], i, i + 1, 2))
         heapq.heapify(heap)
@@ -1000,22 +1145,22 @@ class Tokenizer:
                 prv[nx] = left
             p = prv[left]
             if p >= 0:
-                t = t2i.get(syms[p] + syms[left])
+                t = t2i(syms[p] + syms[left])
                 if t is not None:
                     push(heap, (-scores[t], p, left, lens[p] + size))
             if nx >= 0:
-                t = t2i.get(syms[left] + syms[nx])
+                t = t2i(syms[left] + syms[nx])
                 if t is not None:
                     push(heap, (-scores[t], left, nx, size + lens[nx]))
         out: list[int] = []
         i = 0
         while i != -1:
             s = syms[i]
-            t = t2i.get(s)
+            t = t2i(s)
             if t is not None:
                 out.append(t)
             else:
-                for b in s.encode("utf-8", "surrogateescape"):
+                for b in (s if isinstance(s, bytes) else s.encode("utf-8", "surrogateescape")):
                     out.append(self._byte_to_token(b))
             i = nxt[i]
         return out
@@ -1045,12 +1190,16 @@ class Tokenizer:
         """llama_token_to_piece: the bytes a token stands for.
 
         Args:
+            token: an int or numpy integer in [0, n_vocab).
             special: render CONTROL/UNKNOWN tokens by their text (else they give b"").
             lstrip: drop up to this many leading spaces.
         Raises:
-            ValueError: the id is outside the vocabulary.
+            TypeError: `token` or `lstrip` is not an integer (a float, a bool, a str, ...).
+            ValueError: the id is outside the vocabulary (where llama.cpp aborts).
         """
         token = self._check(token)
+        if lstrip:
+            lstrip = integer(lstrip, "lstrip")
         if not special and self._attrs[token] & _ATTR_SPECIAL:
             return b""
         piece = self._piece(token)
@@ -1063,18 +1212,24 @@ class Tokenizer:
 
     def detokenize_bytes(self, tokens: Iterable[int], remove_special: bool = False,
                          unparse_special: bool = False) -> bytes:
-        """llama_detokenize as raw bytes (may end inside a multi-byte character)."""
-        toks = [self._check(t) for t in tokens]
+        """llama_detokenize as raw bytes (may end inside a multi-byte character).
+
+        Raises:
+            TypeError: an id is not an integer. ValueError: an id outside the vocabulary.
+        """
+        toks = self._check_many(tokens)
         remove_space = self.add_space_prefix
         if remove_special and self.add_bos and toks and toks[0] == self.bos:
             remove_space = False
             toks = toks[1:]
         if remove_special and self.add_eos and toks and toks[-1] == self.eos:
             toks = toks[:-1]
-        parts = []
-        for t in toks:
-            parts.append(self.token_to_piece(t, special=unparse_special, lstrip=1 if remove_space else 0))
-            remove_space = False
+        # token_to_piece of each (already checked) id; lstrip=1 applies to the first one only
+        pieces, piece, attrs = self._pieces, self._piece, self._attrs
+        skip = 0 if unparse_special else _ATTR_SPECIAL
+        parts = [b"" if attrs[t] & skip else (pieces.get(t) or piece(t)) for t in toks]
+        if remove_space and parts and parts[0].startswith(b" "):
+            parts[0] = parts[0][1:]
         data = b"".join(parts)
         if self.clean_spaces and data:
             data = _clean_spaces(data)
@@ -1084,6 +1239,9 @@ class Tokenizer:
         """llama_detokenize: the text of `tokens` (invalid UTF-8 shown as U+FFFD).
 
         Args:
+            tokens: ints or numpy integers in [0, n_vocab) (a list, any iterable, or a 1-D
+                integer numpy array); checked in one pass (TypeError / ValueError as
+                `detokenize_bytes`).
             remove_special: drop a leading BOS / trailing EOS the vocabulary would have added.
             unparse_special: render CONTROL tokens by their text (else they vanish).
         """
