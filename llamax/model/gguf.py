@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,60 +132,237 @@ class GGUFFile:
         return quants.dequantize(t, np.ascontiguousarray(self.raw(name)), self.shape(name), n_threads)
 
 
-def _arch_key(g: GGUFFile, arch: str, key: str, default: Any = ModelError) -> Any:
-    return g.get(f"{arch}.{key}", default)
+def _brief(v: list) -> str:
+    return str(v) if len(v) <= 8 else str(v[:8])[:-1] + ", ...]"
+
+
+class _Keys:
+    """Typed reads of one architecture's keys ({arch}.<key>), each failure a ModelError naming the key."""
+
+    def __init__(self, g: GGUFFile, arch: str) -> None:
+        self.g, self.arch, self.file = g, arch, g.path.name
+
+    def key(self, k: str) -> str:
+        return f"{self.arch}.{k}"
+
+    def has(self, k: str) -> bool:
+        return self.g.has(self.key(k))
+
+    def integer(self, k: str, default: Any = ModelError, *, minimum: int = 1, value: Any = None) -> int:
+        """An integer key (bools, floats and strings are not integers), at least `minimum`."""
+        v = self.g.get(self.key(k), default) if value is None else value
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ModelError(f"{self.file}: {self.key(k)} is {v!r}, not an integer")
+        if v < minimum:
+            raise ModelError(f"{self.file}: {self.key(k)} is {v}; it must be "
+                             + ("positive" if minimum == 1 else f"at least {minimum}"))
+        return v
+
+    def per_layer(self, k: str, n_layer: int, default: Any = ModelError) -> int:
+        """A key llama.cpp reads with get_key_or_arr: one value, or an array of one value per layer.
+        llamax's forward passes take one value for all layers, so the array's values must agree."""
+        v = self.g.get(self.key(k), default)
+        if isinstance(v, list):
+            if len(v) != n_layer:
+                raise ModelError(f"{self.file}: {self.key(k)} has {len(v)} values, expected one per layer "
+                                 f"(block_count {n_layer})")
+            if any(x != v[0] for x in v):
+                raise ModelError(f"{self.file}: {self.key(k)} differs between layers ({_brief(v)}); llamax "
+                                 f"supports one value for all layers")
+            v = v[0]
+        return self.integer(k, value=v)
+
+    def number(self, k: str, default: Any = ModelError) -> float:
+        v = self.g.get(self.key(k), default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ModelError(f"{self.file}: {self.key(k)} is {v!r}, not a number")
+        return float(v)
 
 
 def read_hparams(g: GGUFFile) -> HParams:
-    """llama_model::load_hparams for the supported architectures.
+    """llama_model::load_hparams for the supported architectures, with every value checked before it
+    is used (no division by a zero head count, no head size that does not divide out).
+
+    Checks (each a ModelError naming the key and the values): block_count, embedding_length,
+    head_count, head_count_kv, feed_forward_length, context_length, key/value_length positive
+    integers; head_count, head_count_kv and feed_forward_length one value or one per layer, all
+    equal; head_count_kv dividing head_count; embedding_length a multiple of head_count when the
+    head size is not given; key_length == value_length; rope.dimension_count even and at most the
+    head size (equal to it for llama, as llama.cpp's "invalid n_rot"); no SWA-specific head size or
+    RoPE dimensions; RoPE scaling none or linear; a vocabulary (n_vocab is its token count, as
+    llama.cpp's vocab.n_tokens()); gemma3's sliding-window pattern a period or one bool per layer.
+    The tensors are checked against these by check_tensors.
 
     Raises:
-        ModelError: unknown architecture or a missing required key.
+        ModelError: unknown architecture, a missing required key, or a value failing a check above.
     """
     arch = g.arch
     if arch not in ARCHS:
         raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
-    n_embd = int(_arch_key(g, arch, "embedding_length"))
-    n_head = int(_arch_key(g, arch, "attention.head_count"))
-    n_head_kv = int(_arch_key(g, arch, "attention.head_count_kv", n_head))
-    head_k = int(_arch_key(g, arch, "attention.key_length", n_embd // n_head))
-    head_v = int(_arch_key(g, arch, "attention.value_length", n_embd // n_head))
-    n_vocab = _arch_key(g, arch, "vocab_size", None)
-    if n_vocab is None:
-        toks = g.reader.fields.get("tokenizer.ggml.tokens")
-        if toks is None:
-            raise ModelError(f"{g.path.name}: no vocabulary (tokenizer.ggml.tokens)")
-        n_vocab = len(toks)
+    f, k = g.path.name, _Keys(g, arch)
+    n_layer = k.integer("block_count")
+    n_embd = k.integer("embedding_length")
+    n_head = k.per_layer("attention.head_count", n_layer)
+    n_head_kv = k.per_layer("attention.head_count_kv", n_layer, n_head)
+    if n_head % n_head_kv:
+        raise ModelError(f"{f}: {k.key('attention.head_count_kv')} {n_head_kv} does not divide "
+                         f"{k.key('attention.head_count')} {n_head} (each KV head serves a whole group of heads)")
+    n_ff = k.per_layer("feed_forward_length", n_layer)
+    heads = {}
+    for what in ("key_length", "value_length"):
+        if k.has(f"attention.{what}"):
+            heads[what] = k.integer(f"attention.{what}")
+        elif n_embd % n_head:
+            raise ModelError(f"{f}: {k.key('embedding_length')} {n_embd} is not a multiple of "
+                             f"{k.key('attention.head_count')} {n_head} (the head size, as "
+                             f"{k.key('attention.' + what)} is not given)")
+        else:
+            heads[what] = n_embd // n_head
+    head_k, head_v = heads["key_length"], heads["value_length"]
+    if head_v != head_k:
+        raise ModelError(f"{f}: {k.key('attention.value_length')} {head_v} differs from "
+                         f"{k.key('attention.key_length')} {head_k}; llamax's {arch} takes one head size")
+    n_rot = k.integer("rope.dimension_count", head_k)
+    if n_rot % 2 or n_rot > head_k or (arch == "llama" and n_rot != head_k):
+        need = "equal to" if arch == "llama" else "even and at most"
+        raise ModelError(f"{f}: {k.key('rope.dimension_count')} {n_rot} must be {need} the head size "
+                         f"n_embd_head_k {head_k}")
+    for swa_key, full in (("attention.key_length_swa", head_k), ("attention.value_length_swa", head_v),
+                          ("rope.dimension_count_swa", n_rot)):
+        if k.has(swa_key) and k.integer(swa_key) != full:
+            raise ModelError(f"{f}: {k.key(swa_key)} {k.integer(swa_key)} differs from the full layers' {full}; "
+                             f"llamax does not support another head size for sliding-window layers")
+    scaling = g.get(k.key("rope.scaling.type"), "linear")
+    if scaling not in ("none", "linear"):
+        raise ModelError(f"{f}: {k.key('rope.scaling.type')} {scaling!r} is not supported (none, linear)")
+    toks = g.reader.fields.get("tokenizer.ggml.tokens")
+    if not toks:
+        raise ModelError(f"{f}: no vocabulary (tokenizer.ggml.tokens)")
     common = dict(
         arch=arch,
-        n_layer=int(_arch_key(g, arch, "block_count")),
+        n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head_kv,
         n_embd_head_k=head_k,
         n_embd_head_v=head_v,
-        n_ff=int(_arch_key(g, arch, "feed_forward_length")),
-        n_ctx_train=int(_arch_key(g, arch, "context_length")),
-        n_vocab=int(n_vocab),
-        rms_eps=float(_arch_key(g, arch, "attention.layer_norm_rms_epsilon")),
-        n_rot=int(_arch_key(g, arch, "rope.dimension_count", head_k)),
-        rope_freq_base=float(_arch_key(g, arch, "rope.freq_base", 10000.0)),
-        rope_freq_scale=1.0 / float(_arch_key(g, arch, "rope.scaling.factor", 1.0) or 1.0),
+        n_ff=n_ff,
+        n_ctx_train=k.integer("context_length"),
+        n_vocab=len(toks),
+        rms_eps=k.number("attention.layer_norm_rms_epsilon"),
+        n_rot=n_rot,
+        rope_freq_base=k.number("rope.freq_base", 10000.0),
+        rope_freq_scale=1.0 / (k.number("rope.scaling.factor", 1.0) or 1.0),
         tied_output="output.weight" not in g.tensors,
     )
     if arch == "llama":
         return HParams(rope_kind="norm", **common)
-    # gemma3 (llama.cpp's LLM_ARCH_GEMMA3): with a sliding window, every sixth layer is global and the
-    # others slide over n_swa tokens (set_swa_pattern(6): layer il slides iff il % 6 < 5), with their own
-    # RoPE (base 10000, scale 1); the global layers take gemma3.rope.freq_base and the GGUF's rope scaling.
-    # Without one, every layer is global and the final logits are soft-capped (llm_build_gemma3<false>).
+    # gemma3 (llama.cpp's LLM_ARCH_GEMMA3): with a sliding window, the layers of the pattern slide over
+    # n_swa tokens with their own RoPE (base 10000, scale 1); the global layers take gemma3.rope.freq_base
+    # and the GGUF's rope scaling. The pattern (load_swa_pattern(6)) is attention.sliding_window_pattern:
+    # one bool per layer, or a period n (layer il slides iff il % n < n - 1; 0: every layer slides), 6 when
+    # absent: every sixth layer is global. Without a window, every layer is global and the final logits
+    # are soft-capped (llm_build_gemma3<false>).
     # Q is scaled by 1/sqrt(n_embd_head_k), by 1/sqrt(n_embd / n_head) for the 27B (62 layers).
-    n_layer = common["n_layer"]
     attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_k)
-    n_swa = int(_arch_key(g, arch, "attention.sliding_window", 0) or 0)
-    if n_swa <= 0:
-        softcap = float(_arch_key(g, arch, "final_logit_softcapping", 0.0) or 0.0)
+    n_swa = k.integer("attention.sliding_window", 0, minimum=0)
+    if n_swa == 0:
+        softcap = k.number("final_logit_softcapping", 0.0)
         return HParams(rope_kind="neox", final_logit_softcap=softcap, attn_scale=attn_scale, **common)
-    swa_layers = tuple(il for il in range(n_layer) if il % 6 < 5)
+    pattern = g.get(k.key("attention.sliding_window_pattern"), 6)
+    if isinstance(pattern, list):
+        if len(pattern) != n_layer:
+            raise ModelError(f"{f}: {k.key('attention.sliding_window_pattern')} has {len(pattern)} values, "
+                             f"expected one per layer (block_count {n_layer})")
+        swa_layers = tuple(il for il, s in enumerate(pattern) if s)
+    else:
+        n = k.integer("attention.sliding_window_pattern", value=pattern, minimum=0)
+        swa_layers = tuple(il for il in range(n_layer) if n == 0 or il % n < n - 1)
     return HParams(rope_kind="neox", n_swa=n_swa, swa_type="standard", swa_layers=swa_layers,
                    rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0, attn_scale=attn_scale, **common)
+
+
+# ---- the tensors against the hyperparameters ---------------------------------------------------------
+@dataclass(frozen=True)
+class TensorTable:
+    """An architecture's tensors, as its llama.cpp load_arch_tensors creates them: each name with its
+    shape in ggml order (ne0 first, as llama.cpp writes {n_embd, n_vocab}), the dimensions named as in
+    llama.cpp (see _dims). `model` and `layer` tensors are required, `layer` names once per layer after
+    "blk.{il}."; an `optional` tensor is checked when present."""
+
+    model: dict[str, tuple[str, ...]]
+    layer: dict[str, tuple[str, ...]]
+    optional: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+
+def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
+    """llama.cpp's names of the dimensions (LLAMA_LOAD_LOCALS): each value and where it comes from."""
+    a, k, v = hp.arch, hp.n_embd_head_k, hp.n_embd_head_v
+    head_k = (f"n_embd_head_k {k} = n_embd {hp.n_embd} / n_head {hp.n_head}" if k * hp.n_head == hp.n_embd
+              else f"n_embd_head_k {k} from {a}.attention.key_length")
+    return {
+        "n_embd": (hp.n_embd, f"n_embd {hp.n_embd} from {a}.embedding_length"),
+        "n_vocab": (hp.n_vocab, f"n_vocab {hp.n_vocab} from tokenizer.ggml.tokens"),
+        "n_ff": (hp.n_ff, f"n_ff {hp.n_ff} from {a}.feed_forward_length"),
+        "n_embd_head_k": (k, head_k),
+        "n_embd_q": (hp.n_head * k, f"n_embd_q {hp.n_head * k} = n_head {hp.n_head} * n_embd_head_k {k}"),
+        "n_embd_k_gqa": (hp.n_head_kv * k, f"n_embd_k_gqa {hp.n_head_kv * k} = n_head_kv {hp.n_head_kv} * "
+                                           f"n_embd_head_k {k}"),
+        "n_embd_v_gqa": (hp.n_head_kv * v, f"n_embd_v_gqa {hp.n_head_kv * v} = n_head_kv {hp.n_head_kv} * "
+                                           f"n_embd_head_v {v}"),
+    }
+
+
+def _fmt(ne) -> str:
+    return "[" + ", ".join(str(int(x)) for x in ne) + "]"
+
+
+_BLK = re.compile(r"blk\.(\d+)\.")
+
+
+def check_tensors(g: GGUFFile, hp: HParams, table: TensorTable) -> None:
+    """llama.cpp's create_tensor -> check_tensor_dims for every tensor of the table, then
+    done_getting_tensors: no tensor of the file is left over. Reads tensor infos only; O(n_tensors).
+
+    The rank must match exactly (llama.cpp also takes trailing dimensions of 1, which llamax's loaders
+    do not reshape away), and every tensor's type must be one llamax can dequantize.
+
+    Raises:
+        ModelError: a tensor missing, of another shape (the message gives both shapes and the
+            hyperparameters behind the expected one), of an unusable type, of a layer >= block_count,
+            or not in the table at all (llama.cpp's optional biases, RoPE factors or fused QKV, which
+            llamax's forward passes do not use).
+    """
+    f, dims, seen = g.path.name, _dims(hp), set()
+
+    def check(name: str, spec: tuple[str, ...], required: bool) -> None:
+        want = tuple(dims[d][0] for d in spec)
+        why = ", ".join(dict.fromkeys(dims[d][1] for d in spec))
+        t = g.tensors.get(name)
+        if t is None:
+            if required:
+                raise ModelError(f"{f}: tensor {name!r} is missing (expected {_fmt(want)}: {why})")
+            return
+        if tuple(int(x) for x in t.shape) != want:
+            raise ModelError(f"{f}: tensor {name!r} has shape {_fmt(t.shape)}, expected {_fmt(want)} ({why})")
+        if not quants.can_dequantize(t.ggml_type):
+            raise ModelError(f"{f}: tensor {name!r} has type {quants.type_name(t.ggml_type)}, which llamax "
+                             f"cannot dequantize (an activation-only format)")
+        seen.add(name)
+
+    for name, spec in table.model.items():
+        check(name, spec, True)
+    for name, spec in table.optional.items():
+        check(name, spec, False)
+    for il in range(hp.n_layer):
+        for name, spec in table.layer.items():
+            check(f"blk.{il}.{name}", spec, True)
+    for name in g.tensors:
+        if name in seen:
+            continue
+        m = _BLK.match(name)
+        if m and int(m.group(1)) >= hp.n_layer:
+            raise ModelError(f"{f}: tensor {name!r} is for layer {m.group(1)}, but {hp.arch}.block_count is "
+                             f"{hp.n_layer}")
+        raise ModelError(f"{f}: unexpected tensor {name!r}: llamax's {hp.arch} does not use it (llama.cpp's "
+                         f"optional biases, RoPE factors and fused QKV are not supported)")

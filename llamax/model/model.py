@@ -14,8 +14,8 @@ import numpy as np
 
 from llamax.batch import UBatch
 from llamax.errors import ModelError
-from llamax.memory import KVCache, KVCacheISWA, Memory
-from llamax.model.gguf import ARCHS, GGUFFile, HParams, read_hparams
+from llamax.memory import KVCache, KVCacheISWA, Memory, swa_cache_size
+from llamax.model.gguf import ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
 
@@ -28,10 +28,13 @@ class Model:
     Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
     which loads its weights and implements forward(); create_memory() is shared (llama_model's
     create_memory: a KV cache, or the interleaved SWA cache when the model has sliding-window layers).
-    A subclass names its architecture in its class statement: `class Llama(Model, arch="llama")`.
+    A subclass names its architecture in its class statement: `class Llama(Model, arch="llama")`,
+    and lists its tensors in TENSORS (their shapes from the hyperparameters, as llama.cpp's
+    load_arch_tensors), which __init__ checks against the file before any weight is read.
     """
 
     _by_arch: dict[str, type["Model"]] = {}
+    TENSORS: TensorTable
 
     def __init_subclass__(cls, arch: str, **kw) -> None:
         super().__init_subclass__(**kw)
@@ -50,6 +53,7 @@ class Model:
         from llamax.model.chat import apply_chat_template
         from llamax.model.tokenizer import Tokenizer
 
+        check_tensors(g, hparams, type(self).TENSORS)   # ModelError naming the tensor and both shapes
         self.path = g.path
         self.gguf = g
         self.hparams = hparams
@@ -68,6 +72,11 @@ class Model:
         rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         if hp.n_swa > 0 and hp.swa_layers:
             rope_swa = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
+            if len(hp.swa_layers) == hp.n_layer:  # every layer slides: llama.cpp's iSWA cache minus its empty base
+                size = swa_cache_size(params.n_ctx_seq, hp.n_swa, params.n_seq_max, params.kv_unified,
+                                      params.n_ubatch, params.swa_full)
+                return KVCache(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, size, n_swa=hp.n_swa,
+                               swa_type=hp.swa_type, rope=rope_swa, **common)
             return KVCacheISWA(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq,
                                swa_layers=hp.swa_layers, n_swa=hp.n_swa, swa_type=hp.swa_type,
                                swa_full=params.swa_full, n_ubatch=params.n_ubatch, rope=rope, rope_swa=rope_swa,
@@ -84,8 +93,9 @@ class Model:
         """A GGUF path, or a name from the model registry (fetched on first use).
 
         Raises:
-            ModelError: unreadable / unsupported file, unknown architecture, missing tensor, or a
-                registry name that cannot be fetched.
+            ModelError: unreadable / unsupported file, unknown architecture, a hyperparameter that
+                fails read_hparams' checks, a tensor missing, unexpected or of another shape than
+                the hyperparameters give (check_tensors), or a registry name that cannot be fetched.
         """
         p = Path(name_or_path)
         if not p.is_file():
