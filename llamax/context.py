@@ -17,12 +17,15 @@ the tokens of the batch are removed from the memory again, as llama.cpp does.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
+import threading
 from collections.abc import Iterable
 
 import numpy as np
 
+from llamax import checks
 from llamax import state as _state
 from llamax.batch import Batch, BatchAllocator
 from llamax.memory import Memory
@@ -31,8 +34,22 @@ from llamax.params import ContextParams
 log = logging.getLogger("llamax")
 
 
+def _locked(method):
+    """Run a context's public method under the context's lock and its memory's (in that order), so a
+    decode or a restore never interleaves with another thread's use of the context or the memory."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock, self.memory.lock:
+            return method(self, *args, **kwargs)
+    run.locked = True
+    return run
+
+
 class Context:
     """A context over a model: its memory, its batch allocator and the decode loop.
+
+    Every public method runs under the context's own lock (an RLock, `ctx.lock`) and its memory's:
+    calls from several threads wait for each other.
 
     Args:
         model: a loaded llamax.Model.
@@ -43,6 +60,7 @@ class Context:
         p = params if params is not None else ContextParams()
         if overrides:
             p = dataclasses.replace(p, **overrides)
+        self.lock = threading.RLock()
         self.model = model
         self.params = p.derive(model.hparams.n_ctx_train)
         self.memory: Memory = model.create_memory(self.params)
@@ -56,6 +74,7 @@ class Context:
         return (f"Context(n_ctx={p.n_ctx}, n_seq_max={p.n_seq_max}, unified={p.kv_unified}, "
                 f"type_k={p.type_k}, type_v={p.type_v}, flash_attn={p.flash_attn})")
 
+    @_locked
     def decode(self, batch: Batch) -> None:
         """Run the model on a batch (llama_decode).
 
@@ -100,16 +119,20 @@ class Context:
         self._logits = np.zeros((0, self.model.n_vocab), np.float32)
         self._row_of = np.zeros(0, np.int32)  # batch index -> row of _logits, -1 without logits
 
+    @_locked
     def get_logits(self) -> np.ndarray:
         """float32 [n_outputs, n_vocab]: the logits of the last decode's outputs, in batch order."""
         return self._logits
 
+    @_locked
     def get_logits_ith(self, i: int) -> np.ndarray:
         """float32 [n_vocab]: the logits of batch token i (negative counts from the end).
 
         Raises:
+            TypeError: i is not an integer.
             IndexError: i is outside the batch or its token did not ask for logits.
         """
+        i = checks.integer(i, "i")
         n = self._row_of.shape[0]
         j = i + n if i < 0 else i
         if not 0 <= j < n:
@@ -142,9 +165,12 @@ class Context:
 
     def _load(self, path, seq_id: int) -> list[int]:
         """Restore a state file: its headers are checked against its length first, then the blob is
-        read from the file as the memory asks for it. On any failure the destination is left empty."""
+        read from the file as the memory asks for it. A file that cannot be opened (OSError) changes
+        nothing, as in llama.cpp; on any other failure the destination is left empty."""
         try:
             f = _state.open_file(path)
+        except OSError:
+            raise
         except BaseException:
             _state.empty(self.memory, seq_id)
             if seq_id < 0:
@@ -157,6 +183,7 @@ class Context:
     def _fingerprint(self) -> bytes:
         return _state.fingerprint_bytes(self.model.fingerprint)
 
+    @_locked
     def state_get_data(self) -> bytes:
         """The whole state (llama_state_get_data): the memory and the last decode's outputs, so that
         get_logits() works again after state_set_data. Pending K-shifts are applied first.
@@ -165,6 +192,7 @@ class Context:
         w, kind = self._writer(-1)
         return w.getvalue(kind, self._fingerprint())
 
+    @_locked
     def state_set_data(self, data) -> int:
         """Restore a state_get_data blob (llama_state_set_data); returns the bytes read (bytes after
         the blob are not read). Every cell goes back to its own index, so the next decode gives the
@@ -176,6 +204,7 @@ class Context:
         """
         return self._restore(data, -1)
 
+    @_locked
     def state_save_file(self, path: str | os.PathLike, tokens: Iterable[int]) -> None:
         """Write the whole state and the tokens it holds to a file (llama_state_save_file): a new file
         next to path, renamed over it.
@@ -187,22 +216,25 @@ class Context:
         w, kind = self._writer(-1)
         _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
 
+    @_locked
     def state_load_file(self, path: str | os.PathLike) -> list[int]:
         """Restore the whole state from a state_save_file file; returns its tokens.
 
         Raises:
             StateError: as state_set_data, or a file that is not exactly one valid state (sizes are
                 checked against the file's length before its body is read), or not a regular file.
-            OSError: the file cannot be opened or read.
-            On any failure the memory is cleared and there are no logits.
+            OSError: the file cannot be opened (nothing changes, as in llama.cpp) or read.
+            On any other failure the memory is cleared and there are no logits.
         """
         return self._load(path, -1)
 
+    @_locked
     def state_seq_get_data(self, seq_id: int) -> bytes:
         """The cells of one sequence (llama_state_seq_get_data), written as that sequence alone."""
         w, kind = self._writer(seq_id)
         return w.getvalue(kind, self._fingerprint())
 
+    @_locked
     def state_seq_set_data(self, data, dest_seq_id: int) -> int:
         """Restore a state_seq_get_data blob as sequence dest_seq_id (llama_state_seq_set_data): the
         sequence is removed, then its saved cells are placed as a ubatch would be (contiguous cells
@@ -215,16 +247,19 @@ class Context:
         """
         return self._restore(data, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))
 
+    @_locked
     def state_seq_save_file(self, path: str | os.PathLike, seq_id: int, tokens: Iterable[int]) -> None:
         """Write one sequence's state and its tokens to a file (llama_state_seq_save_file); refuses
         a path as state_save_file does."""
         w, kind = self._writer(seq_id)
         _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
 
+    @_locked
     def state_seq_load_file(self, path: str | os.PathLike, dest_seq_id: int) -> list[int]:
         """Restore a state_seq_save_file file into dest_seq_id; returns its tokens.
 
         Raises:
-            StateError, OSError: as state_load_file; dest_seq_id is then left empty.
+            StateError, OSError: as state_load_file; dest_seq_id is then left empty (unless the file
+                could not be opened: then nothing changes).
         """
         return self._load(path, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))
