@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from llamax import checks
 from llamax.batch import Batch
 from llamax.errors import LlamaxError, NoKVSlotError
 from llamax.sampling import Sampler
@@ -205,7 +206,7 @@ class ParallelGeneration:
         if isinstance(prompts, (str, bytes)) or not len(prompts):
             raise ValueError("prompts must be a non-empty list of prompts")
         n = len(prompts)
-        seq_ids = list(range(n)) if seq_ids is None else [int(s) for s in seq_ids]
+        seq_ids = list(range(n)) if seq_ids is None else [checks.integer(s, "seq_id") for s in seq_ids]
         n_seq_max = ctx.params.n_seq_max
         if len(seq_ids) != n or len(set(seq_ids)) != n or not all(0 <= s < n_seq_max for s in seq_ids):
             raise ValueError(f"seq_ids {seq_ids}: need {n} distinct ids in [0, n_seq_max = {n_seq_max})")
@@ -213,9 +214,10 @@ class ParallelGeneration:
             samplers = [Sampler() for _ in range(n)]
         elif isinstance(samplers, Sampler) or len(samplers) != n:
             raise ValueError(f"samplers: one Sampler per prompt ({n}), not shared")
+        n_discard, n_keep = checks.integer(n_discard, "n_discard"), checks.integer(n_keep, "n_keep")
         if n_discard < 0:
             raise ValueError(f"n_discard = {n_discard} must be >= 0 (0: half of what is left)")
-        max_tokens = int(max_tokens)
+        max_tokens = checks.integer(max_tokens, "max_tokens")
         if max_tokens < -2:
             raise ValueError(f"max_tokens = {max_tokens}: use >= 0, -1 (no limit) or -2 (until the context is full)")
         self.max_tokens = max_tokens
@@ -375,11 +377,11 @@ class Generation:
         if isinstance(prompt, str):
             prompts = [prompt]
         else:
-            prompts = [[int(t) for t in prompt]]
+            prompts = [[checks.integer(t, "prompt token") for t in prompt]]
         if not prompts[0]:
             raise ValueError("empty prompt")
         self.ctx, self.model, self.seq_id = ctx, ctx.model, seq_id
-        self.max_tokens = int(max_tokens)
+        self.max_tokens = checks.integer(max_tokens, "max_tokens")
         self.sampler = sampler if sampler is not None else Sampler()
         self._par = ParallelGeneration(ctx, prompts, max_tokens, [self.sampler], seq_ids=[seq_id], n_keep=n_keep,
                                        n_discard=n_discard, context_shift=context_shift)

@@ -321,6 +321,8 @@ def test_non_integers_are_type_errors():
     with pytest.raises(TypeError):
         KVCache(2.0, 1, 8, 64)
     with pytest.raises(TypeError):
+        KVCacheISWA(2, 1, 8, 256, swa_layers=[1.0], n_swa=4)
+    with pytest.raises(TypeError):
         ContextParams(n_ctx=512.0)
     with pytest.raises(TypeError):
         Sampler(top_k=1.5)
@@ -345,12 +347,20 @@ def test_ints_beyond_the_c_range_are_value_errors():
             Sampler(**kw)
 
 
-def test_get_logits_ith_takes_integers(model):
-    ctx = Context(model, n_ctx=256)
+def test_context_and_generate_take_integers(model):
+    ctx = Context(model, n_ctx=256, n_seq_max=2)
     ctx.decode(Batch.one(model.tokenize("Hello")))
     with pytest.raises(TypeError):
         ctx.get_logits_ith(1.5)
     assert ctx.get_logits_ith(np.int64(-1)).shape == (model.n_vocab,)
+    before = ctx.memory.cells()
+    for kw in (dict(max_tokens=1.5), dict(seq_id=1.0), dict(n_keep=0.5), dict(n_discard="2")):
+        with pytest.raises(TypeError):
+            list(llamax.generate(ctx, "Hi", **({"max_tokens": 2} | kw)))
+        assert ctx.memory.cells() == before
+    with pytest.raises(TypeError):
+        list(llamax.generate(ctx, [1, 2.5], max_tokens=2, seq_id=1))
+    assert ctx.memory.cells() == before
 
 
 @pytest.mark.parametrize("args", [["-c", "4294967296"], ["-c", str(10**12)], ["--parallel", "1000"],

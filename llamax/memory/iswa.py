@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from typing import Sequence
 
-from llamax import state
+from llamax import checks, state
 from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import N_CTX_PAD, pad
 from llamax.errors import LlamaxError, NoKVSlotError
@@ -58,7 +58,7 @@ class KVCacheISWA(Memory):
                  n_ubatch: int = 512, rope: RoPE | None = None, rope_swa: RoPE | None = None,
                  n_seq_max: int = 1, unified: bool = True, **kw) -> None:
         super().__init__()
-        swa = sorted({int(i) for i in swa_layers})
+        swa = sorted({checks.integer(i, "swa_layers entry") for i in swa_layers})
         if any(i < 0 or i >= n_layer for i in swa):
             raise ValueError(f"swa_layers {swa} outside [0, {n_layer})")
         if swa_type == "none" or n_swa <= 0:
