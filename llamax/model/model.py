@@ -141,7 +141,7 @@ class Model:
         return f"Model({self.path.name}, arch={self.arch}, n_layer={self.hparams.n_layer})"
 
     # ---- tokenizer -----------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
     def detokenize(self, tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
