@@ -1,8 +1,9 @@
-"""The `llamax` command line: run (generate text), pull (fetch a registry model), demo."""
+"""The `llamax` command line: run (generate text), bench (throughput tables), pull (fetch a registry model), demo."""
 from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 
 from llamax.dtypes import CACHE_TYPES
@@ -109,6 +110,143 @@ def cmd_run(a) -> int:
     return 0
 
 
+# ---- bench: llama-bench's flags (list-valued options take comma lists and repeat) --------------------
+
+def _int_list(lo: int, what: str):
+    """argparse type: a comma list of ints >= lo, each an int or llama-bench's range first-last[+step|*mult]."""
+    def parse(text: str) -> list[int]:
+        out: list[int] = []
+        for item in text.split(","):
+            try:
+                out += _int_range(item.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{what}: {item.strip()!r} is not an integer or a range "
+                                                 "first-last[+step|*mult]") from None
+        bad = [v for v in out if v < lo]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{what}: {bad[0]} must be >= {lo}")
+        return out
+    return parse
+
+
+def _int_range(item: str) -> list[int]:
+    """llama-bench's parse_int_range item: N, first-last (step 1), first-last+step, first-last*mult."""
+    m = re.fullmatch(r"(\d+)(?:-(\d+)(?:([+*])(\d+))?)?", item)
+    if m is None:
+        return [int(item)]  # a plain (maybe negative) int, or ValueError
+    first, last, op, k = m.group(1), m.group(2), m.group(3), m.group(4)
+    if last is None:
+        return [int(first)]
+    a, b, k = int(first), int(last), int(k) if k else 1
+    if b < a or k < 1 or (op == "*" and (k < 2 or a < 1)):
+        raise ValueError(item)
+    out = []
+    while a <= b:
+        out.append(a)
+        a = a * k if op == "*" else a + k
+    return out
+
+
+def _choice_list(choices, what: str):
+    def parse(text: str) -> list[str]:
+        out = [v.strip() for v in text.split(",")]
+        for v in out:
+            if v not in choices:
+                raise argparse.ArgumentTypeError(f"{what}: {v!r} is not one of {', '.join(choices)}")
+        return out
+    return parse
+
+
+def _fa_list(text: str) -> list[bool]:
+    on = {"on": True, "1": True, "true": True, "off": False, "0": False, "false": False}
+    out = []
+    for v in text.split(","):
+        if v.strip().lower() not in on:
+            raise argparse.ArgumentTypeError(f"-fa: {v.strip()!r} is not on, off, 1 or 0")
+        out.append(on[v.strip().lower()])
+    return out
+
+
+def _pg_list(text: str) -> list[tuple[int, int]]:
+    try:
+        p, n = (int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"-pg: {text!r} is not pp,tg (two integers)") from None
+    if p < 1 or n < 1:
+        raise argparse.ArgumentTypeError(f"-pg: {text!r}: both counts must be >= 1")
+    return [(p, n)]
+
+
+def _bench_parser(sub) -> None:
+    p = sub.add_parser("bench", help="pp/tg/batched throughput in a table, like llama-bench and batched-bench",
+                       description="Measure prompt processing (pp), generation (tg), both at a depth, and N "
+                       "sequences sharing a prefix (batched-bench), on random token ids. Every combination of "
+                       "the list-valued options (comma lists, or repeat the flag) is measured: each test gets "
+                       "a warm-up, then -r reps, reported as mean ± stddev t/s. Only the table (markdown) or "
+                       "the JSON goes to stdout; progress goes to stderr.")
+    p.add_argument("-m", "--model", action="append", type=lambda s: [v for v in s.split(",") if v],
+                   help="GGUF paths or registry names (default smollm2-135m)")
+    p.add_argument("-p", "--n-prompt", action="append", type=_int_list(0, "-p"),
+                   help="prompt tokens of the pp tests (default 512; 0: none)")
+    p.add_argument("-n", "--n-gen", action="append", type=_int_list(0, "-n"),
+                   help="generated tokens of the tg tests (default 128; 0: none)")
+    p.add_argument("-pg", action="append", type=_pg_list, help="pp,tg: a test of both (repeatable)")
+    p.add_argument("-d", "--n-depth", action="append", type=_int_list(0, "-d"),
+                   help="tokens already in the cache before each pp/tg test (default 0)")
+    p.add_argument("-r", "--repetitions", type=int, default=5, help="timed reps per test (default 5)")
+    p.add_argument("-t", "--threads", action="append", type=_int_list(1, "-t"),
+                   help="thread counts (default: every core)")
+    p.add_argument("-ctk", "--cache-type-k", action="append", type=_choice_list(CACHE_TYPES, "-ctk"),
+                   help="K cache types (default f16)")
+    p.add_argument("-ctv", "--cache-type-v", action="append", type=_choice_list(CACHE_TYPES, "-ctv"),
+                   help="V cache types (default f16; a quantized V needs -fa on, other pairs are skipped)")
+    p.add_argument("-fa", "--flash-attn", action="append", type=_fa_list, help="on, off or on,off (default on)")
+    p.add_argument("-b", "--batch-size", action="append", type=_int_list(1, "-b"), help="n_batch (default 2048)")
+    p.add_argument("-ub", "--ubatch-size", action="append", type=_int_list(1, "-ub"), help="n_ubatch (default 512)")
+    p.add_argument("--parallel", "-npl", action="append", type=_int_list(1, "--parallel"),
+                   help="N sequences sharing a prefix (batched-bench): the prefix is decoded once for sequence "
+                   "0 and copied to the others, then -ntg steps decode one token per sequence")
+    p.add_argument("-npp", action="append", type=_int_list(1, "-npp"),
+                   help="prefix tokens of the --parallel tests (default 128)")
+    p.add_argument("-ntg", action="append", type=_int_list(1, "-ntg"),
+                   help="steps of the --parallel tests (default 128)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
+    p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="md (default) or json")
+    p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what llama.cpp would log")
+
+
+def cmd_bench(a) -> int:
+    import json
+
+    from llamax import bench, models
+
+    def flat(values, default):
+        return [v for vs in values for v in vs] if values else list(default)
+
+    if a.repetitions < 1:
+        print(f"llamax bench: -r {a.repetitions}: the number of reps must be >= 1", file=sys.stderr)
+        return 2
+    tests = bench.make_tests(flat(a.n_prompt, [512]), flat(a.n_gen, [128]), flat(a.n_depth, [0]), flat(a.pg, []),
+                             flat(a.parallel, []), flat(a.npp, [128]), flat(a.ntg, [128]))
+    if (a.npp or a.ntg) and not a.parallel:
+        print("llamax bench: -npp and -ntg size the --parallel tests; give --parallel N", file=sys.stderr)
+        return 2
+
+    def progress(line: str) -> None:
+        print(f"llamax bench: {line}", file=sys.stderr, flush=True)
+
+    rows = bench.run_matrix(flat(a.model, [models.DEFAULT]), tests, a.repetitions, threads=flat(a.threads, [None]),
+                            type_k=flat(a.cache_type_k, ["f16"]), type_v=flat(a.cache_type_v, ["f16"]),
+                            flash_attn=flat(a.flash_attn, [True]), n_batch=flat(a.batch_size, [2048]),
+                            n_ubatch=flat(a.ubatch_size, [512]), seed=a.seed, progress=progress)
+    if a.output == "json":
+        print(json.dumps(rows, indent=2))
+    else:
+        print(bench.markdown(rows))
+    return 0
+
+
 def cmd_pull(a) -> int:
     from llamax import models
 
@@ -127,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="llamax", description="llama.cpp's KV-cache runtime for Python")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
+    _bench_parser(sub)
     pp = sub.add_parser("pull", help="fetch a registry model into the cache and print its path")
     pp.add_argument("name", nargs="?", default="smollm2-135m")
     sub.add_parser("demo", help="a short tour of the KV cache with a tiny random model")
@@ -137,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "run":
             return cmd_run(args)
+        if args.cmd == "bench":
+            return cmd_bench(args)
         if args.cmd == "pull":
             return cmd_pull(args)
         from llamax.demo import run

@@ -1,0 +1,360 @@
+"""Throughput of a model's decode loop, measured as llama.cpp's llama-bench and batched-bench do.
+
+A `BenchTest` is one measurement on a fresh context; `run_bench` runs a list of them for one model
+and one context configuration, `run_matrix` every combination of models, thread counts and
+configurations, and `markdown` prints the rows as llama-bench's table. Every test decodes random
+token ids drawn with a fixed seed (not text), so runs are repeatable and need no tokenizer:
+
+    test            what is timed (the cache is cleared before each rep)          t/s counts
+    pp{p}           p prompt tokens, split into n_batch decodes (logits: last)    p
+    tg{n}           n single-token decodes                                        n
+    pp{p}+tg{n}     both, one after the other                                     p + n
+    ... @ d{d}      any of the above after an untimed prefill of d tokens
+    pp{p}+tg{n}x{N} batched-bench's shared prefix: p tokens for sequence 0, seq_cp   p + N * n
+                    to sequences 1..N-1 (untimed), then n decodes of N tokens, one
+                    per sequence, each with logits
+
+Each test gets one warm-up (llama-bench's: the prompt, then one generated token; for the shared
+prefix, the prefix and one N-token step), then `reps` timed repetitions; a row reports the mean
+and the sample standard deviation of the per-rep t/s (llama-bench's avg_ts / stddev_ts) and their
+median. A context is sized to its test (n_ctx = depth + prompt + generated tokens, padded as every
+context is), as llama-bench sizes its own.
+"""
+from __future__ import annotations
+
+import datetime
+import itertools
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from llamax import checks
+from llamax.batch import Batch
+from llamax.context import Context
+from llamax.generate import decode_prompt
+from llamax.params import ContextParams
+
+__all__ = ["BenchTest", "make_tests", "model_info", "run_bench", "run_matrix", "markdown", "BACKEND"]
+
+#: the only backend llamax has (llama-bench's `backend` column)
+BACKEND = "CPU"
+#: llama-bench's default n_batch / n_ubatch: the table shows these columns only when a row differs
+DEFAULT_N_BATCH, DEFAULT_N_UBATCH = 2048, 512
+
+# llama.cpp's llama_ftype names (llama_model_ftype_name) for general.file_type
+_FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+                11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+                16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchTest:
+    """One measurement (see the module docstring for what each shape times).
+
+    Attributes:
+        n_prompt: prompt tokens decoded in one go (n_batch chunks); the shared prefix when n_parallel > 0.
+        n_gen: generated tokens (single-token decodes); steps of N tokens when n_parallel > 0.
+        n_depth: tokens already in the cache (an untimed prefill) before the timed part; 0 with n_parallel.
+        n_parallel: 0 for a llama-bench test, N >= 1 for batched-bench's N sequences sharing the prefix.
+
+    Raises (on creation):
+        ValueError: a negative count, nothing to time, or a shared-prefix test without a prefix and
+            steps or with a depth.
+        TypeError: a count that is not an int.
+    """
+
+    n_prompt: int = 0
+    n_gen: int = 0
+    n_depth: int = 0
+    n_parallel: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_prompt", "n_gen", "n_depth", "n_parallel"):
+            v = checks.integer(getattr(self, name), name)
+            if v < 0:
+                raise ValueError(f"{name} = {v} must be >= 0")
+            object.__setattr__(self, name, v)
+        if self.n_prompt == 0 and self.n_gen == 0:
+            raise ValueError("a test needs n_prompt > 0 or n_gen > 0")
+        if self.n_parallel and (self.n_prompt == 0 or self.n_gen == 0 or self.n_depth):
+            raise ValueError(f"a shared-prefix test needs a prefix and steps and no depth (n_prompt = "
+                             f"{self.n_prompt}, n_gen = {self.n_gen}, n_depth = {self.n_depth})")
+
+    @property
+    def name(self) -> str:
+        """llama-bench's test name (pp512, tg128, pp512+tg128, pp512 @ d1024), batched-bench's pp256+tg64x8."""
+        if self.n_parallel:
+            return f"pp{self.n_prompt}+tg{self.n_gen}x{self.n_parallel}"
+        parts = ([f"pp{self.n_prompt}"] if self.n_prompt else []) + ([f"tg{self.n_gen}"] if self.n_gen else [])
+        return "+".join(parts) + (f" @ d{self.n_depth}" if self.n_depth else "")
+
+    @property
+    def n_tokens(self) -> int:
+        """The tokens one rep's t/s counts (batched-bench counts the shared prefix once)."""
+        return self.n_prompt + max(self.n_parallel, 1) * self.n_gen
+
+    @property
+    def n_ctx(self) -> int:
+        """Cells the test's context needs (one unified stream)."""
+        return self.n_depth + self.n_tokens
+
+    @property
+    def n_seq(self) -> int:
+        return max(self.n_parallel, 1)
+
+
+def make_tests(n_prompt: Iterable[int] = (512,), n_gen: Iterable[int] = (128,), n_depth: Iterable[int] = (0,),
+               prompt_gen: Iterable[tuple[int, int]] = (), n_parallel: Iterable[int] = (),
+               n_prefix: Iterable[int] = (128,), n_steps: Iterable[int] = (128,)) -> list[BenchTest]:
+    """llama-bench's test list: for each depth, a pp test per n_prompt > 0, a tg test per n_gen > 0, a
+    pp+tg test per (p, n) of prompt_gen; then batched-bench's shared-prefix tests, one per
+    (n_prefix, n_steps, n_parallel) (the depth does not apply to them). Zero counts are skipped,
+    as llama-bench skips `-p 0`.
+
+    Raises:
+        ValueError: a negative count, or n_parallel < 1.
+    """
+    tests = []
+    n_prompt, n_gen, prompt_gen = list(n_prompt), list(n_gen), list(prompt_gen)
+    for d in n_depth:
+        tests += [BenchTest(n_prompt=p, n_depth=d) for p in n_prompt if p != 0]
+        tests += [BenchTest(n_gen=n, n_depth=d) for n in n_gen if n != 0]
+        tests += [BenchTest(n_prompt=p, n_gen=n, n_depth=d) for p, n in prompt_gen]
+    for npp, ntg, npl in itertools.product(n_prefix, n_steps, n_parallel):
+        if npl < 1:
+            raise ValueError(f"--parallel {npl}: the number of sequences must be >= 1")
+        tests.append(BenchTest(n_prompt=npp, n_gen=ntg, n_parallel=npl))
+    return tests
+
+
+def model_info(model) -> dict:
+    """llama-bench's model fields: model_filename, model_type ("{arch} {size label} {file type}"),
+    model_size (bytes of every tensor, llama_model_size), model_file_size, model_n_params (elements of
+    every tensor, llama_model_n_params). Reads tensor infos only."""
+    g = model.gguf
+    tensors = g.tensors.values()
+    n_params = sum(t.n_elements for t in tensors)
+    label = g.get("general.size_label", None) or _params_label(n_params)
+    ftype = g.get("general.file_type", None)
+    ftype_name = _FTYPE_NAMES.get(ftype, f"ftype {ftype}") if ftype is not None else _dominant_type(tensors)
+    return {"model_filename": str(g.path), "model_type": f"{model.arch} {label} {ftype_name}",
+            "model_size": sum(t.n_bytes for t in tensors), "model_file_size": g.path.stat().st_size,
+            "model_n_params": n_params}
+
+
+def _params_label(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _dominant_type(tensors) -> str:
+    by_type: dict[str, int] = {}
+    for t in tensors:
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+    return max(by_type, key=by_type.get).upper() if by_type else "?"
+
+
+class _Tokens:
+    """Random valid token ids from a fixed seed (llama-bench draws std::rand() % n_vocab); the first
+    token of an empty cache is BOS when the vocabulary adds one, as llama-bench's."""
+
+    def __init__(self, model, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.n_vocab = model.n_vocab
+        self.bos = model.bos if model.tokenizer.add_bos else None
+
+    def draw(self, n: int, first: bool = False) -> list[int]:
+        toks = self.rng.integers(0, self.n_vocab, n).tolist()
+        if first and self.bos is not None and toks:
+            toks[0] = self.bos
+        return toks
+
+
+def _run_once(ctx: Context, test: BenchTest, tok: _Tokens, n_prompt: int, n_gen: int, timed: bool) -> dict:
+    """One rep (or, with timed=False and shorter counts, the warm-up) on a cleared cache; returns the
+    timed nanoseconds, in total and for the prompt (pp_ns) and the generation (tg_ns)."""
+    ctx.memory.clear(data=False)
+    empty = True
+    if test.n_depth and timed:
+        decode_prompt(ctx, tok.draw(test.n_depth, first=True))
+        empty = False
+    prompt = tok.draw(n_prompt, first=empty)
+    n_seq = test.n_seq
+    gen = tok.draw(n_gen * n_seq, first=empty and not n_prompt)
+    t0 = time.perf_counter_ns()
+    if prompt:
+        decode_prompt(ctx, prompt)
+    t1 = time.perf_counter_ns()
+    if test.n_parallel:
+        for s in range(1, n_seq):  # batched-bench copies the prefix outside its timers
+            ctx.memory.seq_cp(0, s, -1, -1)
+        t1 = time.perf_counter_ns()
+        seqs, outs = list(range(n_seq)), [True] * n_seq
+        for i in range(n_gen):
+            ctx.decode(Batch(gen[i * n_seq:(i + 1) * n_seq], seq_ids=seqs, logits=outs))
+    else:
+        for t in gen:
+            ctx.decode(Batch([t]))
+    t2 = time.perf_counter_ns()
+    return {"pp_ns": t1 - t0, "tg_ns": t2 - t1}
+
+
+def _summary(samples_ns: list[int], n_tokens: int) -> dict:
+    ts = [n_tokens * 1e9 / ns for ns in samples_ns]
+    sd = statistics.stdev if len(ts) > 1 else (lambda _: 0.0)
+    return {"avg_ns": statistics.fmean(samples_ns), "stddev_ns": sd(samples_ns), "avg_ts": statistics.fmean(ts),
+            "stddev_ts": sd(ts), "median_ts": statistics.median(ts), "samples_ns": samples_ns, "samples_ts": ts}
+
+
+def run_bench(model, tests: Sequence[BenchTest], reps: int = 5, *, type_k: str = "f16", type_v: str = "f16",
+              flash_attn: bool = True, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
+              seed: int = 0, progress: Progress | None = None) -> list[dict]:
+    """Run each test on a fresh context of one configuration: a warm-up, then `reps` timed reps.
+
+    Args:
+        model: a loaded llamax.Model; its n_threads is the thread count measured (the contexts use it too).
+        tests: BenchTests, run in order.
+        reps: timed repetitions per test, >= 1.
+        type_k, type_v, flash_attn, n_batch, n_ubatch: the contexts' parameters (ContextParams').
+        seed: seed of the random token ids.
+        progress: called with one line per finished test (e.g. to print to stderr).
+
+    Returns:
+        One dict per test, llama-bench's JSON fields: the model fields of model_info, backends,
+        n_threads, type_k, type_v, flash_attn, n_batch, n_ubatch, n_prompt, n_gen, n_depth, n_parallel,
+        test, test_time, avg_ns, stddev_ns, avg_ts, stddev_ts, median_ts, samples_ns, samples_ts;
+        a shared-prefix test adds pp_avg_ts and tg_avg_ts (batched-bench's S_PP, prefix tokens per
+        second, and S_TG, N * n_gen tokens per second of the steps).
+
+    Raises:
+        ValueError, TypeError: bad parameters (before any test runs).
+        BatchError, NoKVSlotError: a test's batch does not fit its context (a parallel N above n_batch).
+    """
+    reps = checks.integer(reps, "reps")
+    if reps < 1:
+        raise ValueError(f"reps = {reps} must be >= 1")
+    tests = list(tests)
+    for t in tests:
+        if not isinstance(t, BenchTest):
+            raise TypeError(f"tests must be BenchTests, got {type(t).__name__}")
+    info = model_info(model)
+    cfg = dict(type_k=type_k, type_v=type_v, flash_attn=flash_attn, n_batch=n_batch, n_ubatch=n_ubatch,
+               n_threads=model.n_threads)
+    ContextParams(**cfg)  # bad parameters fail before the first test
+    tok = _Tokens(model, seed)
+    rows = []
+    for test in tests:
+        ctx = Context(model, n_ctx=test.n_ctx, n_seq_max=test.n_seq, **cfg)
+        when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        _run_once(ctx, test, tok, test.n_prompt, min(test.n_gen, 1), timed=False)
+        runs = [_run_once(ctx, test, tok, test.n_prompt, test.n_gen, timed=True) for _ in range(reps)]
+        row = {**info, "backends": BACKEND, **cfg, "n_prompt": test.n_prompt, "n_gen": test.n_gen,
+               "n_depth": test.n_depth, "n_parallel": test.n_parallel, "test": test.name, "test_time": when,
+               **_summary([r["pp_ns"] + r["tg_ns"] for r in runs], test.n_tokens)}
+        if test.n_parallel:
+            row["pp_avg_ts"] = statistics.fmean(test.n_prompt * 1e9 / r["pp_ns"] for r in runs)
+            row["tg_avg_ts"] = statistics.fmean(test.n_seq * test.n_gen * 1e9 / r["tg_ns"] for r in runs)
+        rows.append(row)
+        if progress is not None:
+            progress(f"{info['model_type']}, {model.n_threads} threads, {type_k}/{type_v}, fa "
+                     f"{'on' if flash_attn else 'off'}: {test.name}: {row['avg_ts']:.2f} ± {row['stddev_ts']:.2f} t/s")
+    return rows
+
+
+def run_matrix(models: Sequence[str], tests: Sequence[BenchTest], reps: int = 5, *,
+               threads: Sequence[int | None] = (None,), type_k: Sequence[str] = ("f16",),
+               type_v: Sequence[str] = ("f16",), flash_attn: Sequence[bool] = (True,),
+               n_batch: Sequence[int] = (DEFAULT_N_BATCH,), n_ubatch: Sequence[int] = (DEFAULT_N_UBATCH,),
+               seed: int = 0, progress: Progress | None = None) -> list[dict]:
+    """run_bench over every combination of the list-valued options (llama-bench's instances): each
+    model (a GGUF path or registry name) is loaded once per thread count. A quantized V cache without
+    flash attention (which llama.cpp refuses) is skipped with a progress line.
+
+    Raises:
+        ValueError: no combination is valid, or a bad value (before any model loads).
+        ModelError: a model cannot be loaded.
+    """
+    from llamax.model import Model
+
+    configs = []
+    for nb, nub, tk, tv, fa in itertools.product(n_batch, n_ubatch, type_k, type_v, flash_attn):
+        try:
+            ContextParams(n_batch=nb, n_ubatch=nub, type_k=tk, type_v=tv, flash_attn=fa)
+        except ValueError as e:
+            if "requires flash_attn" not in str(e):
+                raise
+            if progress is not None:
+                progress(f"skipping type_v {tv} with fa off: a quantized V cache requires flash attention")
+            continue
+        configs.append(dict(n_batch=nb, n_ubatch=nub, type_k=tk, type_v=tv, flash_attn=fa))
+    if not configs:
+        raise ValueError("no valid combination to measure (a quantized V cache requires -fa on)")
+    if not tests:
+        raise ValueError("no test to run (every -p, -n and -pg is 0 and there is no --parallel)")
+    for name in models:  # a bad name fails before the first model's tests, not after them
+        _check_model_name(name)
+    rows = []
+    for name, nt in itertools.product(models, threads):
+        if progress is not None:
+            progress(f"loading {name}" + (f" ({nt} threads)" if nt is not None else ""))
+        model = Model.load(name, n_threads=nt)
+        for cfg in configs:
+            rows += run_bench(model, tests, reps, seed=seed, progress=progress, **cfg)
+    return rows
+
+
+def _check_model_name(name: str) -> None:
+    """ModelError unless name is a file or a registry name (Model.load's message)."""
+    from pathlib import Path
+
+    from llamax import models
+    from llamax.errors import ModelError
+
+    if not Path(name).is_file() and name not in models.available():
+        raise ModelError(f"{name!r} is neither a file nor a registry name ({', '.join(models.available())})")
+
+
+# ---- llama-bench's markdown table ----------------------------------------------------------------
+
+def _size(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.2f} MiB"
+
+
+def _params(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.2f} M"
+
+
+def markdown(rows: Sequence[dict]) -> str:
+    """llama-bench's markdown table of run_bench rows: model, size, params, backend, threads, type_k,
+    type_v, fa, (n_batch and n_ubatch when a row differs from 2048 / 512), test, t/s (mean ± stddev).
+    Text columns are left-aligned, numbers right-aligned."""
+    cols: list[tuple[str, bool, Callable[[dict], str]]] = [
+        ("model", False, lambda r: r["model_type"]),
+        ("size", True, lambda r: _size(r["model_size"])),
+        ("params", True, lambda r: _params(r["model_n_params"])),
+        ("backend", False, lambda r: r["backends"]),
+        ("threads", True, lambda r: str(r["n_threads"])),
+        ("type_k", False, lambda r: r["type_k"]),
+        ("type_v", False, lambda r: r["type_v"]),
+        ("fa", True, lambda r: "on" if r["flash_attn"] else "off"),
+    ]
+    if any(r["n_batch"] != DEFAULT_N_BATCH for r in rows):
+        cols.append(("n_batch", True, lambda r: str(r["n_batch"])))
+    if any(r["n_ubatch"] != DEFAULT_N_UBATCH for r in rows):
+        cols.append(("n_ubatch", True, lambda r: str(r["n_ubatch"])))
+    cols += [("test", True, lambda r: r["test"]),
+             ("t/s", True, lambda r: f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}")]
+    cells = [[f(r) for _, _, f in cols] for r in rows]
+    widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, (name, _, _) in enumerate(cols)]
+
+    def line(values: Sequence[str]) -> str:
+        return "| " + " | ".join(v.rjust(w) if right else v.ljust(w)
+                                 for v, w, (_, right, _) in zip(values, widths, cols)) + " |"
+
+    rule = "| " + " | ".join("-" * (w - 1) + ":" if right else "-" * w
+                             for w, (_, right, _) in zip(widths, cols)) + " |"
+    return "\n".join([line([c[0] for c in cols]), rule] + [line(c) for c in cells])
