@@ -22,6 +22,7 @@ EXTENSIONS = [
     ("llamax._native.attention", ["llamax/_native/attention.pyx", "csrc/attention.c", "csrc/quants.c"]),
     ("llamax._native.quants", ["llamax/_native/quants.pyx", "csrc/quants.c"]),
     ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),
+    ("llamax._native.gemm", ["llamax/_native/gemm.pyx", "csrc/gemm.c", "csrc/quants.c"]),
     ("llamax._native.buffers", ["llamax/_native/buffers.pyx", "csrc/buffers.c"]),
 ]
 

@@ -1,0 +1,506 @@
+/* gemm.c: y = x W^T, bit-identical on every path (see gemm.h for the contract).
+ *
+ *   lx_gemm:  quantize x rows into token groups of L lanes       omp for over tokens
+ *             for each tile of LX_GEMM_R W rows                  omp for, schedule(static)
+ *               unpack the rows once into this thread's buffer (bytes, float scales)
+ *               for each run of up to T groups of L tokens: one register tile R x T
+ *
+ * The SIMD kernels are written once and compiled three times by including this file into itself
+ * (LX_GEMM_PASS): 1 AVX2+FMA (8 lanes, maddubs + madd), 2 AVX-512 VNNI on ymm (8 lanes,
+ * vpdpbusd; level 3 for n_tok <= 8), 3 AVX-512 VNNI on zmm (16 lanes). Each pass computes the
+ * canonical arithmetic of gemm.h; they differ only in how the exact integer sums are formed.
+ */
+#ifndef LX_GEMM_PASS
+
+#include "gemm.h"
+#include "cpu.h"
+
+#include <assert.h>
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LX_GEMM_X86 1
+#include <immintrin.h>
+#endif
+
+#define LX_INLINE inline __attribute__((always_inline))
+#define LX_GEMM_R 4        /* W rows per tile (every pass) */
+#define LX_GEMM_LMAX 16    /* most token lanes of a group (zmm) */
+
+/* ---- types ----------------------------------------------------------------------------- */
+
+int lx_gemm_supported(lx_type w_type) {
+    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 ||
+           w_type == LX_TYPE_Q8_0;
+}
+
+lx_type lx_gemm_dot_type(lx_type w_type) {
+    return w_type == LX_TYPE_Q4_1 ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
+}
+
+/* gemm.h's offset c of the stored quants (the canonical one) */
+static int canon_offset(lx_type wt) {
+    return wt == LX_TYPE_Q4_0 ? 8 : wt == LX_TYPE_Q5_0 ? 16 : 0;
+}
+
+/* ---- the canonical loop (reference and portable path) ---------------------------------- */
+
+/* q_i - c of block b of a W row, in value order */
+static void unpack_signed(lx_type wt, const uint8_t *w, int64_t b, int *q, float *dw, float *mw) {
+    *mw = 0.0f;
+    switch (wt) {
+    case LX_TYPE_Q4_0: {
+        const lx_block_q4_0 *x = (const lx_block_q4_0 *) w + b;
+        for (int j = 0; j < 16; ++j) q[j] = (x->qs[j] & 0xF) - 8, q[j + 16] = (x->qs[j] >> 4) - 8;
+        *dw = lx_fp16_to_fp32(x->d);
+        break;
+    }
+    case LX_TYPE_Q4_1: {
+        const lx_block_q4_1 *x = (const lx_block_q4_1 *) w + b;
+        for (int j = 0; j < 16; ++j) q[j] = x->qs[j] & 0xF, q[j + 16] = x->qs[j] >> 4;
+        *dw = lx_fp16_to_fp32(x->d);
+        *mw = lx_fp16_to_fp32(x->m);
+        break;
+    }
+    case LX_TYPE_Q5_0: {
+        const lx_block_q5_0 *x = (const lx_block_q5_0 *) w + b;
+        uint32_t qh;
+        memcpy(&qh, x->qh, 4);
+        for (int j = 0; j < 16; ++j) {
+            q[j] = ((x->qs[j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16;
+            q[j + 16] = ((x->qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+        }
+        *dw = lx_fp16_to_fp32(x->d);
+        break;
+    }
+    default: {
+        const lx_block_q8_0 *x = (const lx_block_q8_0 *) w + b;
+        for (int j = 0; j < 32; ++j) q[j] = x->qs[j];
+        *dw = lx_fp16_to_fp32(x->d);
+        break;
+    }
+    }
+}
+
+/* one output: W row . quantized x row (ggml blocks of the dot type), gemm.h's loop literally */
+static float dot_canon(lx_type wt, const uint8_t *w, const void *xq, int64_t nb) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; ++b) {
+        int q[LX_QK];
+        float dw, mw;
+        unpack_signed(wt, w, b, q, &dw, &mw);
+        const int8_t *y;
+        float dx, sx = 0.0f;
+        if (wt == LX_TYPE_Q4_1) {
+            const lx_block_q8_1 *yb = (const lx_block_q8_1 *) xq + b;
+            y = yb->qs, dx = lx_fp16_to_fp32(yb->d), sx = lx_fp16_to_fp32(yb->s);
+        } else {
+            const lx_block_q8_0 *yb = (const lx_block_q8_0 *) xq + b;
+            y = yb->qs, dx = lx_fp16_to_fp32(yb->d);
+        }
+        int isum = 0;
+        for (int i = 0; i < LX_QK; ++i) isum += q[i] * y[i];
+        const float s = dw * dx;
+        acc = fmaf(s, (float) isum, acc);
+        if (wt == LX_TYPE_Q4_1) acc = fmaf(mw, sx, acc);
+    }
+    return acc;
+}
+
+void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
+                 int64_t n_in, int64_t n_out, void *work) {
+    assert(lx_gemm_supported(w_type) && n_in % LX_QK == 0);
+    const lx_type dt = lx_gemm_dot_type(w_type);
+    const size_t wrb = lx_row_bytes(w_type, n_in), xrb = lx_row_bytes(dt, n_in);
+    uint8_t *xq = work;
+    for (int64_t t = 0; t < n_tok; ++t) lx_quantize_row_ref(dt, x + t * n_in, xq + t * xrb, n_in);
+    for (int64_t o = 0; o < n_out; ++o)
+        for (int64_t t = 0; t < n_tok; ++t)
+            y[t * n_out + o] = dot_canon(w_type, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in / LX_QK);
+}
+
+/* ---- token groups (the SIMD paths' activations) -------------------------------------------- *
+ *
+ * Group g of L tokens, block b: one record of rec_bytes(L) bytes at act + (g nb + b) rec_bytes:
+ *   int8  qs[8][L][4]   step s, lane l: values 4s..4s+3 of token gL+l's block b
+ *   int32 corr[L]       -c * sum(qs of the block), c the pass's offset of the unpacked W bytes
+ *   float dx[L], sx[L]  the block's scales (sx: q8_1's s; 0 for q8_0)
+ * Lanes past n_tok are zero (their outputs are computed and dropped).
+ */
+static size_t rec_bytes(int L) { return (size_t) 44 * L; }
+
+static size_t act_bytes(int64_t n_tok, int64_t nb) {
+    const int64_t n16 = (n_tok + LX_GEMM_LMAX - 1) / LX_GEMM_LMAX * LX_GEMM_LMAX;
+    return ((size_t) n16 * nb * 44 + 63) & ~(size_t) 63;
+}
+
+/* one thread's unpacked W tile: bytes [R][n_in], dw [R][nb], mw [R][nb] */
+static size_t tile_bytes(int64_t n_in) {
+    const int64_t nb = n_in / LX_QK;
+    return ((size_t) LX_GEMM_R * (n_in + 8 * nb) + 63) & ~(size_t) 63;
+}
+
+size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
+    (void) w_type;
+    const int64_t nb = n_in / LX_QK;
+    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * tile_bytes(n_in) + 64;
+}
+
+static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int L, int64_t t,
+                           uint8_t *act) {
+    const int64_t nb = n_in / LX_QK, g = t / L;
+    const int l = (int) (t % L);
+    for (int64_t b = 0; b < nb; ++b) {
+        uint8_t *rec = act + ((size_t) g * nb + b) * rec_bytes(L);
+        int32_t *corr = (int32_t *) (rec + 32 * L);
+        float *dx = (float *) (rec + 36 * L), *sx = (float *) (rec + 40 * L);
+        if (!x) {
+            for (int s = 0; s < 8; ++s) memset(rec + (s * L + l) * 4, 0, 4);
+            corr[l] = 0, dx[l] = 0.0f, sx[l] = 0.0f;
+            continue;
+        }
+        const int8_t *qs;
+        lx_block_q8_0 b0;
+        lx_block_q8_1 b1;
+        if (dt == LX_TYPE_Q8_1) {
+            lx_quantize_row_q8_1(x + b * LX_QK, &b1, LX_QK);
+            qs = b1.qs, dx[l] = lx_fp16_to_fp32(b1.d), sx[l] = lx_fp16_to_fp32(b1.s);
+        } else {
+            lx_quantize_row_q8_0(x + b * LX_QK, &b0, LX_QK);
+            qs = b0.qs, dx[l] = lx_fp16_to_fp32(b0.d), sx[l] = 0.0f;
+        }
+        int sum = 0;
+        for (int i = 0; i < LX_QK; ++i) sum += qs[i];
+        corr[l] = -c * sum;
+        for (int s = 0; s < 8; ++s) memcpy(rec + (s * L + l) * 4, qs + 4 * s, 4);
+    }
+}
+
+/* W rows o0 .. o0+nr-1 as unsigned bytes u = q (+128 for q8_0 when u128, else q8_0 signed),
+ * with their scales; rows nr..R-1 of the tile are left as they are (their outputs are dropped) */
+static void unpack_tile(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr, int64_t n_in,
+                        int u128, uint8_t *tile) {
+    const int64_t nb = n_in / LX_QK;
+    float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    for (int r = 0; r < nr; ++r) {
+        const uint8_t *row = w + (size_t) (o0 + r) * wrb;
+        uint8_t *u = tile + r * n_in;
+        for (int64_t b = 0; b < nb; ++b, u += LX_QK) {
+            switch (wt) {
+            case LX_TYPE_Q4_0: {
+                const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
+                for (int j = 0; j < 16; ++j) u[j] = x->qs[j] & 0xF, u[j + 16] = x->qs[j] >> 4;
+                dw[r * nb + b] = lx_fp16_to_fp32(x->d);
+                break;
+            }
+            case LX_TYPE_Q4_1: {
+                const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
+                for (int j = 0; j < 16; ++j) u[j] = x->qs[j] & 0xF, u[j + 16] = x->qs[j] >> 4;
+                dw[r * nb + b] = lx_fp16_to_fp32(x->d);
+                mw[r * nb + b] = lx_fp16_to_fp32(x->m);
+                break;
+            }
+            case LX_TYPE_Q5_0: {
+                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+                uint32_t qh;
+                memcpy(&qh, x->qh, 4);
+                for (int j = 0; j < 16; ++j) {
+                    u[j] = (uint8_t) ((x->qs[j] & 0xF) | (((qh >> j) & 1u) << 4));
+                    u[j + 16] = (uint8_t) ((x->qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+                }
+                dw[r * nb + b] = lx_fp16_to_fp32(x->d);
+                break;
+            }
+            default: {
+                const lx_block_q8_0 *x = (const lx_block_q8_0 *) row + b;
+                const uint8_t flip = u128 ? 0x80 : 0;
+                for (int j = 0; j < 32; ++j) u[j] = (uint8_t) x->qs[j] ^ flip;
+                dw[r * nb + b] = lx_fp16_to_fp32(x->d);
+                break;
+            }
+            }
+        }
+    }
+}
+
+/* 4 bytes as an int32 (a broadcast operand) */
+static LX_INLINE int32_t ld32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* a run of token groups against an unpacked tile: y[t][o0 + r] for r < nr, every t of the groups */
+typedef void (*run_fn)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
+                       int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0);
+
+/* ---- SIMD passes --------------------------------------------------------------------------- */
+
+#ifdef LX_GEMM_X86
+#define LX_GEMM_PASS 1
+#define SFX(f) f##_avx2
+#define LX_TGT __attribute__((target("avx2,fma")))
+#include "gemm.c"
+#undef LX_GEMM_PASS
+#undef SFX
+#undef LX_TGT
+
+#define LX_GEMM_PASS 2
+#define SFX(f) f##_vnni256
+#define LX_TGT __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512vnni")))
+#include "gemm.c"
+#undef LX_GEMM_PASS
+#undef SFX
+#undef LX_TGT
+
+#define LX_GEMM_PASS 3
+#define SFX(f) f##_vnni512
+#define LX_TGT __attribute__((target("avx2,fma,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+#include "gemm.c"
+#undef LX_GEMM_PASS
+#undef SFX
+#undef LX_TGT
+#endif
+
+/* ---- dispatch ------------------------------------------------------------------------------- */
+
+static int g_level_cap = -1;
+
+static int best_level(void) {
+    const int f = lx_cpu_features();
+    if (f & LX_CPU_VNNI512) return 3;
+    if (f & 1) return 2;
+    return 0;
+}
+
+int lx_gemm_simd_level(void) {
+    const int best = best_level();
+    const int cap = __atomic_load_n(&g_level_cap, __ATOMIC_RELAXED);
+    if (cap < 0 || cap >= best) return best;
+    return cap >= 2 ? 2 : 0;
+}
+
+void lx_gemm_set_simd_level(int level) { __atomic_store_n(&g_level_cap, level, __ATOMIC_RELAXED); }
+
+static void gemm_portable(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                          int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const lx_type dt = lx_gemm_dot_type(wt);
+    const size_t wrb = lx_row_bytes(wt, n_in), xrb = lx_row_bytes(dt, n_in);
+    uint8_t *xq = work;
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t t = 0; t < n_tok; ++t) lx_quantize_row(dt, x + t * n_in, xq + t * xrb, n_in);
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t o = 0; o < n_out; ++o)
+            for (int64_t t = 0; t < n_tok; ++t)
+                y[t * n_out + o] = dot_canon(wt, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in / LX_QK);
+    }
+}
+
+void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+             int64_t n_out, void *work, int n_threads) {
+    assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
+    if (n_tok <= 0 || n_out <= 0) return;
+    const int level = lx_gemm_simd_level();
+    run_fn run = NULL;
+    int L = 8, u128 = 1;
+#ifdef LX_GEMM_X86
+    if (level == 3 && n_tok > 8) run = run_vnni512, L = 16;
+    else if (level == 3) run = run_vnni256;
+    else if (level == 2) run = run_avx2, u128 = 0;
+#endif
+    if (!run) {
+        gemm_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        return;
+    }
+    const lx_type dt = lx_gemm_dot_type(w_type);
+    const int c = w_type == LX_TYPE_Q8_0 ? (u128 ? 128 : 0) : canon_offset(w_type);
+    const int64_t nb = n_in / LX_QK, n_groups = (n_tok + L - 1) / L;
+    const size_t wrb = lx_row_bytes(w_type, n_in);
+    uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
+    const int64_t n_tiles = (n_out + LX_GEMM_R - 1) / LX_GEMM_R;
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t t = 0; t < n_groups * L; ++t)
+            quantize_token(dt, c, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
+#ifdef _OPENMP
+        uint8_t *tile = tiles + (size_t) omp_get_thread_num() * tile_bytes(n_in);
+#pragma omp for schedule(static)
+#else
+        uint8_t *tile = tiles;
+#endif
+        for (int64_t i = 0; i < n_tiles; ++i) {
+            const int64_t o0 = i * LX_GEMM_R;
+            const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
+            unpack_tile(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+            run(w_type, tile, n_in, nr, act, n_groups, y, n_tok, n_out, o0);
+        }
+    }
+    (void) nb;
+}
+
+#else /* LX_GEMM_PASS: the kernel section, compiled once per pass ----------------------------- */
+
+#if LX_GEMM_PASS == 3
+#define L 16
+#define TMAX 3
+#define VI __m512i
+#define VF __m512
+#define LDI(p) _mm512_loadu_si512((const void *) (p))
+#define BCI(p) _mm512_set1_epi32(ld32(p))
+#define DP(acc, u, s) _mm512_dpbusd_epi32(acc, u, s)
+#define CVT(v) _mm512_cvtepi32_ps(v)
+#define LDF(p) _mm512_loadu_ps(p)
+#define BCF(p) _mm512_set1_ps(*(p))
+#define MULF(a, b) _mm512_mul_ps(a, b)
+#define FMAF(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define STF(p, v) _mm512_storeu_ps(p, v)
+#define ZEROF() _mm512_setzero_ps()
+#else
+#define L 8
+#define TMAX 1
+#define VI __m256i
+#define VF __m256
+#define LDI(p) _mm256_loadu_si256((const __m256i *) (p))
+#define BCI(p) _mm256_set1_epi32(ld32(p))
+#if LX_GEMM_PASS == 2
+#define DP(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#else
+/* u <= 31 here (nibbles, 5-bit values): the int16 pair sums cannot saturate */
+#define DP(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#endif
+#define CVT(v) _mm256_cvtepi32_ps(v)
+#define LDF(p) _mm256_loadu_ps(p)
+#define BCF(p) _mm256_set1_ps(*(p))
+#define MULF(a, b) _mm256_mul_ps(a, b)
+#define FMAF(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define STF(p, v) _mm256_storeu_ps(p, v)
+#define ZEROF() _mm256_setzero_ps()
+#endif
+
+/* the integer dot of a step for weight bytes u (broadcast) and activations a */
+static LX_INLINE LX_TGT VI SFX(dot_step)(lx_type wt, VI acc, VI u, VI a) {
+#if LX_GEMM_PASS == 1
+    if (wt == LX_TYPE_Q8_0) {   /* signed W bytes: |q| <= 128 against sign-moved a (sign trick) */
+        const __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(u), _mm256_sign_epi8(a, u));
+        return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+    }
+#else
+    (void) wt;
+#endif
+    return DP(acc, u, a);
+}
+
+/* out[(r T + g) L + l] = output of W row r and token lane l of group g, for r < R, g < T */
+static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *act,
+                                       int64_t nb, float *out, const int R, const int T) {
+    const float *dw = (const float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    const size_t rb = rec_bytes(L), gs = (size_t) nb * rb;
+    VF acc[LX_GEMM_R * TMAX];
+    for (int i = 0; i < R * T; ++i) acc[i] = ZEROF();
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *rec[TMAX];
+        VI is[LX_GEMM_R * TMAX];
+        for (int g = 0; g < T; ++g) {
+            rec[g] = act + g * gs + b * rb;
+            const VI c = LDI(rec[g] + 32 * L);
+            for (int r = 0; r < R; ++r) is[r * T + g] = c;
+        }
+        for (int s = 0; s < 8; ++s) {
+            VI a[TMAX];
+            for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
+            for (int r = 0; r < R; ++r) {
+                const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
+                for (int g = 0; g < T; ++g) is[r * T + g] = SFX(dot_step)(wt, is[r * T + g], u, a[g]);
+            }
+        }
+        for (int g = 0; g < T; ++g) {
+            const VF dx = LDF((const float *) (rec[g] + 36 * L));
+            for (int r = 0; r < R; ++r) {
+                const VF s = MULF(BCF(dw + r * nb + b), dx);
+                acc[r * T + g] = FMAF(s, CVT(is[r * T + g]), acc[r * T + g]);
+            }
+            if (wt == LX_TYPE_Q4_1) {
+                const VF sx = LDF((const float *) (rec[g] + 40 * L));
+                for (int r = 0; r < R; ++r) acc[r * T + g] = FMAF(BCF(mw + r * nb + b), sx, acc[r * T + g]);
+            }
+        }
+    }
+    for (int i = 0; i < R * T; ++i) STF(out + i * L, acc[i]);
+}
+
+#define LX_GEMM_T_CASES(WT, R)                                                   \
+    switch (nt) {                                                                \
+    case 1: SFX(tile)(WT, tile, n_in, a, nb, out, R, 1); break;                  \
+    case 2: if (TMAX >= 2) SFX(tile)(WT, tile, n_in, a, nb, out, R, TMAX >= 2 ? 2 : 1); break; \
+    default: if (TMAX >= 3) SFX(tile)(WT, tile, n_in, a, nb, out, R, TMAX >= 3 ? 3 : 1); break; \
+    }
+#define LX_GEMM_R_CASES(WT)                           \
+    switch (nr) {                                     \
+    case 1: LX_GEMM_T_CASES(WT, 1) break;             \
+    case 2: LX_GEMM_T_CASES(WT, 2) break;             \
+    case 3: LX_GEMM_T_CASES(WT, 3) break;             \
+    default: LX_GEMM_T_CASES(WT, 4) break;            \
+    }
+
+static LX_TGT void SFX(run)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
+                            int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
+    const int64_t nb = n_in / LX_QK;
+    const size_t gs = (size_t) nb * rec_bytes(L);
+    float out[LX_GEMM_R * TMAX * L];
+    for (int64_t g0 = 0; g0 < n_groups; g0 += TMAX) {
+        const int nt = n_groups - g0 < TMAX ? (int) (n_groups - g0) : TMAX;
+        const uint8_t *a = act + g0 * gs;
+        switch (wt) {
+        case LX_TYPE_Q4_0: LX_GEMM_R_CASES(LX_TYPE_Q4_0) break;
+        case LX_TYPE_Q4_1: LX_GEMM_R_CASES(LX_TYPE_Q4_1) break;
+        case LX_TYPE_Q5_0: LX_GEMM_R_CASES(LX_TYPE_Q5_0) break;
+        default: LX_GEMM_R_CASES(LX_TYPE_Q8_0) break;
+        }
+        for (int r = 0; r < nr; ++r)
+            for (int g = 0; g < nt; ++g)
+                for (int l = 0; l < L; ++l) {
+                    const int64_t t = (g0 + g) * L + l;
+                    if (t < n_tok) y[t * n_out + o0 + r] = out[(r * nt + g) * L + l];
+                }
+    }
+}
+
+#undef LX_GEMM_T_CASES
+#undef LX_GEMM_R_CASES
+#undef L
+#undef TMAX
+#undef VI
+#undef VF
+#undef LDI
+#undef BCI
+#undef DP
+#undef CVT
+#undef LDF
+#undef BCF
+#undef MULF
+#undef FMAF
+#undef STF
+#undef ZEROF
+
+#endif /* LX_GEMM_PASS */

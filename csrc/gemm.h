@@ -1,0 +1,110 @@
+/* gemm.h: y = x W^T over ggml weight rows for any batch size, bit-identical on every path.
+ *
+ *   x  float [n_tok][n_in]             activations, row-major
+ *   W  rows  [n_out] of lx_row_bytes(w_type, n_in) bytes (a GGUF tensor as stored)
+ *   y  float [n_tok][n_out]            y[t][o] = sum_i x[t][i] * W[o][i]
+ *
+ * What it is for: the weight products of prefill (n_tok up to the ubatch) and of decode, from the
+ * stored blocks (no float32 copies of W), with results that do not depend on the batch: token t's
+ * row of y is the same bits whatever the other rows of x, the thread count and the SIMD level.
+ * matmul.h's lx_mul_mat computes the same integer block dots but sums the float terms in
+ * lane-parallel orders that depend on the tile shape (hence on n_tok) and the SIMD level.
+ *
+ * ---- the canonical arithmetic (every path computes exactly these float operations) ----------
+ *
+ * x row t is quantized per block exactly as ggml (and lx_mul_mat) does, to the weight's dot type
+ * (lx_gemm_dot_type: q8_0 for q4_0 / q5_0 / q8_0, q8_1 for q4_1; quants.h's rounding), giving
+ * int8 y_i, the block scale dx_b (f16 -> float, exact) and, for q8_1, sx_b (f16 -> float). W's
+ * block b of row o has integer quants q_i (the stored field as in quants.h, before any offset),
+ * the offset c (8 for q4_0, 16 for q5_0, 0 for q4_1 and q8_0, whose q_i are signed), the scale
+ * dw_b and, for q4_1, the min mw_b (f16 -> float). Then, in float32 with round-to-nearest:
+ *
+ *     acc = +0.0f
+ *     for b = 0, 1, ..., nb - 1:                          (blocks in order, no other split)
+ *         isum = sum_{i in b} (q_i - c) * y_i             exact integer (|isum| < 2^21)
+ *         s    = dw_b * dx_b                              one rounded multiply
+ *         acc  = fmaf(s, (float) isum, acc)               one fused multiply-add (exact cvt)
+ *         acc  = fmaf(mw_b, sx_b, acc)                    q4_1 only: the min term
+ *     y[t][o] = acc
+ *
+ * One sequential chain per output: no partial accumulators, no reduction tree, so there is nothing
+ * whose order could depend on n_tok, n_threads or the vector width. Integer sums are exact in any
+ * order, so the SIMD kernels are free to form isum however they like (vpdpbusd, maddubs + madd).
+ * The scalar reference (lx_gemm_ref) is this loop, literally; the C code is compiled in ISO C mode
+ * (-std=c11: GCC does not contract a * b + c into an FMA there) and without -ffast-math (no
+ * reassociation), and the tests compare every path bit for bit.
+ *
+ * Why one chain per output is fast: the SIMD kernels put *tokens* in the vector lanes (16 per
+ * zmm, 8 per ymm), so every lane runs its own output's chain and the chains of a tile of
+ * R rows x T lane-groups are independent (enough to hide the FMA latency):
+ *
+ *   activations (once per call, OpenMP over tokens), per group of L tokens and block b:
+ *       qs   int8 [8 steps][L lanes][4 values]      value 4s+j of token lane l's block
+ *       corr int32 [L]                              -c * sum_i y_i (the offset, folded in)
+ *       dx, sx float [L]
+ *   weights: each thread unpacks R rows of its slice once into an L1 buffer of bytes (q_i as
+ *       unsigned bytes: the nibble / 5-bit value, q8_0 + 128 with c = 128; on AVX2 q8_0 stays
+ *       signed, c = 0, and uses the sign trick), then runs every token group against them:
+ *
+ *       for step s in 0..7:  a[g] = load(qs[g][b][s])            T vectors of L tokens
+ *                            for r < R: w = broadcast(4 bytes 4s.. of row r, block b)
+ *                                       isum[r][g] = vpdpbusd(isum[r][g], w, a[g])
+ *       (isum[r][g] starts at corr[g][b]; then s, fmadd, [min fmadd] lane-wise as above)
+ *
+ *   Per R x T tile and block: 8 R T dot instructions and 3 R T float ones (cvt, mul, fma); W is
+ *   read from memory once per call and each activation vector serves R rows. For n_tok <= 8 the
+ *   8-lane (ymm) kernel with more rows per tile is used; it is the same arithmetic.
+ *
+ * Paths (lx_gemm_simd_level): 3 AVX-512 VNNI (16-lane zmm kernel, 8-lane ymm for n_tok <= 8),
+ * 2 AVX2+FMA (8 lanes, maddubs + madd: the pair sums cannot saturate, since |q - c| ... the
+ * unsigned side is <= 31, or |q| <= 128 with the sign trick for q8_0), 0 portable C (the
+ * reference loop per output, OpenMP over rows). fmaf in the portable path is the C library's
+ * (correctly rounded, as the hardware FMA).
+ *
+ * Error vs exact arithmetic (test (c)): against the float64 product of the dequantized W and the
+ * dequantized quantized x, |y - y64| <= LX_GEMM_ERR(nb) * sum_b |dw_b dx_b isum_b| (+ |mw_b sx_b|),
+ * LX_GEMM_ERR(n) = (2 n + 2) 2^-24: each term has one rounding from s and the chain at most n
+ * roundings (Higham), plus the rounding of sx_b in q8_1 (ggml's) for q4_1, which the test models.
+ *
+ * Types: q4_0, q4_1, q5_0, q8_0 (lx_gemm_supported). Others are refused (lx_mul_mat serves them).
+ */
+#ifndef LX_GEMM_H
+#define LX_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "quants.h"
+
+#define LX_GEMM_ERR(n) ((2.0 * (double) (n) + 2.0) * 5.9604644775390625e-08)
+
+/* 1 if lx_gemm takes w_type as a weight type */
+int lx_gemm_supported(lx_type w_type);
+
+/* the activation format of a product with W of type w_type (LX_TYPE_Q8_0 or LX_TYPE_Q8_1) */
+lx_type lx_gemm_dot_type(lx_type w_type);
+
+/* bytes of the work buffer lx_gemm needs (activations + n_threads unpack buffers); lx_gemm_ref
+ * needs no more. note: lx_gemm_supported(w_type). */
+size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads);
+
+/* y = x W^T, the canonical arithmetic above.
+ * w: [n_out] rows of lx_row_bytes(w_type, n_in) bytes, x: [n_tok][n_in] float32 (finite),
+ * y: [n_tok][n_out] float32 (written, not read), work: lx_gemm_work_size(w_type, n_tok, n_in,
+ * n_threads) bytes of scratch (overwritten). note: lx_gemm_supported(w_type), n_in a positive
+ * multiple of 32, n_threads >= 1. Bits do not depend on n_threads, n_tok or the SIMD level. */
+void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+             int64_t n_out, void *work, int n_threads);
+
+/* the scalar reference: the canonical loop per output, single-threaded; same arguments */
+void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
+                 int64_t n_in, int64_t n_out, void *work);
+
+/* the path in use: 0 portable C, 2 AVX2+FMA, 3 AVX-512 (F, BW, VL, VNNI) */
+int lx_gemm_simd_level(void);
+
+/* testing hook: cap the path at `level` (0 portable, 2 AVX2, 3 AVX-512; -1 = the CPU's best) */
+void lx_gemm_set_simd_level(int level);
+
+#endif /* LX_GEMM_H */

@@ -1,0 +1,151 @@
+# cython: language_level=3
+"""y = x @ W.T with W in its GGUF blocks, for any batch size, bit-identical on every path
+(csrc/gemm.h): the result of a token does not depend on n_tok, n_threads or the SIMD level.
+
+W uint8 [n_out, row_bytes] (a GGUF tensor's bytes), x float32 [n_tok, n_in]. x is quantized per
+block as ggml does (q8_0, or q8_1 for Q4_1) and the exact integer block dots are summed in one
+fixed float chain per output (gemm.h's canonical arithmetic). Thin wrappers: validate with the
+GIL, run the C kernel with the GIL released.
+"""
+import numpy as np
+
+cimport numpy as cnp
+from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
+from libc.stdint cimport int64_t
+
+from llamax._native.quants cimport LX_TYPE_Q4_1, lx_row_bytes, lx_type, lx_type_block_size
+
+# the declarations of csrc/gemm.h come from gemm.pxd (same module name)
+
+cnp.import_array()
+
+from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
+
+# ggml type numbers this module takes as weights, and their names (for messages)
+W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0"}
+
+
+def simd_level() -> int:
+    """The path in use: 0 portable C, 2 AVX2+FMA, 3 AVX-512 (VNNI)."""
+    return lx_gemm_simd_level()
+
+
+def set_simd_level(int level) -> None:
+    """Testing hook: cap the path (0 portable C, 2 AVX2, 3 AVX-512, -1 the CPU's best)."""
+    lx_gemm_set_simd_level(level)
+
+
+def supported(w_type) -> bool:
+    """True if mul_mat takes w_type (a ggml type number) as a weight type."""
+    return not isinstance(w_type, bool) and isinstance(w_type, (int, np.integer)) and int(w_type) in W_TYPES
+
+
+def dot_type(w_type) -> int:
+    """ggml type the x rows take (8 Q8_0, 9 Q8_1)."""
+    return <int> lx_gemm_dot_type(_w_type(w_type))
+
+
+def err_factor(w_type, int64_t n_in) -> float:
+    """LX_GEMM_ERR(n_terms), n_terms = n_in / 32 blocks (twice that for Q4_1's min terms): the
+    bound factor vs the float64 product of the dequantized operands (see gemm.h)."""
+    cdef lx_type wt = _w_type(w_type)
+    return LX_GEMM_ERR(<double> ((n_in // 32) * (2 if wt == LX_TYPE_Q4_1 else 1)))
+
+
+cdef lx_type _w_type(object t) except *:
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise TypeError(f"ggml_type must be an int, got {type(t).__name__}")
+    if int(t) not in W_TYPES:
+        raise ValueError(f"ggml_type {int(t)} is not a gemm weight type; known: {W_TYPES}")
+    cdef int v = int(t)
+    return <lx_type> v
+
+
+cdef tuple _check(object w, lx_type wt, object x, object out):
+    """(n_tok, n_in, n_out, out) after validating the operands."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy array, got {type(x).__name__}")
+    if x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError(f"x must be a C-contiguous float32 array [n_tok, n_in], got {x.dtype} "
+                         f"shape {x.shape}")
+    cdef int64_t n_tok = x.shape[0], n_in = x.shape[1]
+    if not isinstance(w, np.ndarray):
+        raise TypeError(f"raw must be a numpy array, got {type(w).__name__}")
+    if w.dtype != np.uint8 or w.ndim != 2 or not w.flags.c_contiguous:
+        raise ValueError(f"raw must be a C-contiguous uint8 array [n_out, row_bytes], got {w.dtype} "
+                         f"shape {w.shape}")
+    cdef int t = <int> wt
+    cdef int64_t bs = lx_type_block_size(wt)
+    if n_in <= 0 or n_in % bs != 0:
+        raise ValueError(f"n_in = {n_in} must be a positive multiple of {W_TYPES[t]}'s block size {bs}")
+    cdef int64_t n_out = w.shape[0]
+    if <size_t> w.shape[1] != lx_row_bytes(wt, n_in):
+        raise ValueError(f"a {W_TYPES[t]} row of n_in = {n_in} values takes {lx_row_bytes(wt, n_in)} "
+                         f"bytes, raw rows hold {w.shape[1]}")
+    if out is None:
+        out = np.empty((n_tok, n_out), dtype=np.float32)
+    else:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"out must be a numpy array, got {type(out).__name__}")
+        if (out.dtype != np.float32 or out.shape != (n_tok, n_out) or not out.flags.c_contiguous
+                or not out.flags.writeable):
+            raise ValueError(f"out must be a writeable C-contiguous float32 array of shape "
+                             f"({n_tok}, {n_out}), got {out.dtype} {out.shape}")
+        if np.may_share_memory(out, x) or np.may_share_memory(out, w):
+            raise ValueError("out must not overlap x or raw")
+    return n_tok, n_in, n_out, out
+
+
+def mul_mat(raw, ggml_type, x, out=None, n_threads=None):
+    """y = x @ W.T, W given by its stored rows; bit-identical for every n_tok / n_threads / level.
+
+    Args:
+        raw: uint8 [n_out, row_bytes(ggml_type, n_in)], C-contiguous (a GGUF tensor's bytes;
+            read-only is fine).  # IN
+        ggml_type: ggml type number of W: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8).
+        x: float32 [n_tok, n_in], C-contiguous, finite (else unspecified values).  # IN
+        out: float32 [n_tok, n_out], C-contiguous, or None for a new array.  # OUT
+        n_threads: threads over output rows (None or -1 = all cores); the bits do not depend on it.
+
+    Returns:
+        out. Row t depends only on x[t] and W. Cost: reads W once; O(n_tok * n_out * n_in).
+
+    Raises:
+        TypeError: a non-array operand or a non-int type.
+        ValueError: unknown type, shape / dtype / byte-count mismatch, n_in not a multiple of 32,
+            bad n_threads, out overlapping an input.
+    """
+    cdef lx_type wt = _w_type(ggml_type)
+    cdef int nth = resolve_n_threads(n_threads)
+    n_tok, n_in, n_out, out = _check(raw, wt, x, out)
+    return _run(raw, wt, x, out, n_tok, n_in, n_out, nth, False)
+
+
+def mul_mat_ref(raw, ggml_type, x):
+    """mul_mat through the scalar reference (single-threaded, gemm.h's loop literally)."""
+    cdef lx_type wt = _w_type(ggml_type)
+    n_tok, n_in, n_out, out = _check(raw, wt, x, None)
+    return _run(raw, wt, x, out, n_tok, n_in, n_out, 1, True)
+
+
+cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int64_t n_in,
+                 int64_t n_out, int nth, bint ref):
+    """Call the C product on validated operands (the work buffer lives for the call only)."""
+    if n_tok == 0 or n_out == 0:
+        return out
+    cdef size_t ws = lx_gemm_work_size(wt, n_tok, n_in, nth)
+    cdef void *work = PyMem_RawMalloc(ws)
+    if work == NULL:
+        raise MemoryError(f"gemm.mul_mat: cannot allocate {ws} bytes of work")
+    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> w)
+    cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    try:
+        with nogil:
+            if ref:
+                lx_gemm_ref(wp, wt, xp, yp, n_tok, n_in, n_out, work)
+            else:
+                lx_gemm(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
+    finally:
+        PyMem_RawFree(work)
+    return out

@@ -1,0 +1,125 @@
+"""Tests of the bit-identical quantized GEMM (csrc/gemm via llamax._native.gemm).
+
+  (a) every SIMD level of this CPU and n_threads 1 / 2 give the bits of the scalar reference
+      (gemm.h's canonical loop), for every n_tok;
+  (b) batch invariance: row t of a product over n_tok tokens is the product of token t alone;
+  (c) the reference is within LX_GEMM_ERR(n_terms) * sum|terms| of the float64 product of the
+      dequantized W and ggml's quantized activations (test_matmul's q8 oracle);
+  (d) it agrees with matmul.mul_mat (same integer dots, other float order) within both bounds.
+Weights are random ggml blocks (finite f16 scales), as in test_matmul.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_matmul import check_close, q8_oracle, weights
+
+from llamax._native import gemm as G
+from llamax._native import matmul as M
+from llamax._native import quants as Q
+
+TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q8_0]
+LEVELS = sorted({0, 2, 3} & set(range(G.simd_level() + 1)))
+N_TOKS = [1, 2, 3, 5, 8, 13, 64, 130, 512]
+U = 2.0 ** -24
+
+
+def name(t: int) -> str:
+    return Q.TYPE_NAMES[t]
+
+
+@pytest.fixture(autouse=True)
+def _reset_level():
+    yield
+    G.set_simd_level(-1)
+
+
+def case(t: int, n_in: int, n_out: int, n_tok: int, seed: int):
+    rng = np.random.default_rng(seed)
+    raw = weights(t, n_out, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    x[:, :32] *= 50                                  # an outlier block
+    x[n_tok // 2, 32:64] = 0                         # an all-zero block (d = 0)
+    return raw, x
+
+
+@pytest.mark.parametrize("t", TYPES, ids=name)
+@pytest.mark.parametrize("n_in", [256, 576, 1536])
+def test_every_path_is_the_reference_bit_for_bit(t, n_in):
+    n_out = 37 if n_in == 1536 else 45                # not a multiple of the tile rows
+    raw, x = case(t, n_in, n_out, max(N_TOKS), 10 * t + n_in)
+    for n_tok in (N_TOKS if n_in != 1536 else [1, 3, 8, 13, 130, 512]):
+        xs = x[:n_tok]
+        ref = G.mul_mat_ref(raw, t, xs)
+        for level in LEVELS:
+            G.set_simd_level(level)
+            for nth in (1, 2):
+                got = G.mul_mat(raw, t, xs, n_threads=nth)
+                assert np.array_equal(got, ref), (f"{name(t)} n_in {n_in} n_tok {n_tok} simd{level} "
+                                                  f"threads {nth}: max diff {np.abs(got - ref).max()}")
+
+
+@pytest.mark.parametrize("t", TYPES, ids=name)
+def test_batch_invariance(t):
+    n_in, n_out = 576, 29
+    raw, x = case(t, n_in, n_out, 130, 7 + t)
+    for level in LEVELS:
+        G.set_simd_level(level)
+        full = G.mul_mat(raw, t, x, n_threads=2)
+        for n_tok in (2, 9, 17, 64):
+            np.testing.assert_array_equal(G.mul_mat(raw, t, x[:n_tok], n_threads=2), full[:n_tok])
+        for i in (0, 1, 7, 8, 15, 16, 63, 129):
+            np.testing.assert_array_equal(G.mul_mat(raw, t, x[i:i + 1], n_threads=1), full[i:i + 1])
+
+
+@pytest.mark.parametrize("t", TYPES, ids=name)
+@pytest.mark.parametrize("n_in", [256, 1536])
+def test_reference_within_bound_of_float64(t, n_in):
+    raw, x = case(t, n_in, 23, 13, 300 + t)
+    y, mag, _ = q8_oracle(t, raw, x)
+    ref = G.mul_mat_ref(raw, t, x)
+    check_close(ref, y, (G.err_factor(t, n_in) + 2 * U) * mag + 1e-30, f"{name(t)} ref vs float64")
+
+
+@pytest.mark.parametrize("t", TYPES, ids=name)
+def test_agrees_with_matmul(t):
+    n_in = 640
+    raw, x = case(t, n_in, 41, 13, 500 + t)
+    _, mag, _ = q8_oracle(t, raw, x)
+    got = G.mul_mat(raw, t, x, n_threads=2)
+    mm = M.mul_mat(raw, t, x, n_threads=2)
+    bound = (G.err_factor(t, n_in) + M.err_factor(t, n_in, "q8") + 4 * U) * mag + 1e-30
+    check_close(got, mm.astype(np.float64), bound, f"{name(t)} vs matmul")
+
+
+def test_empty_and_out():
+    raw, x = case(Q.TYPE_Q4_0, 64, 5, 3, 1)
+    assert G.mul_mat(raw, Q.TYPE_Q4_0, x[:0]).shape == (0, 5)
+    out = np.full((3, 5), np.nan, np.float32)
+    assert G.mul_mat(raw, Q.TYPE_Q4_0, x, out=out) is out
+    np.testing.assert_array_equal(out, G.mul_mat_ref(raw, Q.TYPE_Q4_0, x))
+
+
+def test_errors():
+    raw, x = case(Q.TYPE_Q4_1, 64, 5, 3, 2)
+    t = Q.TYPE_Q4_1
+    with pytest.raises(TypeError):
+        G.mul_mat(raw, 3.0, x)
+    with pytest.raises(TypeError):
+        G.mul_mat(raw.tolist(), t, x)
+    with pytest.raises(TypeError):
+        G.mul_mat(raw, t, x.tolist())
+    with pytest.raises(ValueError, match="not a gemm weight type"):
+        G.mul_mat(raw, Q.TYPE_Q6_K, x)
+    with pytest.raises(ValueError, match="float32"):
+        G.mul_mat(raw, t, x.astype(np.float64))
+    with pytest.raises(ValueError, match="bytes"):
+        G.mul_mat(raw[:, :-1].copy(), t, x)
+    with pytest.raises(ValueError, match="multiple"):
+        G.mul_mat(raw, t, np.zeros((3, 48), np.float32))
+    with pytest.raises(ValueError, match="shape"):
+        G.mul_mat(raw, t, x, out=np.empty((3, 4), np.float32))
+    with pytest.raises(ValueError, match="overlap"):
+        G.mul_mat(raw, t, x, out=x.reshape(-1)[:15].reshape(3, 5))
+    with pytest.raises(ValueError):
+        G.mul_mat(raw, t, x, n_threads=0)
