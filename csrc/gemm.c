@@ -31,6 +31,7 @@
 #define LX_INLINE inline __attribute__((always_inline))
 #define LX_GEMM_R 4        /* W rows per tile (every pass) */
 #define LX_GEMM_LMAX 16    /* most token lanes of a group (zmm) */
+#define LX_GEMM_SMALL 8    /* n_tok up to which the rows-in-lanes kernel runs (AVX2 and up) */
 
 /* ---- types ----------------------------------------------------------------------------- */
 
@@ -244,7 +245,7 @@ typedef void (*run_fn)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, co
 #ifdef LX_GEMM_X86
 #define LX_GEMM_PASS 1
 #define SFX(f) f##_avx2
-#define LX_TGT __attribute__((target("avx2,fma")))
+#define LX_TGT __attribute__((target("avx2,fma,f16c")))
 #include "gemm.c"
 #undef LX_GEMM_PASS
 #undef SFX
@@ -274,7 +275,7 @@ static int g_level_cap = -1;
 static int best_level(void) {
     const int f = lx_cpu_features();
     if (f & LX_CPU_VNNI512) return 3;
-    if (f & 1) return 2;
+    if (f & LX_CPU_AVX2) return 2;
     return 0;
 }
 
@@ -310,6 +311,47 @@ static void gemm_portable(const void *w, lx_type wt, const float *x, float *y, i
     }
 }
 
+#ifdef LX_GEMM_X86
+/* n_tok <= LX_GEMM_SMALL on AVX2 and up (both levels: the same arithmetic) */
+static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                       int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const lx_type dt = lx_gemm_dot_type(wt);
+    const int c = wt == LX_TYPE_Q8_0 ? 0 : canon_offset(wt);  /* q8_0 stays signed (sign trick) */
+    const int64_t nb = n_in / LX_QK, n_tiles = (n_out + 7) / 8;
+    const size_t ts = (size_t) nb * (LX_QK + 12), wrb = lx_row_bytes(wt, n_in);
+    uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    for (int64_t t = 0; t < n_tok; ++t) {
+        uint8_t *tk = act + t * ts;
+        int32_t *corr = (int32_t *) (tk + n_in);
+        float *dx = (float *) (corr + nb), *sx = dx + nb;
+        for (int64_t b = 0; b < nb; ++b) {
+            const int8_t *qs;
+            lx_block_q8_0 b0;
+            lx_block_q8_1 b1;
+            if (dt == LX_TYPE_Q8_1) {
+                lx_quantize_row_q8_1(x + t * n_in + b * LX_QK, &b1, LX_QK);
+                qs = b1.qs, dx[b] = lx_fp16_to_fp32(b1.d), sx[b] = lx_fp16_to_fp32(b1.s);
+            } else {
+                lx_quantize_row_q8_0(x + t * n_in + b * LX_QK, &b0, LX_QK);
+                qs = b0.qs, dx[b] = lx_fp16_to_fp32(b0.d), sx[b] = 0.0f;
+            }
+            int sum = 0;
+            for (int i = 0; i < LX_QK; ++i) sum += qs[i];
+            corr[b] = -c * sum;
+            memcpy(tk + b * LX_QK, qs, LX_QK);
+        }
+    }
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+#endif
+    for (int64_t i = 0; i < n_tiles; ++i) {
+        const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
+        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nb, y, n_out);
+    }
+}
+#endif
+
 void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
              int64_t n_out, void *work, int n_threads) {
     assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
@@ -327,6 +369,12 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
         return;
     }
     const lx_type dt = lx_gemm_dot_type(w_type);
+#ifdef LX_GEMM_X86
+    if (n_tok <= LX_GEMM_SMALL) {
+        gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        return;
+    }
+#endif
     const int c = w_type == LX_TYPE_Q8_0 ? (u128 ? 128 : 0) : canon_offset(w_type);
     const int64_t nb = n_in / LX_QK, n_groups = (n_tok + L - 1) / L;
     const size_t wrb = lx_row_bytes(w_type, n_in);
@@ -352,7 +400,11 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
         for (int64_t i = 0; i < n_tiles; ++i) {
             const int64_t o0 = i * LX_GEMM_R;
             const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
+#ifdef LX_GEMM_X86
+            unpack_tile_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+#else
             unpack_tile(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+#endif
             run(w_type, tile, n_in, nr, act, n_groups, y, n_tok, n_out, o0);
         }
     }
@@ -426,6 +478,29 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
             const VI c = LDI(rec[g] + 32 * L);
             for (int r = 0; r < R; ++r) is[r * T + g] = c;
         }
+#if LX_GEMM_PASS == 1
+        if (wt != LX_TYPE_Q8_0) {
+            /* int16 pair sums u*a + u'*a' summed over `per` steps before the one madd: |pair| <=
+             * 2 * 15 * 127 (nibbles, 8 steps: <= 30480) or 2 * 31 * 127 (q5_0, 4 steps: <= 31496),
+             * so the int16 sums are exact */
+            const int per = wt == LX_TYPE_Q5_0 ? 4 : 8;
+            for (int h = 0; h < 8; h += per) {
+                __m256i p[LX_GEMM_R * TMAX];
+                for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
+                for (int s = h; s < h + per; ++s) {
+                    VI a[TMAX];
+                    for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
+                    for (int r = 0; r < R; ++r) {
+                        const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
+                        for (int g = 0; g < T; ++g)
+                            p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
+                    }
+                }
+                for (int i = 0; i < R * T; ++i)
+                    is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p[i], _mm256_set1_epi16(1)));
+            }
+        } else
+#endif
         for (int s = 0; s < 8; ++s) {
             VI a[TMAX];
             for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
@@ -448,6 +523,177 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
     }
     for (int i = 0; i < R * T; ++i) STF(out + i * L, acc[i]);
 }
+
+#if LX_GEMM_PASS == 1
+/* unpack_tile with 128-bit vectors and F16C (the same bytes and scales; a NaN scale keeps
+ * its payload but gets the quiet bit, so NaN outputs may differ in payload between paths) */
+static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr, int64_t n_in,
+                                    int u128, uint8_t *tile) {
+    const int64_t nb = n_in / LX_QK;
+    float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const __m128i sel_lo = _mm_set_epi64x(0x0101010101010101, 0), sel_hi = _mm_set_epi64x(0x0303030303030303, 0x0202020202020202);
+    const __m128i bit = _mm_set1_epi64x((long long) 0x8040201008040201ULL), h5 = _mm_set1_epi8(0x10);
+    for (int r = 0; r < nr; ++r) {
+        const uint8_t *row = w + (size_t) (o0 + r) * wrb;
+        uint8_t *u = tile + r * n_in;
+        for (int64_t b = 0; b < nb; ++b, u += LX_QK) {
+            if (wt == LX_TYPE_Q8_0) {
+                const lx_block_q8_0 *x = (const lx_block_q8_0 *) row + b;
+                __m256i v = _mm256_loadu_si256((const __m256i *) x->qs);
+                if (u128) v = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+                _mm256_storeu_si256((__m256i *) u, v);
+                dw[r * nb + b] = _cvtsh_ss(x->d);
+                continue;
+            }
+            const uint8_t *qs;
+            if (wt == LX_TYPE_Q4_0) {
+                const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
+                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d);
+            } else if (wt == LX_TYPE_Q4_1) {
+                const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
+                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d), mw[r * nb + b] = _cvtsh_ss(x->m);
+            } else {
+                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d);
+            }
+            const __m128i q = _mm_loadu_si128((const __m128i *) qs);
+            __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+            if (wt == LX_TYPE_Q5_0) {
+                /* byte j gets bit j of qh: qh byte j/8 broadcast, tested against 1 << (j % 8) */
+                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+                uint32_t qh;
+                memcpy(&qh, x->qh, 4);
+                const __m128i hv = _mm_set1_epi32((int) qh);
+                const __m128i bl = _mm_and_si128(_mm_shuffle_epi8(hv, sel_lo), bit);
+                const __m128i bh = _mm_and_si128(_mm_shuffle_epi8(hv, sel_hi), bit);
+                lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(bl, bit), h5));
+                hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(bh, bit), h5));
+            }
+            _mm_storeu_si128((__m128i *) u, lo);
+            _mm_storeu_si128((__m128i *) (u + 16), hi);
+        }
+    }
+}
+#endif
+
+#if LX_GEMM_PASS == 1
+/* ---- few tokens (n_tok <= LX_GEMM_SMALL): 8 W rows in the lanes --------------------------------
+ *
+ * Each W block is unpacked in registers once per call and dotted with the few tokens' blocks
+ * (32 bytes each, the planar rows below); the 8 rows' int32 partial sums are reduced exactly
+ * (hadd tree) to one vector of 8 isums, then the same chain as gemm.h lane-wise over rows.
+ * Planar activations, token stride n_in + 12 nb: int8 qs[n_in], int32 corr[nb], float dx[nb],
+ * float sx[nb]. */
+
+/* the 32 unsigned (or, for q8_0, signed) W bytes of block b of a row, with its scales */
+static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int64_t b, uint16_t *dh, uint16_t *mh) {
+    if (wt == LX_TYPE_Q8_0) {
+        const lx_block_q8_0 *x = (const lx_block_q8_0 *) row + b;
+        *dh = x->d;
+        return _mm256_loadu_si256((const __m256i *) x->qs);
+    }
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    const uint8_t *qs;
+    if (wt == LX_TYPE_Q4_0) {
+        const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
+        qs = x->qs, *dh = x->d;
+    } else if (wt == LX_TYPE_Q4_1) {
+        const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
+        qs = x->qs, *dh = x->d, *mh = x->m;
+    } else {
+        const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+        qs = x->qs, *dh = x->d;
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i *) qs);
+    __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
+    if (wt == LX_TYPE_Q5_0) {
+        const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+        uint32_t qh;
+        memcpy(&qh, x->qh, 4);
+        const __m128i bit = _mm_set1_epi64x((long long) 0x8040201008040201ULL), h5 = _mm_set1_epi8(0x10);
+        const __m128i hv = _mm_set1_epi32((int) qh);
+        const __m128i bl = _mm_and_si128(_mm_shuffle_epi8(hv, _mm_set_epi64x(0x0101010101010101, 0)), bit);
+        const __m128i bh = _mm_and_si128(_mm_shuffle_epi8(hv, _mm_set_epi64x(0x0303030303030303, 0x0202020202020202)), bit);
+        lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(bl, bit), h5));
+        hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(bh, bit), h5));
+    }
+    return _mm256_set_m128i(hi, lo);
+}
+
+/* lane r = sum of the 8 int32 lanes of v[r] (exact) */
+static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
+    const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+    const __m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+    const __m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+    return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                             const uint8_t *act, size_t ts, int64_t nb, float *y,
+                                             int64_t n_out, const int NT) {
+    const int64_t n_in = nb * LX_QK;
+    const uint8_t *rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
+    __m256 acc[8];
+    for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i u[8];
+        uint16_t dh[8], mh[8] = {0};
+        for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, rows[r], b, dh + r, mh + r);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dh));
+        const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) mh));
+        for (int k = 0; k < NT; ++k) {
+            const uint8_t *tk = act + k * ts;
+            const __m256i yv = _mm256_loadu_si256((const __m256i *) (tk + LX_QK * b));
+            __m256i v[8];
+            for (int r = 0; r < 8; ++r) {
+                const __m256i p = wt == LX_TYPE_Q8_0
+                    ? _mm256_maddubs_epi16(_mm256_abs_epi8(u[r]), _mm256_sign_epi8(yv, u[r]))
+                    : _mm256_maddubs_epi16(u[r], yv);
+                v[r] = _mm256_madd_epi16(p, ones);
+            }
+            const int32_t *corr = (const int32_t *) (tk + n_in);
+            const float *dx = (const float *) (corr + nb), *sx = dx + nb;
+            const __m256i is = _mm256_add_epi32(SFX(hsum8x8)(v), _mm256_set1_epi32(corr[b]));
+            const __m256 sv = _mm256_mul_ps(dw, _mm256_set1_ps(dx[b]));
+            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(is), acc[k]);
+            if (wt == LX_TYPE_Q4_1) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc[k]);
+        }
+    }
+    for (int k = 0; k < NT; ++k) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
+    }
+}
+
+#define LX_GEMM_SMALL_NT(WT)                                                                  \
+    switch (n_tok) {                                                                          \
+    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1); break;             \
+    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2); break;             \
+    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3); break;             \
+    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4); break;             \
+    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5); break;             \
+    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6); break;             \
+    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7); break;             \
+    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8); break;            \
+    }
+
+/* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
+static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                  const uint8_t *act, int64_t n_tok, int64_t nb, float *y, int64_t n_out) {
+    const size_t ts = (size_t) nb * (LX_QK + 12);
+    switch (wt) {
+    case LX_TYPE_Q4_0: LX_GEMM_SMALL_NT(LX_TYPE_Q4_0) break;
+    case LX_TYPE_Q4_1: LX_GEMM_SMALL_NT(LX_TYPE_Q4_1) break;
+    case LX_TYPE_Q5_0: LX_GEMM_SMALL_NT(LX_TYPE_Q5_0) break;
+    default: LX_GEMM_SMALL_NT(LX_TYPE_Q8_0) break;
+    }
+}
+#undef LX_GEMM_SMALL_NT
+#endif
 
 #define LX_GEMM_T_CASES(WT, R)                                                   \
     switch (nt) {                                                                \
