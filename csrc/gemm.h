@@ -52,21 +52,30 @@
  *       (isum[r][g] starts at corr[g][b]; then s, fmadd, [min fmadd] lane-wise as above)
  *
  *   Per R x T tile and block: 8 R T dot instructions and 3 R T float ones (cvt, mul, fma); W is
- *   read from memory once per call and each activation vector serves R rows. For n_tok <= 8 the
- *   8-lane (ymm) kernel with more rows per tile is used; it is the same arithmetic.
+ *   read from memory once per call and each activation vector serves R rows. On AVX2 the
+ *   maddubs int16 pair sums are added over 8 steps (nibbles: |sum| <= 8 * 2 * 15 * 127 = 30480)
+ *   or 4 (q5_0: <= 31496) before one madd, exactly.
  *
- * Paths (lx_gemm_simd_level): 3 AVX-512 VNNI (16-lane zmm kernel, 8-lane ymm for n_tok <= 8),
- * 2 AVX2+FMA (8 lanes, maddubs + madd: the pair sums cannot saturate, since |q - c| ... the
- * unsigned side is <= 31, or |q| <= 128 with the sign trick for q8_0), 0 portable C (the
- * reference loop per output, OpenMP over rows). fmaf in the portable path is the C library's
- * (correctly rounded, as the hardware FMA).
+ *   n_tok <= 8 (AVX2 and up): tokens in lanes would waste lanes and the per-call unpack would
+ *   cost as much as the dots, so 8 W *rows* go in the lanes instead: each block is unpacked in
+ *   registers once, dotted with every token's 32 bytes, and the 8 rows' int32 partials reduced
+ *   exactly (hadd tree) to the 8 isums; then the same chain, lane-wise over rows. The bits are
+ *   the same as the token-lane kernels' (test (b): a token alone vs in a batch of 130).
+ *
+ * Paths (lx_gemm_simd_level): 3 AVX-512 VNNI (16-lane zmm kernel, vpdpbusd), 2 AVX2+FMA+F16C
+ * (8 lanes, maddubs + madd; q8_0 keeps signed bytes and uses the sign trick, |q| <= 128), 0
+ * portable C (the reference loop per output, OpenMP over rows; fmaf is the C library's,
+ * correctly rounded like the hardware FMA). F16C converts the W scales: a NaN scale keeps its
+ * payload but may get the quiet bit, so NaN outputs may differ in payload between paths.
  *
  * Error vs exact arithmetic (test (c)): against the float64 product of the dequantized W and the
  * dequantized quantized x, |y - y64| <= LX_GEMM_ERR(nb) * sum_b |dw_b dx_b isum_b| (+ |mw_b sx_b|),
  * LX_GEMM_ERR(n) = (2 n + 2) 2^-24: each term has one rounding from s and the chain at most n
  * roundings (Higham), plus the rounding of sx_b in q8_1 (ggml's) for q4_1, which the test models.
  *
- * Types: q4_0, q4_1, q5_0, q8_0 (lx_gemm_supported). Others are refused (lx_mul_mat serves them).
+ * Types: q4_0, q4_1, q5_0, q8_0 (lx_gemm_supported). Others are refused (lx_mul_mat serves them);
+ * K-quants (q4_K, q5_K, q6_K: integer sub-block scales applied to the exact sub-block sums, one
+ * chain term per super-block) and f32 / f16 are the next step.
  */
 #ifndef LX_GEMM_H
 #define LX_GEMM_H
