@@ -24,6 +24,7 @@ EXTENSIONS = [
     ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),
     ("llamax._native.gemm", ["llamax/_native/gemm.pyx", "csrc/gemm.c", "csrc/quants.c"]),
     ("llamax._native.buffers", ["llamax/_native/buffers.pyx", "csrc/buffers.c"]),
+    ("llamax._native.sampling", ["llamax/_native/sampling.pyx", "csrc/sampling.c"]),
 ]
 
 
