@@ -167,7 +167,13 @@ static void sort_keys(uint64_t *a, int64_t n) {
 /* The start of the first whole block [j, j + BLOCK) from i on that holds an x > t, or of the tail
  * (shorter than a block) when none does: the hot loop of every pass, vectorised by the compiler
  * (SSE2 baseline; an AVX2 build of the same body when the CPU has it). NaN is never > t. */
-static inline __attribute__((always_inline)) int64_t scan_gt_body(const float *x, int64_t i, int64_t n, float t) {
+#if defined(__GNUC__) || defined(__clang__)
+#define LX_ALWAYS_INLINE static inline __attribute__((always_inline))
+#else
+#define LX_ALWAYS_INLINE static __forceinline
+#endif
+
+LX_ALWAYS_INLINE int64_t scan_gt_body(const float *x, int64_t i, int64_t n, float t) {
     for (; i + BLOCK <= n; i += BLOCK) {
         int any = 0;
         for (int j = 0; j < BLOCK; j++) {
