@@ -9,8 +9,7 @@ already hold Gemma's "+1" (convert_hf_to_gguf adds it), so they are used as stor
 
 The 262144 x 640 tied embedding stays in its quantized blocks (Q8_0, 178 MB) instead of a 671 MB
 float32 copy: the input rows are dequantized per ubatch, and the logits come from the native
-quantized product for a few output rows, or from BLAS over float32 tiles dequantized one at a time
-when many rows ask for logits. Everything is whole-ubatch numpy/BLAS or native calls.
+GEMM over those blocks (llamax/model/linear.py). Everything is whole-ubatch numpy or native calls.
 """
 from __future__ import annotations
 
@@ -18,17 +17,11 @@ import math
 
 import numpy as np
 
-from llamax._native import matmul, quants
 from llamax._native import rope as _rope
 from llamax.model.gguf import GGUFFile, HParams, TensorTable
-from llamax.model.linear import Linear, rms_norm
+from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
-
-# output rows up to which the native quantized product computes the logits; above, BLAS over
-# dequantized tiles of the embedding (see _Embedding.logits for the measurements)
-LOGITS_NATIVE_MAX_ROWS = 128
-LOGITS_TILE_ROWS = 16384   # embedding rows per dequantized float32 tile (40 MiB for n_embd 640)
 
 _GELU_COEF_A = 0.044715
 _SQRT_2_OVER_PI = 0.79788456080286535587989211986876
@@ -56,40 +49,6 @@ def geglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
     y[g <= -10.0] = 0.0
     y *= u
     return y
-
-
-class _Embedding:
-    """The token embedding [n_vocab, n_embd] kept as the GGUF's raw rows; also the tied output."""
-
-    def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
-        self.type = g.ggml_type(name)
-        self.raw = np.ascontiguousarray(g.raw(name))        # [n_vocab, row_bytes], a view of the mapping
-        self.n_vocab, self.n_embd = g.shape(name)
-        self.n_threads = n_threads
-
-    def rows(self, tokens: np.ndarray) -> np.ndarray:
-        """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
-        return quants.dequantize(self.type, self.raw[tokens], (len(tokens), self.n_embd), self.n_threads)
-
-    def logits(self, x: np.ndarray) -> np.ndarray:
-        """x @ E.T, float32 [n, n_vocab].
-
-        Up to LOGITS_NATIVE_MAX_ROWS rows: the native quantized product (x rounded to Q8_0 as ggml
-        does). It reads the 178 MB of blocks once, then costs ~3.5 ms per row on 2 cores: 10 ms for one
-        row, 0.41 s for 128, 2.0 s for 512. BLAS over float32 tiles dequantized one at a time costs
-        ~0.16 s for the dequantization plus ~2.2 ms per row (0.45 s for 128, 1.3 s for 512, as fast as
-        a kept float32 copy of the matrix would be, without its 671 MB); the two cross near 128 rows.
-        """
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        n = x.shape[0]
-        if n <= LOGITS_NATIVE_MAX_ROWS:
-            return matmul.mul_mat(self.raw, self.type, x, n_threads=self.n_threads)
-        out = np.empty((n, self.n_vocab), np.float32)
-        for r0 in range(0, self.n_vocab, LOGITS_TILE_ROWS):
-            r1 = min(self.n_vocab, r0 + LOGITS_TILE_ROWS)
-            w = quants.dequantize(self.type, self.raw[r0:r1], (r1 - r0, self.n_embd), self.n_threads)
-            np.matmul(x, w.T, out=out[:, r0:r1])
-        return out
 
 
 class _Layer:
@@ -133,7 +92,7 @@ class Gemma3(Model, arch="gemma3"):
         super().__init__(g, hp, n_threads)
         self.hp = hp
         self.n_threads = n_threads
-        self.tok_embd = _Embedding(g, "token_embd.weight", n_threads)
+        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
         self.output = self.tok_embd if hp.tied_output else Linear.load(g, "output.weight", n_threads)
         self.output_norm = g.f32("output_norm.weight")
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]

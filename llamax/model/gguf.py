@@ -120,6 +120,10 @@ class GGUFFile:
         rows = int(np.prod(t.np_shape[:-1])) if len(t.shape) > 1 else 1
         return self.reader.tensor_data(name).reshape(rows, -1)
 
+    def release(self, name: str) -> None:
+        """The tensor's pages leave the resident set (a copy of its bytes is kept elsewhere)."""
+        self.reader.release(name)
+
     def f32(self, name: str, n_threads: int | None = None) -> np.ndarray:
         """The tensor dequantized to float32, in numpy order (native, bit-exact with ggml).
 

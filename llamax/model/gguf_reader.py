@@ -204,6 +204,23 @@ class GGUFReader:
         t = self._tensor_index[name]
         return self._buf[t.offset:t.offset + t.n_bytes]
 
+    def release(self, name: str) -> None:
+        """Tell the kernel the tensor's pages are not needed (a copy of them is kept elsewhere): the
+        whole pages inside its bytes leave the resident set (MADV_DONTNEED on the read-only file
+        mapping; a later read maps them in again from the file, so nothing can break).
+
+        Raises:
+            KeyError: no such tensor.
+        """
+        t = self._tensor_index[name]
+        if not hasattr(self._mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        a = -(-t.offset // page) * page
+        b = (t.offset + t.n_bytes) // page * page
+        if b > a:
+            self._mm.madvise(mmap.MADV_DONTNEED, a, b - a)
+
     def __contains__(self, key: object) -> bool:
         return key in self.fields
 

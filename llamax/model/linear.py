@@ -1,19 +1,20 @@
-"""A weight matrix W [n_out, n_in] and its product with activations x [n_tokens, n_in].
+"""A weight matrix W [n_out, n_in] and its product with activations x [n_tokens, n_in]; the token
+embedding; the one RMSNorm the architectures share.
 
-Kept twice: float32 (dequantized once at load) for BLAS when many tokens come at once, and the
-GGUF's raw blocks for the native quantized product when few do (a decode step), where the cost
-is reading W and the raw blocks are 4-8x smaller than float32. Also the one RMSNorm the
-architectures share.
+W stays in the GGUF's blocks (no float32 copy of any weight matrix) and every product is native,
+with the activations rounded per block to the weight's dot type as ggml does (q8_0 / q8_1 / q8_K),
+so the numerics are llama.cpp's CPU ones. For the types the GEMM has (csrc/gemm.h: q4_0, q4_1,
+q5_0, q8_0) a token's result is the same bits whatever else is in the batch (decode step, prefill,
+chunked prompt: one fixed arithmetic per output). The other types (K-quants, f16, f32) take the
+quantized mat-vec (csrc/matmul.h), which rounds the same terms but sums them in an order that
+depends on the number of tokens; the GEMM is extended to them type by type.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from llamax._native import matmul
+from llamax._native import gemm, matmul, quants
 from llamax.model.gguf import GGUFFile
-
-# up to this many tokens the native quantized product beats BLAS on dequantized float32
-NATIVE_MAX_TOKENS = 8
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
@@ -22,21 +23,29 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None].astype(np.float32) * w
 
 
+def _product(raw: np.ndarray, t: int, x: np.ndarray, n_threads: int) -> np.ndarray:
+    """x @ W.T from W's raw rows, natively (GEMM when it has the type, else the mat-vec)."""
+    if gemm.supported(t):
+        return gemm.mul_mat(raw, t, x, n_threads=n_threads)
+    return matmul.mul_mat(raw, t, x, n_threads=n_threads)
+
+
 class Linear:
     """y = x @ W.T, for W one tensor or several stacked along n_out.
 
     W's raw blocks are kept as runs of consecutive tensors of one type (Q/K/V of a layer may mix
-    Q5_0 and Q8_0): the native product runs once per run and the columns are joined.
+    Q5_0 and Q8_0): the product runs once per run and the columns are joined.
     """
 
-    def __init__(self, f32: np.ndarray, parts: list[tuple[np.ndarray, int]], n_threads: int) -> None:
-        self.f32 = f32            # [n_out, n_in] float32, C-contiguous
+    def __init__(self, parts: list[tuple[np.ndarray, int]], n_in: int, n_threads: int) -> None:
         self.parts = parts        # [(raw [rows, row_bytes] uint8, ggml type)], rows summing to n_out
+        self.n_in = n_in
         self.n_threads = n_threads
+        self.exact = all(gemm.supported(t) for _, t in parts)   # one arithmetic for every batch size
 
     @property
     def shape(self) -> tuple[int, int]:
-        return self.f32.shape
+        return sum(raw.shape[0] for raw, _ in self.parts), self.n_in
 
     @property
     def ggml_type(self) -> int:
@@ -44,28 +53,48 @@ class Linear:
         return self.parts[0][1] if len(self.parts) == 1 else -1
 
     @classmethod
-    def load(cls, g: GGUFFile, name: str, n_threads: int, f32: np.ndarray | None = None) -> "Linear":
-        w = g.f32(name, n_threads) if f32 is None else f32
-        return cls(np.ascontiguousarray(w, dtype=np.float32), [(np.ascontiguousarray(g.raw(name)), g.ggml_type(name))],
-                   n_threads)
+    def load(cls, g: GGUFFile, name: str, n_threads: int) -> "Linear":
+        return cls.concat(g, [name], n_threads)
 
     @classmethod
     def concat(cls, g: GGUFFile, names: list[str], n_threads: int) -> "Linear":
         """The weights stacked along n_out (one product instead of several)."""
-        f32 = np.ascontiguousarray(np.concatenate([g.f32(n, n_threads) for n in names], axis=0))
-        runs: list[tuple[list[np.ndarray], int]] = []
+        runs: list[tuple[list[str], int]] = []
         for n in names:
             t = g.ggml_type(n)
             if runs and runs[-1][1] == t:
-                runs[-1][0].append(g.raw(n))
+                runs[-1][0].append(n)
             else:
-                runs.append(([g.raw(n)], t))
-        parts = [(np.ascontiguousarray(np.concatenate(raws, axis=0)), t) for raws, t in runs]
-        return cls(f32, parts, n_threads)
+                runs.append(([n], t))
+        parts = []
+        for run, t in runs:
+            if len(run) == 1:
+                parts.append((np.ascontiguousarray(g.raw(run[0])), t))   # a view of the mapping
+                continue
+            parts.append((np.concatenate([g.raw(n) for n in run], axis=0), t))
+            for n in run:   # copied into the stacked part: the mapping's pages are not needed
+                g.release(n)
+        return cls(parts, g.shape(names[0])[1], n_threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if x.shape[0] <= NATIVE_MAX_TOKENS:
-            x = np.ascontiguousarray(x, dtype=np.float32)
-            ys = [matmul.mul_mat(raw, t, x, n_threads=self.n_threads) for raw, t in self.parts]
-            return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
-        return x @ self.f32.T
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        ys = [_product(raw, t, x, self.n_threads) for raw, t in self.parts]
+        return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
+
+
+class Embedding:
+    """The token embedding [n_vocab, n_embd] kept as the GGUF's raw rows; also the tied output."""
+
+    def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
+        self.type = g.ggml_type(name)
+        self.raw = np.ascontiguousarray(g.raw(name))        # [n_vocab, row_bytes], a view of the mapping
+        self.n_vocab, self.n_embd = g.shape(name)
+        self.n_threads = n_threads
+
+    def rows(self, tokens: np.ndarray) -> np.ndarray:
+        """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
+        return quants.dequantize(self.type, self.raw[tokens], (len(tokens), self.n_embd), self.n_threads)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """x @ E.T, float32 [n, n_vocab], from the raw rows (the GEMM for Q8_0: both registry models)."""
+        return _product(self.raw, self.type, np.ascontiguousarray(x, dtype=np.float32), self.n_threads)

@@ -3,7 +3,8 @@
 Per layer: RMSNorm -> Q/K/V projections -> RoPE (llama.cpp's NORM type for this arch) -> K/V
 written into the cache -> attention over the cache in the native kernel -> output projection ->
 residual -> RMSNorm -> SwiGLU FFN -> residual. Logits only for the tokens that asked for them.
-Everything is whole-ubatch numpy/BLAS or native calls; no Python loop runs per token.
+The weights stay in their GGUF blocks (llamax/model/linear.py). Everything is whole-ubatch numpy
+or native calls; no Python loop runs per token.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from llamax._native import rope as _rope
 from llamax.model.gguf import GGUFFile, HParams, TensorTable
-from llamax.model.linear import Linear, rms_norm
+from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
 
@@ -61,10 +62,9 @@ class Llama(Model, arch="llama"):
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
         self.hp = hp
-        self.tok_embd = g.f32("token_embd.weight", n_threads)                 # [n_vocab, n_embd]
+        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)          # raw rows [n_vocab, n_embd]
         self.output_norm = g.f32("output_norm.weight")
-        self.output = Linear.load(g, "token_embd.weight" if hp.tied_output else "output.weight", n_threads,
-                                  f32=self.tok_embd if hp.tied_output else None)
+        self.output = self.tok_embd if hp.tied_output else Linear.load(g, "output.weight", n_threads)
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         self.rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
@@ -73,7 +73,7 @@ class Llama(Model, arch="llama"):
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem."""
         hp, n = self.hp, ub.n_tokens
         nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
-        x = self.tok_embd[ub.token]
+        x = self.tok_embd.rows(ub.token)
         for il, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, hp.rms_eps)
             qkv = L.wqkv(h)
@@ -91,4 +91,4 @@ class Llama(Model, arch="llama"):
         if not out.any():
             return np.zeros((0, hp.n_vocab), np.float32)
         xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
-        return self.output(xo)
+        return self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
