@@ -4,6 +4,7 @@ and Gemma-3-270M tensors (the registry's GGUFs, pulled on first use).
 
 Prints, per tensor and n_tok, the median time (ms) and GF = 2 n_tok n_out n_in / time / 1e9 of
 each. Run: python benchmarks/bench_gemm.py [--threads 2] [--runs 15] [--ntok 1,4,16,64,512]
+[--only smollm2-135m:blk.0.ffn_down,gemma3-270m:blk.0.ffn_down]
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from llamax.model import Model
 TENSORS = {
     "smollm2-135m": ["blk.0.ffn_down.weight", "blk.0.ffn_up.weight", "blk.0.attn_q.weight"],
     "gemma3-270m": ["blk.0.ffn_up.weight", "blk.0.attn_q.weight", "blk.0.attn_v.weight",
-                    "blk.0.attn_output.weight", "blk.0.ffn_down.weight"],
+                    "blk.0.attn_output.weight", "blk.0.ffn_down.weight", "blk.2.ffn_down.weight"],
 }
 
 
@@ -28,6 +29,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--ntok", default="1,4,16,64,512")
+    ap.add_argument("--only", default="", help="comma-separated substrings of model:tensor to run")
     args = ap.parse_args()
     nth = args.threads
     os.environ.setdefault("OMP_NUM_THREADS", str(nth))
@@ -39,6 +41,8 @@ def main() -> None:
     for model, names in TENSORS.items():
         g = Model.load(model).gguf
         for name in names:
+            if args.only and not any(k in f"{model}:{name}" for k in args.only.split(",")):
+                continue
             t = int(g.ggml_type(name))
             raw = np.ascontiguousarray(g.raw(name))
             wf = np.ascontiguousarray(g.f32(name, nth))

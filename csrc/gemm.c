@@ -35,13 +35,18 @@
 
 /* ---- types ----------------------------------------------------------------------------- */
 
+/* the K-quants (super-blocks of 256, q8_K activations) */
+static int is_k(lx_type wt) {
+    return wt == LX_TYPE_Q4_K || wt == LX_TYPE_Q5_K || wt == LX_TYPE_Q6_K;
+}
+
 int lx_gemm_supported(lx_type w_type) {
     return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 ||
-           w_type == LX_TYPE_Q8_0;
+           w_type == LX_TYPE_Q8_0 || is_k(w_type);
 }
 
 lx_type lx_gemm_dot_type(lx_type w_type) {
-    return w_type == LX_TYPE_Q4_1 ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
+    return is_k(w_type) ? LX_TYPE_Q8_K : w_type == LX_TYPE_Q4_1 ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
 }
 
 /* gemm.h's offset c of the stored quants (the canonical one) */
@@ -113,16 +118,99 @@ static float dot_canon(lx_type wt, const uint8_t *w, const void *xq, int64_t nb)
     return acc;
 }
 
+/* super-block b of a K-quant W row: the stored values u_i (q4_K 0..15, q5_K 0..31, q6_K 0..63,
+ * whose q_i = u_i - 32), the sub-block scales sc[] (q4_K / q5_K: 8 of 32 values, 6-bit; q6_K: 16
+ * of 16 values, int8) and mins mn[8] (q4_K / q5_K), the scales d and dmin (f16 -> float) */
+static void unpack_k(lx_type wt, const uint8_t *w, int64_t b, uint8_t *u, int *sc, int *mn,
+                     float *d, float *dmin) {
+    if (wt == LX_TYPE_Q6_K) {
+        const lx_block_q6_K *x = (const lx_block_q6_K *) w + b;
+        for (int h = 0; h < 2; ++h) {
+            const uint8_t *ql = x->ql + 64 * h, *qh = x->qh + 32 * h;
+            uint8_t *o = u + 128 * h;
+            for (int l = 0; l < 32; ++l) {
+                o[l] = (uint8_t) ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+                o[l + 32] = (uint8_t) ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                o[l + 64] = (uint8_t) ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                o[l + 96] = (uint8_t) ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+            }
+        }
+        for (int g = 0; g < 16; ++g) sc[g] = x->scales[g];
+        *d = lx_fp16_to_fp32(x->d), *dmin = 0.0f;
+        return;
+    }
+    /* q4_K and q5_K share the head (d, dmin, scales) and qs; q5_K adds qh */
+    const lx_block_q4_K *x4 = (const lx_block_q4_K *) w + b;
+    const lx_block_q5_K *x5 = (const lx_block_q5_K *) w + b;
+    const uint8_t *scales = wt == LX_TYPE_Q4_K ? x4->scales : x5->scales;
+    const uint8_t *qs = wt == LX_TYPE_Q4_K ? x4->qs : x5->qs;
+    for (int j = 0; j < 8; ++j) {
+        uint8_t s, m;
+        lx_k_scale_min(j, scales, &s, &m);
+        sc[j] = s, mn[j] = m;
+    }
+    for (int p = 0; p < 4; ++p)
+        for (int l = 0; l < 32; ++l) {
+            int lo = qs[32 * p + l] & 0xF, hi = qs[32 * p + l] >> 4;
+            if (wt == LX_TYPE_Q5_K) {
+                lo |= ((x5->qh[l] >> (2 * p)) & 1) << 4;
+                hi |= ((x5->qh[l] >> (2 * p + 1)) & 1) << 4;
+            }
+            u[64 * p + l] = (uint8_t) lo, u[64 * p + 32 + l] = (uint8_t) hi;
+        }
+    *d = lx_fp16_to_fp32(wt == LX_TYPE_Q4_K ? x4->d : x5->d);
+    *dmin = lx_fp16_to_fp32(wt == LX_TYPE_Q4_K ? x4->dmin : x5->dmin);
+}
+
+/* one output of a K-quant W row against q8_K blocks: gemm.h's K loop literally */
+static float dot_canon_k(lx_type wt, const uint8_t *w, const void *xq, int64_t nbk) {
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nbk; ++b) {
+        uint8_t u[LX_QK_K];
+        int sc[16], mn[8];
+        float d, dmin;
+        unpack_k(wt, w, b, u, sc, mn, &d, &dmin);
+        const lx_block_q8_K *yb = (const lx_block_q8_K *) xq + b;
+        int32_t isum = 0, msum = 0;
+        if (wt == LX_TYPE_Q6_K) {
+            for (int g = 0; g < 16; ++g) {
+                int32_t dot = 0;
+                for (int i = 16 * g; i < 16 * g + 16; ++i) dot += (u[i] - 32) * yb->qs[i];
+                isum += sc[g] * dot;
+            }
+        } else {
+            for (int j = 0; j < 8; ++j) {
+                int32_t dot = 0;
+                for (int i = 32 * j; i < 32 * j + 32; ++i) dot += u[i] * yb->qs[i];
+                isum += sc[j] * dot;
+                msum += mn[j] * (yb->bsums[2 * j] + yb->bsums[2 * j + 1]);
+            }
+        }
+        const float s = d * yb->d;
+        acc = fmaf(s, (float) isum, acc);
+        if (wt != LX_TYPE_Q6_K) {
+            const float m = dmin * yb->d;
+            acc = fmaf(-m, (float) msum, acc);
+        }
+    }
+    return acc;
+}
+
+/* one output, any supported type (x row quantized to lx_gemm_dot_type) */
+static float dot_any(lx_type wt, const uint8_t *w, const void *xq, int64_t n_in) {
+    return is_k(wt) ? dot_canon_k(wt, w, xq, n_in / LX_QK_K) : dot_canon(wt, w, xq, n_in / LX_QK);
+}
+
 void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                  int64_t n_in, int64_t n_out, void *work) {
-    assert(lx_gemm_supported(w_type) && n_in % LX_QK == 0);
+    assert(lx_gemm_supported(w_type) && n_in % (is_k(w_type) ? LX_QK_K : LX_QK) == 0);
     const lx_type dt = lx_gemm_dot_type(w_type);
     const size_t wrb = lx_row_bytes(w_type, n_in), xrb = lx_row_bytes(dt, n_in);
     uint8_t *xq = work;
     for (int64_t t = 0; t < n_tok; ++t) lx_quantize_row_ref(dt, x + t * n_in, xq + t * xrb, n_in);
     for (int64_t o = 0; o < n_out; ++o)
         for (int64_t t = 0; t < n_tok; ++t)
-            y[t * n_out + o] = dot_canon(w_type, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in / LX_QK);
+            y[t * n_out + o] = dot_any(w_type, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in);
 }
 
 /* ---- token groups (the SIMD paths' activations) -------------------------------------------- *
@@ -179,6 +267,60 @@ static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int 
         for (int i = 0; i < LX_QK; ++i) sum += qs[i];
         corr[l] = -c * sum;
         for (int s = 0; s < 8; ++s) memcpy(rec + (s * L + l) * 4, qs + 4 * s, 4);
+    }
+}
+
+/* K-quant token groups: group g, super-block b: one record of rec_bytes_k(L) bytes at
+ * act + (g nbk + b) rec_bytes_k(L):
+ *   int8  qs[64][L][4]    step s, lane l: values 4s..4s+3 of the token's q8_K super-block
+ *   int16 ext[16][L][2]   q4_K / q5_K, e < 4: the 32-value sums (bs_{2e}, bs_{2e+1}), 0 after;
+ *                         q6_K, e < 16: 32 (y_{4s} + y_{4s+1}) and 32 (y_{4s+2} + y_{4s+3})
+ *                         summed over the 4 steps s of group e (the -32 offset, pair-wise)
+ *   float dx[L]           q8_K's d
+ * Lanes past n_tok are zero. */
+static size_t rec_bytes_k(int L) { return (size_t) 324 * L; }
+
+static void quantize_token_k(lx_type wt, const float *x, int64_t n_in, int L, int64_t t, uint8_t *act) {
+    const int64_t nbk = n_in / LX_QK_K, g = t / L;
+    const int l = (int) (t % L);
+    for (int64_t b = 0; b < nbk; ++b) {
+        uint8_t *rec = act + ((size_t) g * nbk + b) * rec_bytes_k(L);
+        int16_t *ext = (int16_t *) (rec + 256 * L);
+        float *dx = (float *) (rec + 320 * L);
+        lx_block_q8_K q;
+        if (x) lx_quantize_row_q8_K(x + b * LX_QK_K, &q, LX_QK_K);
+        else memset(&q, 0, sizeof q);
+        for (int s = 0; s < 64; ++s) memcpy(rec + (s * L + l) * 4, q.qs + 4 * s, 4);
+        for (int e = 0; e < 16; ++e) {
+            int a = 0, c = 0;
+            if (wt == LX_TYPE_Q6_K) {
+                for (int s = 4 * e; s < 4 * e + 4; ++s)
+                    a += q.qs[4 * s] + q.qs[4 * s + 1], c += q.qs[4 * s + 2] + q.qs[4 * s + 3];
+                a *= 32, c *= 32;
+            } else if (e < 4) {
+                a = q.bsums[4 * e] + q.bsums[4 * e + 1], c = q.bsums[4 * e + 2] + q.bsums[4 * e + 3];
+            }
+            ext[(e * L + l) * 2] = (int16_t) a, ext[(e * L + l) * 2 + 1] = (int16_t) c;
+        }
+        dx[l] = q.d;
+    }
+}
+
+/* K-quant planar token (n_tok <= LX_GEMM_SMALL), stride n_in + 20 nbk: int8 qs[n_in],
+ * float dx[nbk], int32 bsp[nbk][4] (q4_K / q5_K: the pairs (bs_{2e}, bs_{2e+1}) as int16 lo/hi) */
+static void quantize_planar_k(const float *x, int64_t n_in, uint8_t *tk) {
+    const int64_t nbk = n_in / LX_QK_K;
+    float *dx = (float *) (tk + n_in);
+    int32_t *bsp = (int32_t *) (dx + nbk);
+    for (int64_t b = 0; b < nbk; ++b) {
+        lx_block_q8_K q;
+        lx_quantize_row_q8_K(x + b * LX_QK_K, &q, LX_QK_K);
+        memcpy(tk + b * LX_QK_K, q.qs, LX_QK_K);
+        dx[b] = q.d;
+        for (int e = 0; e < 4; ++e) {
+            const int a = q.bsums[4 * e] + q.bsums[4 * e + 1], c = q.bsums[4 * e + 2] + q.bsums[4 * e + 3];
+            bsp[4 * b + e] = (int32_t) ((uint32_t) (uint16_t) a | ((uint32_t) (uint16_t) c << 16));
+        }
     }
 }
 
@@ -307,7 +449,7 @@ static void gemm_portable(const void *w, lx_type wt, const float *x, float *y, i
 #endif
         for (int64_t o = 0; o < n_out; ++o)
             for (int64_t t = 0; t < n_tok; ++t)
-                y[t * n_out + o] = dot_canon(wt, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in / LX_QK);
+                y[t * n_out + o] = dot_any(wt, (const uint8_t *) w + o * wrb, xq + t * xrb, n_in);
     }
 }
 
@@ -352,15 +494,41 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
 }
 #endif
 
+#ifdef LX_GEMM_X86
+/* K-quants, n_tok <= LX_GEMM_SMALL on AVX2 and up */
+static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                         int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const int64_t nbk = n_in / LX_QK_K, n_tiles = (n_out + 7) / 8;
+    const size_t ts = (size_t) nbk * (LX_QK_K + 20), wrb = lx_row_bytes(wt, n_in);
+    uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    for (int64_t t = 0; t < n_tok; ++t) quantize_planar_k(x + t * n_in, n_in, act + t * ts);
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+#endif
+    for (int64_t i = 0; i < n_tiles; ++i) {
+        const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
+        small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+    }
+}
+#endif
+
+/* activations of a token chunk (L2 blocking): about this many bytes of token groups per pass
+ * over W's row tiles (W is re-unpacked per chunk; the arithmetic per output is unchanged) */
+#define LX_GEMM_CHUNK_BYTES (256 * 1024)
+
 void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
              int64_t n_out, void *work, int n_threads) {
-    assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
+    const int kq = is_k(w_type);
+    assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % (kq ? LX_QK_K : LX_QK) == 0 && n_threads >= 1);
     if (n_tok <= 0 || n_out <= 0) return;
     const int level = lx_gemm_simd_level();
     run_fn run = NULL;
-    int L = 8, u128 = 1;
+    int L = 8, u128 = 1, tmax = 1;
 #ifdef LX_GEMM_X86
-    if (level == 3 && n_tok > 8) run = run_vnni512, L = 16;
+    if (kq) {
+        if (level >= 2) run = run_k_avx2, u128 = 0;   /* level 3: the AVX2 K kernels */
+    } else if (level == 3 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
     else if (level == 3) run = run_vnni256;
     else if (level == 2) run = run_avx2, u128 = 0;
 #endif
@@ -371,17 +539,23 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
     const lx_type dt = lx_gemm_dot_type(w_type);
 #ifdef LX_GEMM_X86
     if (n_tok <= LX_GEMM_SMALL) {
-        gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
         return;
     }
 #endif
     const int c = w_type == LX_TYPE_Q8_0 ? (u128 ? 128 : 0) : canon_offset(w_type);
     const int64_t nb = n_in / LX_QK, n_groups = (n_tok + L - 1) / L;
     const size_t wrb = lx_row_bytes(w_type, n_in);
+    const size_t gs = kq ? (size_t) (n_in / LX_QK_K) * rec_bytes_k(L) : (size_t) nb * rec_bytes(L);
+    int64_t gc = (int64_t) (LX_GEMM_CHUNK_BYTES / gs);
+    if (gc >= tmax) gc -= gc % tmax;
+    if (gc < 1) gc = 1;
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
     const int64_t n_tiles = (n_out + LX_GEMM_R - 1) / LX_GEMM_R;
     (void) n_threads;
+    (void) dt;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n_threads)
 #endif
@@ -389,26 +563,33 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
-        for (int64_t t = 0; t < n_groups * L; ++t)
-            quantize_token(dt, c, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
+        for (int64_t t = 0; t < n_groups * L; ++t) {
+            if (kq) quantize_token_k(w_type, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
+            else quantize_token(dt, c, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
+        }
 #ifdef _OPENMP
         uint8_t *tile = tiles + (size_t) omp_get_thread_num() * tile_bytes(n_in);
-#pragma omp for schedule(static)
 #else
         uint8_t *tile = tiles;
 #endif
-        for (int64_t i = 0; i < n_tiles; ++i) {
-            const int64_t o0 = i * LX_GEMM_R;
-            const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
-#ifdef LX_GEMM_X86
-            unpack_tile_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
-#else
-            unpack_tile(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+        for (int64_t g0 = 0; g0 < n_groups; g0 += gc) {
+            const int64_t ng = n_groups - g0 < gc ? n_groups - g0 : gc;
+#ifdef _OPENMP
+#pragma omp for schedule(static)
 #endif
-            run(w_type, tile, n_in, nr, act, n_groups, y, n_tok, n_out, o0);
+            for (int64_t i = 0; i < n_tiles; ++i) {
+                const int64_t o0 = i * LX_GEMM_R;
+                const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
+#ifdef LX_GEMM_X86
+                if (kq) unpack_tile_k_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, tile);
+                else unpack_tile_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+#else
+                unpack_tile(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+#endif
+                run(w_type, tile, n_in, nr, act + g0 * gs, ng, y + g0 * L * n_out, n_tok - g0 * L, n_out, o0);
+            }
         }
     }
-    (void) nb;
 }
 
 #else /* LX_GEMM_PASS: the kernel section, compiled once per pass ----------------------------- */
@@ -690,6 +871,262 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
     case LX_TYPE_Q4_1: LX_GEMM_SMALL_NT(LX_TYPE_Q4_1) break;
     case LX_TYPE_Q5_0: LX_GEMM_SMALL_NT(LX_TYPE_Q5_0) break;
     default: LX_GEMM_SMALL_NT(LX_TYPE_Q8_0) break;
+    }
+}
+#undef LX_GEMM_SMALL_NT
+
+/* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels, which level 3 runs too) ------------------------
+ *
+ * Integer sums per super-block, all exact: the maddubs int16 pair sums of a sub-block are taken
+ * by one madd against its scale broadcast as int16 (sc * (pair + pair') in int32), so the scale
+ * costs nothing over the ones-madd; q6_K's -32 is subtracted pair-wise in int16 (ext's 32 y
+ * pair sums, from the activations) before its madd; the mins' sum m_j * bs_j is a madd of the
+ * (bs_2e, bs_2e+1) pairs against the (m_2e, m_2e+1) pairs. */
+
+/* super-block b of a K row: the 256 stored values u into o (as unpack_k), the scales into sc16
+ * (q4_K / q5_K: sc[0..7] then mn[0..7]; q6_K: sc[0..15]), d and dmin (F16C) */
+static LX_INLINE LX_TGT void SFX(unpack_k)(lx_type wt, const uint8_t *row, int64_t b, uint8_t *o,
+                                           int16_t *sc16, float *d, float *dmin) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    if (wt == LX_TYPE_Q6_K) {
+        const lx_block_q6_K *x = (const lx_block_q6_K *) row + b;
+        const __m256i m30 = _mm256_set1_epi8(0x30);
+        for (int h = 0; h < 2; ++h) {
+            const __m256i a = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h));
+            const __m256i c = _mm256_loadu_si256((const __m256i *) (x->ql + 64 * h + 32));
+            const __m256i hv = _mm256_loadu_si256((const __m256i *) (x->qh + 32 * h));
+            __m256i *out = (__m256i *) (o + 128 * h);
+            _mm256_storeu_si256(out, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30)));
+            _mm256_storeu_si256(out + 1, _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30)));
+            _mm256_storeu_si256(out + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hv, m30)));
+            _mm256_storeu_si256(out + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30)));
+        }
+        for (int g = 0; g < 16; ++g) sc16[g] = x->scales[g];
+        *d = _cvtsh_ss(x->d), *dmin = 0.0f;
+        return;
+    }
+    const lx_block_q4_K *x4 = (const lx_block_q4_K *) row + b;
+    const lx_block_q5_K *x5 = (const lx_block_q5_K *) row + b;
+    const int q5 = wt == LX_TYPE_Q5_K;
+    const uint8_t *qs = q5 ? x5->qs : x4->qs, *scales = q5 ? x5->scales : x4->scales;
+    const __m256i hv = q5 ? _mm256_loadu_si256((const __m256i *) x5->qh) : _mm256_setzero_si256();
+    const __m256i one = _mm256_set1_epi8(1);
+    for (int p = 0; p < 4; ++p) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *) (qs + 32 * p));
+        __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        if (q5) {
+            /* bit 2p (2p + 1) of each qh byte, moved to bit 4 of the byte */
+            const __m128i c0 = _mm_cvtsi32_si128(2 * p), c1 = _mm_cvtsi32_si128(2 * p + 1);
+            lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hv, c0), one), 4));
+            hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hv, c1), one), 4));
+        }
+        _mm256_storeu_si256((__m256i *) (o + 64 * p), lo);
+        _mm256_storeu_si256((__m256i *) (o + 64 * p + 32), hi);
+    }
+    for (int j = 0; j < 8; ++j) {
+        uint8_t sc, mn;
+        lx_k_scale_min(j, scales, &sc, &mn);
+        sc16[j] = sc, sc16[8 + j] = mn;
+    }
+    *d = _cvtsh_ss(q5 ? x5->d : x4->d), *dmin = _cvtsh_ss(q5 ? x5->dmin : x4->dmin);
+}
+
+/* K tile: bytes [R][n_in], then float dw[R][nbk], dm[R][nbk], int16 sc[R][nbk][16] */
+static LX_TGT void SFX(unpack_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                      int64_t n_in, uint8_t *tile) {
+    const int64_t nbk = n_in / LX_QK_K;
+    float *dw = (float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
+    int16_t *sc = (int16_t *) (dm + LX_GEMM_R * nbk);
+    for (int r = 0; r < nr; ++r) {
+        const uint8_t *row = w + (size_t) (o0 + r) * wrb;
+        for (int64_t b = 0; b < nbk; ++b)
+            SFX(unpack_k)(wt, row, b, tile + r * n_in + LX_QK_K * b, sc + (r * nbk + b) * 16,
+                          dw + r * nbk + b, dm + r * nbk + b);
+    }
+}
+
+/* out[r L + l] = output of tile row r and token lane l of the group at rec0 (8 lanes) */
+static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *rec0,
+                                         int64_t nbk, float *out, const int R) {
+    const float *dw = (const float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
+    const int16_t *sc = (const int16_t *) (dm + LX_GEMM_R * nbk);
+    const size_t rb = rec_bytes_k(8);
+    __m256 acc[LX_GEMM_R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nbk; ++b) {
+        const uint8_t *rec = rec0 + b * rb, *ext = rec + 256 * 8;
+        const uint8_t *wb[LX_GEMM_R];
+        const int16_t *sb[LX_GEMM_R];
+        __m256i is[LX_GEMM_R], ms[LX_GEMM_R];
+        for (int r = 0; r < R; ++r) {
+            wb[r] = tile + r * n_in + LX_QK_K * b, sb[r] = sc + (r * nbk + b) * 16;
+            is[r] = _mm256_setzero_si256(), ms[r] = _mm256_setzero_si256();
+        }
+        if (wt == LX_TYPE_Q6_K) {
+            /* group e (16 values, 4 steps): int16 pair sums of u*y wrap, but the pair sums of
+             * (u - 32)*y they become after the subtraction are <= 8 * 32 * 127 = 32512: exact */
+            for (int e = 0; e < 16; ++e) {
+                __m256i p[LX_GEMM_R];
+                for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+                for (int s = 0; s < 4; ++s) {
+                    const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (4 * e + s)));
+                    for (int r = 0; r < R; ++r)
+                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 16 * e + 4 * s)), a));
+                }
+                const __m256i q = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
+                for (int r = 0; r < R; ++r)
+                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(_mm256_sub_epi16(p[r], q), _mm256_set1_epi16(sb[r][e])));
+            }
+        } else {
+            /* pair sums <= 2 * 15 * 127 over 8 steps (q4_K: 30480) or 2 * 31 * 127 over 4 (q5_K:
+             * 31496): exact in int16, then sc_j * (pair + pair') by one madd */
+            const int per = wt == LX_TYPE_Q5_K ? 4 : 8;
+            for (int j = 0; j < 8; ++j)
+                for (int h = 0; h < 8; h += per) {
+                    __m256i p[LX_GEMM_R];
+                    for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
+                    for (int s = h; s < h + per; ++s) {
+                        const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (8 * j + s)));
+                        for (int r = 0; r < R; ++r)
+                            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 32 * j + 4 * s)), a));
+                    }
+                    for (int r = 0; r < R; ++r)
+                        is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], _mm256_set1_epi16(sb[r][j])));
+                }
+            for (int e = 0; e < 4; ++e) {
+                const __m256i bs = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
+                for (int r = 0; r < R; ++r)
+                    ms[r] = _mm256_add_epi32(ms[r], _mm256_madd_epi16(bs, _mm256_set1_epi32(ld32((const uint8_t *) (sb[r] + 8 + 2 * e)))));
+            }
+        }
+        const __m256 dx = _mm256_loadu_ps((const float *) (rec + 320 * 8));
+        for (int r = 0; r < R; ++r) {
+            const __m256 s = _mm256_mul_ps(_mm256_set1_ps(dw[r * nbk + b]), dx);
+            acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(is[r]), acc[r]);
+            if (wt != LX_TYPE_Q6_K) {   /* fnmadd(m, ms, acc) = fmaf(-m, ms, acc), one rounding */
+                const __m256 m = _mm256_mul_ps(_mm256_set1_ps(dm[r * nbk + b]), dx);
+                acc[r] = _mm256_fnmadd_ps(m, _mm256_cvtepi32_ps(ms[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
+}
+
+#define LX_GEMM_KR(WT)                                               \
+    switch (nr) {                                                    \
+    case 1: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 1); break;      \
+    case 2: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 2); break;      \
+    case 3: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 3); break;      \
+    default: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 4); break;     \
+    }
+
+/* run_fn for the K-quants (groups of 8 tokens) */
+static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
+                              int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const size_t gs = (size_t) nbk * rec_bytes_k(8);
+    float out[LX_GEMM_R * 8];
+    for (int64_t g = 0; g < n_groups; ++g) {
+        const uint8_t *a = act + g * gs;
+        switch (wt) {
+        case LX_TYPE_Q4_K: LX_GEMM_KR(LX_TYPE_Q4_K) break;
+        case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
+        default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
+        }
+        for (int r = 0; r < nr; ++r)
+            for (int l = 0; l < 8; ++l) {
+                const int64_t t = g * 8 + l;
+                if (t < n_tok) y[t * n_out + o0 + r] = out[r * 8 + l];
+            }
+    }
+}
+#undef LX_GEMM_KR
+
+/* n_tok <= 8: 8 W rows in the lanes; each super-block of the 8 rows is unpacked once into an L1
+ * buffer with its int16 scale vectors, the rows' int32 sums (scales applied by the madd) are
+ * reduced by hsum8x8, then the chain lane-wise over rows */
+static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                               const uint8_t *act, size_t ts, int64_t nbk, float *y,
+                                               int64_t n_out, const int NT) {
+    const int64_t n_in = nbk * LX_QK_K;
+    const uint8_t *rows[8];
+    for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
+    __m256 acc[8];
+    for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+    uint8_t ub[8][LX_QK_K] __attribute__((aligned(32)));
+    __m256i scv[8][8];
+    int32_t mnp[4][8] __attribute__((aligned(32)));
+    for (int64_t b = 0; b < nbk; ++b) {
+        float dwa[8], dma[8];
+        for (int r = 0; r < 8; ++r) {
+            int16_t sc16[16];
+            SFX(unpack_k)(wt, rows[r], b, ub[r], sc16, dwa + r, dma + r);
+            if (wt == LX_TYPE_Q6_K) {
+                for (int j = 0; j < 8; ++j)   /* 32 values = groups 2j (low lane) and 2j + 1 */
+                    scv[r][j] = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * j + 1]), _mm_set1_epi16(sc16[2 * j]));
+            } else {
+                for (int j = 0; j < 8; ++j) scv[r][j] = _mm256_set1_epi16(sc16[j]);
+                for (int e = 0; e < 4; ++e)
+                    mnp[e][r] = (int32_t) ((uint32_t) (uint16_t) sc16[8 + 2 * e] | ((uint32_t) (uint16_t) sc16[9 + 2 * e] << 16));
+            }
+        }
+        const __m256 dw = _mm256_loadu_ps(dwa), dm = _mm256_loadu_ps(dma);
+        for (int k = 0; k < NT; ++k) {
+            const uint8_t *tk = act + k * ts;
+            const float *dxs = (const float *) (tk + n_in);
+            const int32_t *bsp = (const int32_t *) (dxs + nbk);
+            __m256i yv[8], q32[8], v[8];
+            for (int j = 0; j < 8; ++j) {
+                yv[j] = _mm256_loadu_si256((const __m256i *) (tk + LX_QK_K * b + 32 * j));
+                if (wt == LX_TYPE_Q6_K) q32[j] = _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv[j]);
+            }
+            for (int r = 0; r < 8; ++r) {
+                __m256i vi = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *) (ub[r] + 32 * j)), yv[j]);
+                    if (wt == LX_TYPE_Q6_K) p = _mm256_sub_epi16(p, q32[j]);   /* |pair| <= 8128 */
+                    vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, scv[r][j]));
+                }
+                v[r] = vi;
+            }
+            const __m256i is = SFX(hsum8x8)(v);
+            const __m256 dx = _mm256_set1_ps(dxs[b]);
+            acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is), acc[k]);
+            if (wt != LX_TYPE_Q6_K) {
+                __m256i ms = _mm256_setzero_si256();
+                for (int e = 0; e < 4; ++e)
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256((const __m256i *) mnp[e]), _mm256_set1_epi32(bsp[4 * b + e])));
+                acc[k] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), acc[k]);
+            }
+        }
+    }
+    for (int k = 0; k < NT; ++k) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
+    }
+}
+
+#define LX_GEMM_SMALL_NT(WT)                                                                  \
+    switch (n_tok) {                                                                          \
+    case 1: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 1); break;          \
+    case 2: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 2); break;          \
+    case 3: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 3); break;          \
+    case 4: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 4); break;          \
+    case 5: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 5); break;          \
+    case 6: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 6); break;          \
+    case 7: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 7); break;          \
+    default: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 8); break;         \
+    }
+
+/* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar K tokens at act */
+static LX_TGT void SFX(small_run_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                    const uint8_t *act, int64_t n_tok, int64_t nbk, float *y, int64_t n_out) {
+    const size_t ts = (size_t) nbk * (LX_QK_K + 20);
+    switch (wt) {
+    case LX_TYPE_Q4_K: LX_GEMM_SMALL_NT(LX_TYPE_Q4_K) break;
+    case LX_TYPE_Q5_K: LX_GEMM_SMALL_NT(LX_TYPE_Q5_K) break;
+    default: LX_GEMM_SMALL_NT(LX_TYPE_Q6_K) break;
     }
 }
 #undef LX_GEMM_SMALL_NT

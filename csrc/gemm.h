@@ -13,7 +13,8 @@
  * ---- the canonical arithmetic (every path computes exactly these float operations) ----------
  *
  * x row t is quantized per block exactly as ggml (and lx_mul_mat) does, to the weight's dot type
- * (lx_gemm_dot_type: q8_0 for q4_0 / q5_0 / q8_0, q8_1 for q4_1; quants.h's rounding), giving
+ * (lx_gemm_dot_type: q8_0 for q4_0 / q5_0 / q8_0, q8_1 for q4_1, q8_K for the K-quants (below);
+ * quants.h's rounding), giving
  * int8 y_i, the block scale dx_b (f16 -> float, exact) and, for q8_1, sx_b (f16 -> float). W's
  * block b of row o has integer quants q_i (the stored field as in quants.h, before any offset),
  * the offset c (8 for q4_0, 16 for q5_0, 0 for q4_1 and q8_0, whose q_i are signed), the scale
@@ -71,11 +72,52 @@
  * Error vs exact arithmetic (test (c)): against the float64 product of the dequantized W and the
  * dequantized quantized x, |y - y64| <= LX_GEMM_ERR(nb) * sum_b |dw_b dx_b isum_b| (+ |mw_b sx_b|),
  * LX_GEMM_ERR(n) = (2 n + 2) 2^-24: each term has one rounding from s and the chain at most n
- * roundings (Higham), plus the rounding of sx_b in q8_1 (ggml's) for q4_1, which the test models.
+ * roundings (Higham) (n the chain's terms; K-quants: 2 nbk, nbk for q6_K, where the rounding of
+ * (float) isum is one more per term, within the bound), plus the rounding of sx_b in q8_1
+ * (ggml's) for q4_1, which the test models.
  *
- * Types: q4_0, q4_1, q5_0, q8_0 (lx_gemm_supported). Others are refused (lx_mul_mat serves them);
- * K-quants (q4_K, q5_K, q6_K: integer sub-block scales applied to the exact sub-block sums, one
- * chain term per super-block) and f32 / f16 are the next step.
+ * ---- the K-quants (q4_K, q5_K, q6_K: super-blocks of 256, q8_K activations) ------------------
+ *
+ * x row t is quantized per super-block exactly as ggml's quantize_row_q8_K (int8 y_i, float d_x,
+ * int16 bsums of 16). W's super-block b has the stored values u_i (q4_K 0..15, q5_K 0..31, q6_K
+ * 0..63 with q_i = u_i - 32), the 6-bit sub-block scales sc_j and mins mn_j (q4_K / q5_K: 8
+ * sub-blocks of 32; ggml's get_scale_min_k4) or the int8 scales sc_j (q6_K: 16 of 16), and the
+ * f16 scales d_w, dmin_w. Per output, in float32 with round-to-nearest (what ggml's AVX2 dots
+ * compute per super-block, up to their lane-parallel sums):
+ *
+ *     acc = +0.0f
+ *     for b = 0, 1, ..., nbk - 1:
+ *         isum = sum_j sc_j * (sum_{i in j} u_i y_i)       q4_K / q5_K, exact int32
+ *         isum = sum_j sc_j * (sum_{i in j} q_i y_i)       q6_K, exact int32 (|isum| < 2^27)
+ *         msum = sum_j mn_j * (bsums_2j + bsums_2j+1)      q4_K / q5_K, exact (|msum| < 2^21)
+ *         s    = d_w * d_x
+ *         acc  = fmaf(s, (float) isum, acc)
+ *         m    = dmin_w * d_x                              q4_K / q5_K only
+ *         acc  = fmaf(-m, (float) msum, acc)               q4_K / q5_K only
+ *     y[t][o] = acc
+ *
+ * |isum| can exceed 2^24 (q4_K: up to 8 * 63 * 32 * 15 * 127), so (float) isum may round: it is
+ * the one round-to-nearest-even int32 -> float conversion (C's cast, cvtdq2ps), a function of the
+ * exact integer, hence the same on every path. fmaf(-m, v, acc) is vfnmadd(m, v, acc) bit for bit.
+ *
+ * AVX2 kernels (level 3 runs these too: there is no AVX-512 K kernel yet): token lanes for
+ * n_tok > 8 (R = 4 rows x 8 tokens per tile), 8 rows in lanes for n_tok <= 8, as above. The
+ * sub-block scale costs nothing: the maddubs int16 pair sums of a sub-block (q4_K: 8 steps,
+ * <= 30480; q5_K: 4 steps, <= 31496) go through one madd against sc_j broadcast as int16, which
+ * gives sc_j * (pair + pair') in int32 exactly. q6_K's -32 offset: the pair sums of u y over the
+ * group's 4 steps wrap in int16, then the activations' 32 * (pair sums of y) is subtracted, which
+ * leaves the pair sums of (u - 32) y, |.| <= 8 * 32 * 127 = 32512, exact (int16 arithmetic is
+ * modular); then the madd with sc_j. The min sum is a madd of the (bs_2e, bs_2e+1) pairs against
+ * the (mn_2e, mn_2e+1) pairs.
+ *
+ * L2 blocking (n_tok > 8): the token groups are processed in chunks of about 256 KB of activations
+ * (LX_GEMM_CHUNK_BYTES; ~120 tokens for n_in 1536 q4_1); each chunk runs over all row tiles, W
+ * being re-unpacked per chunk. Each output's chain is untouched, so the bits are the same.
+ *
+ * Types: q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K (lx_gemm_supported); n_in must be a multiple
+ * of the block size (32, or 256 for the K-quants). Others are refused (lx_mul_mat serves them).
+ * Next: an AVX-512 K kernel (the same tiles on zmm with vpdpbusd + a per-sub-block scale), f32 /
+ * f16 weights, q2_K / q3_K.
  */
 #ifndef LX_GEMM_H
 #define LX_GEMM_H
@@ -91,7 +133,7 @@
 /* 1 if lx_gemm takes w_type as a weight type */
 int lx_gemm_supported(lx_type w_type);
 
-/* the activation format of a product with W of type w_type (LX_TYPE_Q8_0 or LX_TYPE_Q8_1) */
+/* the activation format of a product with W of type w_type (LX_TYPE_Q8_0, _Q8_1 or _Q8_K) */
 lx_type lx_gemm_dot_type(lx_type w_type);
 
 /* bytes of the work buffer lx_gemm needs (activations + n_threads unpack buffers); lx_gemm_ref
@@ -102,7 +144,8 @@ size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_thre
  * w: [n_out] rows of lx_row_bytes(w_type, n_in) bytes, x: [n_tok][n_in] float32 (finite),
  * y: [n_tok][n_out] float32 (written, not read), work: lx_gemm_work_size(w_type, n_tok, n_in,
  * n_threads) bytes of scratch (overwritten). note: lx_gemm_supported(w_type), n_in a positive
- * multiple of 32, n_threads >= 1. Bits do not depend on n_threads, n_tok or the SIMD level. */
+ * multiple of 32 (256 for the K-quants), n_threads >= 1. Bits do not depend on n_threads, n_tok
+ * or the SIMD level. */
 void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
              int64_t n_out, void *work, int n_threads);
 

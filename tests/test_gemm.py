@@ -18,7 +18,8 @@ from llamax._native import gemm as G
 from llamax._native import matmul as M
 from llamax._native import quants as Q
 
-TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q8_0]
+K_TYPES = [Q.TYPE_Q4_K, Q.TYPE_Q5_K, Q.TYPE_Q6_K]
+TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q8_0] + K_TYPES
 LEVELS = sorted({0, 2, 3} & set(range(G.simd_level() + 1)))
 N_TOKS = [1, 2, 3, 5, 8, 13, 64, 130, 512]
 U = 2.0 ** -24
@@ -34,21 +35,29 @@ def _reset_level():
     G.set_simd_level(-1)
 
 
+def kin(t: int, n_in: int) -> int:
+    """n_in for type t: the K-quants need multiples of 256 (576 -> 512, 640 -> 768, ...)."""
+    return max(256, n_in // 256 * 256 + (256 if n_in % 256 >= 128 else 0)) if t in K_TYPES else n_in
+
+
 def case(t: int, n_in: int, n_out: int, n_tok: int, seed: int):
     rng = np.random.default_rng(seed)
     raw = weights(t, n_out, n_in, rng)
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     x[:, :32] *= 50                                  # an outlier block
     x[n_tok // 2, 32:64] = 0                         # an all-zero block (d = 0)
+    if n_in >= 512:
+        x[n_tok // 2, 256:512] = 0                   # an all-zero super-block (q8_K's d = 0)
     return raw, x
 
 
 @pytest.mark.parametrize("t", TYPES, ids=name)
 @pytest.mark.parametrize("n_in", [256, 576, 1536])
 def test_every_path_is_the_reference_bit_for_bit(t, n_in):
-    n_out = 37 if n_in == 1536 else 45                # not a multiple of the tile rows
+    n_in = {576: 1024, 1536: 2048}.get(n_in, n_in) if t in K_TYPES else n_in
+    n_out = 37 if n_in in (1536, 2048) else 45                # not a multiple of the tile rows
     raw, x = case(t, n_in, n_out, max(N_TOKS), 10 * t + n_in)
-    for n_tok in (N_TOKS if n_in != 1536 else [1, 3, 8, 13, 130, 512]):
+    for n_tok in (N_TOKS if n_in not in (1536, 2048) else [1, 3, 8, 13, 130, 512]):
         xs = x[:n_tok]
         ref = G.mul_mat_ref(raw, t, xs)
         for level in LEVELS:
@@ -61,7 +70,7 @@ def test_every_path_is_the_reference_bit_for_bit(t, n_in):
 
 @pytest.mark.parametrize("t", TYPES, ids=name)
 def test_batch_invariance(t):
-    n_in, n_out = 576, 29
+    n_in, n_out = kin(t, 576), 29
     raw, x = case(t, n_in, n_out, 130, 7 + t)
     for level in LEVELS:
         G.set_simd_level(level)
@@ -75,6 +84,7 @@ def test_batch_invariance(t):
 @pytest.mark.parametrize("t", TYPES, ids=name)
 @pytest.mark.parametrize("n_in", [256, 1536])
 def test_reference_within_bound_of_float64(t, n_in):
+    n_in = kin(t, n_in)
     raw, x = case(t, n_in, 23, 13, 300 + t)
     y, mag, _ = q8_oracle(t, raw, x)
     ref = G.mul_mat_ref(raw, t, x)
@@ -83,7 +93,7 @@ def test_reference_within_bound_of_float64(t, n_in):
 
 @pytest.mark.parametrize("t", TYPES, ids=name)
 def test_agrees_with_matmul(t):
-    n_in = 640
+    n_in = kin(t, 640)
     raw, x = case(t, n_in, 41, 13, 500 + t)
     _, mag, _ = q8_oracle(t, raw, x)
     got = G.mul_mat(raw, t, x, n_threads=2)
@@ -110,7 +120,7 @@ def test_errors():
     with pytest.raises(TypeError):
         G.mul_mat(raw, t, x.tolist())
     with pytest.raises(ValueError, match="not a gemm weight type"):
-        G.mul_mat(raw, Q.TYPE_Q6_K, x)
+        G.mul_mat(raw, Q.TYPE_Q3_K, x)
     with pytest.raises(ValueError, match="float32"):
         G.mul_mat(raw, t, x.astype(np.float64))
     with pytest.raises(ValueError, match="bytes"):

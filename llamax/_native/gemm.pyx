@@ -3,7 +3,7 @@
 (csrc/gemm.h): the result of a token does not depend on n_tok, n_threads or the SIMD level.
 
 W uint8 [n_out, row_bytes] (a GGUF tensor's bytes), x float32 [n_tok, n_in]. x is quantized per
-block as ggml does (q8_0, or q8_1 for Q4_1) and the exact integer block dots are summed in one
+block as ggml does (q8_0, q8_1 for Q4_1, q8_K for the K-quants) and the exact integer block dots are summed in one
 fixed float chain per output (gemm.h's canonical arithmetic). Thin wrappers: validate with the
 GIL, run the C kernel with the GIL released.
 """
@@ -13,7 +13,7 @@ cimport numpy as cnp
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from libc.stdint cimport int64_t
 
-from llamax._native.quants cimport LX_TYPE_Q4_1, lx_row_bytes, lx_type, lx_type_block_size
+from llamax._native.quants cimport LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes, lx_type, lx_type_block_size
 
 # the declarations of csrc/gemm.h come from gemm.pxd (same module name)
 
@@ -22,7 +22,7 @@ cnp.import_array()
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 # ggml type numbers this module takes as weights, and their names (for messages)
-W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0"}
+W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 def simd_level() -> int:
@@ -41,14 +41,19 @@ def supported(w_type) -> bool:
 
 
 def dot_type(w_type) -> int:
-    """ggml type the x rows take (8 Q8_0, 9 Q8_1)."""
+    """ggml type the x rows take (8 Q8_0, 9 Q8_1, 15 Q8_K)."""
     return <int> lx_gemm_dot_type(_w_type(w_type))
 
 
 def err_factor(w_type, int64_t n_in) -> float:
-    """LX_GEMM_ERR(n_terms), n_terms = n_in / 32 blocks (twice that for Q4_1's min terms): the
-    bound factor vs the float64 product of the dequantized operands (see gemm.h)."""
+    """LX_GEMM_ERR(n_terms), n_terms = n_in / 32 blocks (twice that for Q4_1's min terms), or
+    n_in / 256 super-blocks for Q6_K (twice that for Q4_K / Q5_K's min terms): the bound factor vs
+    the float64 product of the dequantized operands (see gemm.h)."""
     cdef lx_type wt = _w_type(w_type)
+    if wt == LX_TYPE_Q6_K:
+        return LX_GEMM_ERR(<double> (n_in // 256))
+    if wt == LX_TYPE_Q4_K or wt == LX_TYPE_Q5_K:
+        return LX_GEMM_ERR(<double> (2 * (n_in // 256)))
     return LX_GEMM_ERR(<double> ((n_in // 32) * (2 if wt == LX_TYPE_Q4_1 else 1)))
 
 
@@ -102,7 +107,8 @@ def mul_mat(raw, ggml_type, x, out=None, n_threads=None):
     Args:
         raw: uint8 [n_out, row_bytes(ggml_type, n_in)], C-contiguous (a GGUF tensor's bytes;
             read-only is fine).  # IN
-        ggml_type: ggml type number of W: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8).
+        ggml_type: ggml type number of W: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12),
+            Q5_K (13), Q6_K (14).
         x: float32 [n_tok, n_in], C-contiguous, finite (else unspecified values).  # IN
         out: float32 [n_tok, n_out], C-contiguous, or None for a new array.  # OUT
         n_threads: threads over output rows (None or -1 = all cores); the bits do not depend on it.
@@ -112,7 +118,7 @@ def mul_mat(raw, ggml_type, x, out=None, n_threads=None):
 
     Raises:
         TypeError: a non-array operand or a non-int type.
-        ValueError: unknown type, shape / dtype / byte-count mismatch, n_in not a multiple of 32,
+        ValueError: unknown type, shape / dtype / byte-count mismatch, n_in not a multiple of the block size (32, 256 for K),
             bad n_threads, out overlapping an input.
     """
     cdef lx_type wt = _w_type(ggml_type)
