@@ -1042,9 +1042,9 @@ static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int
 }
 #undef LX_GEMM_KR
 
-/* n_tok <= 8: 8 W rows in the lanes; each super-block of the 8 rows is unpacked once into an L1
- * buffer with its int16 scale vectors, the rows' int32 sums (scales applied by the madd) are
- * reduced by hsum8x8, then the chain lane-wise over rows */
+/* n_tok <= 8: 8 W rows in the lanes; each row's super-block is unpacked once (registers, its
+ * int16 scale vectors) and dotted with every token's; the 8 rows' int32 sums (scales applied by
+ * the madd) are reduced by hsum8x8, then the chain lane-wise over rows */
 static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                                const uint8_t *act, size_t ts, int64_t nbk, float *y,
                                                int64_t n_out, const int NT) {
@@ -1053,21 +1053,40 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
     for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
     __m256 acc[8];
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
-    uint8_t ub[8][LX_QK_K] __attribute__((aligned(32)));
-    __m256i scv[8][8];
+    uint8_t ub[LX_QK_K] __attribute__((aligned(32)));
+    __m256i vbuf[8][8];                 /* [token][row]: the rows' int32 partial sums */
     int32_t mnp[4][8] __attribute__((aligned(32)));
     for (int64_t b = 0; b < nbk; ++b) {
         float dwa[8], dma[8];
         for (int r = 0; r < 8; ++r) {
             int16_t sc16[16];
-            SFX(unpack_k)(wt, rows[r], b, ub[r], sc16, dwa + r, dma + r);
+            SFX(unpack_k)(wt, rows[r], b, ub, sc16, dwa + r, dma + r);
+            __m256i u[8], scv[8];
+            for (int j = 0; j < 8; ++j) u[j] = _mm256_load_si256((const __m256i *) (ub + 32 * j));
             if (wt == LX_TYPE_Q6_K) {
-                for (int j = 0; j < 8; ++j)   /* 32 values = groups 2j (low lane) and 2j + 1 */
-                    scv[r][j] = _mm256_set_m128i(_mm_set1_epi16(sc16[2 * j + 1]), _mm_set1_epi16(sc16[2 * j]));
+                /* 32 values = groups 2j (low lane) and 2j + 1: bytes 2j x 8, 2j + 1 x 8, widened */
+                const __m128i s8 = _mm_loadu_si128((const __m128i *) ((const lx_block_q6_K *) rows[r] + b)->scales);
+                for (int j = 0; j < 8; ++j) {
+                    const __m128i m = _mm_set_epi64x((long long) (0x0101010101010101ULL * (uint64_t) (2 * j + 1)),
+                                                     (long long) (0x0101010101010101ULL * (uint64_t) (2 * j)));
+                    scv[j] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, m));
+                }
             } else {
-                for (int j = 0; j < 8; ++j) scv[r][j] = _mm256_set1_epi16(sc16[j]);
+                for (int j = 0; j < 8; ++j) scv[j] = _mm256_set1_epi16(sc16[j]);
                 for (int e = 0; e < 4; ++e)
                     mnp[e][r] = (int32_t) ((uint32_t) (uint16_t) sc16[8 + 2 * e] | ((uint32_t) (uint16_t) sc16[9 + 2 * e] << 16));
+            }
+            for (int k = 0; k < NT; ++k) {
+                const uint8_t *yq = act + k * ts + LX_QK_K * b;
+                __m256i vi = _mm256_setzero_si256();
+                for (int j = 0; j < 8; ++j) {
+                    const __m256i yv = _mm256_loadu_si256((const __m256i *) (yq + 32 * j));
+                    __m256i p = _mm256_maddubs_epi16(u[j], yv);
+                    if (wt == LX_TYPE_Q6_K)   /* minus 32 y pair-wise: |pair| <= 8128 */
+                        p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv));
+                    vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, scv[j]));
+                }
+                vbuf[k][r] = vi;
             }
         }
         const __m256 dw = _mm256_loadu_ps(dwa), dm = _mm256_loadu_ps(dma);
@@ -1075,21 +1094,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
             const uint8_t *tk = act + k * ts;
             const float *dxs = (const float *) (tk + n_in);
             const int32_t *bsp = (const int32_t *) (dxs + nbk);
-            __m256i yv[8], q32[8], v[8];
-            for (int j = 0; j < 8; ++j) {
-                yv[j] = _mm256_loadu_si256((const __m256i *) (tk + LX_QK_K * b + 32 * j));
-                if (wt == LX_TYPE_Q6_K) q32[j] = _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv[j]);
-            }
-            for (int r = 0; r < 8; ++r) {
-                __m256i vi = _mm256_setzero_si256();
-                for (int j = 0; j < 8; ++j) {
-                    __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *) (ub[r] + 32 * j)), yv[j]);
-                    if (wt == LX_TYPE_Q6_K) p = _mm256_sub_epi16(p, q32[j]);   /* |pair| <= 8128 */
-                    vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, scv[r][j]));
-                }
-                v[r] = vi;
-            }
-            const __m256i is = SFX(hsum8x8)(v);
+            const __m256i is = SFX(hsum8x8)(vbuf[k]);
             const __m256 dx = _mm256_set1_ps(dxs[b]);
             acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is), acc[k]);
             if (wt != LX_TYPE_Q6_K) {
