@@ -4,10 +4,10 @@ embedding; the one RMSNorm the architectures share.
 W stays in the GGUF's blocks (no float32 copy of any weight matrix) and every product is native,
 with the activations rounded per block to the weight's dot type as ggml does (q8_0 / q8_1 / q8_K),
 so the numerics are llama.cpp's CPU ones. For the types the GEMM has (csrc/gemm.h: q4_0, q4_1,
-q5_0, q8_0) a token's result is the same bits whatever else is in the batch (decode step, prefill,
-chunked prompt: one fixed arithmetic per output). The other types (K-quants, f16, f32) take the
-quantized mat-vec (csrc/matmul.h), which rounds the same terms but sums them in an order that
-depends on the number of tokens; the GEMM is extended to them type by type.
+q5_0, q8_0, q4_K, q5_K, q6_K: every registry model's) a token's result is the same bits whatever
+else is in the batch (decode step, prefill, chunked prompt: one fixed arithmetic per output). Other
+types (f16, f32, q2_K, q3_K weights) take the quantized mat-vec (csrc/matmul.h), which rounds the
+same terms but sums them in an order that depends on the number of tokens.
 """
 from __future__ import annotations
 
