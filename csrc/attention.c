@@ -2,21 +2,30 @@
  *
  * Fast kernels. Work item = (stream s, token t, kv head g, head pass): the
  * query heads of one GQA group (up to LX_ATTN_MAX_GROUP of them) are done
- * together, so each K/V row is read once per group. The item's cells are cut
- * into chunks of LX_ATTN_CHUNK at fixed cell indices; one chunk:
+ * together, so each K/V row is read once per group. The item's VISIBLE cells
+ * (mask value != -inf, in cell order) are cut into chunks of LX_ATTN_CHUNK:
+ * chunk ch holds visible cells number [ch*LX_ATTN_CHUNK, (ch+1)*LX_ATTN_CHUNK)
+ * of the item's mask row, wherever they sit in the cache. One chunk:
  *
- *   visible = cells of the chunk whose mask value is not -inf  (the others are never read)
+ *   visible = the chunk's cells, as a compacted list (vis_list; hidden cells are never read)
  *   S[h][j] = q_h . k_visible[j]             (vectorised dots, K row loaded once for all h)
  *   S       = softcap / scale / + mask        (flash or vtrans convention)
  *   m[h]    = max_j S[h][j];  P = exp(S - m);  l[h] = sum_j P[h][j]
  *   acc[h]  = sum_j P[h][j] * v_visible[j]    (V row, or V^T columns, loaded once for all h)
  *
- * and the chunk states are merged left to right (m, l, acc rescaled by
- * exp(m_old - m_new)). Threads: many items -> OpenMP over items, each folds
- * its own chunks; few items (decode) and a scratch buffer -> OpenMP over
- * (item, chunk) pairs taken chunk-major, states parked in the scratch, then a
- * fold per item. Both fold the same states with the same code in the same
- * order, so the result does not depend on n_threads.
+ * and the non-empty chunk states are merged left to right (m, l, acc rescaled
+ * by exp(m_old - m_new)). Every lane assignment inside a chunk kernel is a
+ * function of the visible index j (never of the cell index), so a chunk state,
+ * and the result, depend only on the row's sequence of visible cells (their
+ * K/V and mask values in order): not on hidden cells, on where the cells sit,
+ * or on n_kv (batch invariance: a token's output is the same whatever else is
+ * in the cache or the batch). Threads: many items -> OpenMP over items, each
+ * walks its chunks in order with a running cursor; few items (decode) and a
+ * scratch buffer -> one O(n_kv) pass per mask row finds where each chunk
+ * starts (row_bounds, parked in the scratch), then OpenMP over (item, chunk)
+ * pairs taken chunk-major, states parked in the scratch, then a fold per item.
+ * Both fold the same states with the same code in the same order, so the
+ * result does not depend on n_threads.
  *
  * Memory: decode streams the whole cache, so K/V rows of the next cells are
  * prefetched (rows of one kv head are n_head_kv * d apart, a stride hardware
@@ -273,11 +282,12 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
 
 #define LDS LX_ATTN_CHUNK   /* row stride of the score / weight buffer S[h][j] */
 
-/* one chunk's visible cells, as maximal runs of consecutive cells */
+/* one chunk's visible cells (at most LX_ATTN_CHUNK of them, in cell order), as maximal runs of
+ * consecutive cells; offsets are from the cell i0 where the chunk's scan began */
 typedef struct {
     int n;                      /* visible cells                           */
     int n_runs;
-    int idx[LX_ATTN_CHUNK];     /* [n] visible cell offsets from the chunk start */
+    int idx[LX_ATTN_CHUNK];     /* [n] visible cell offsets from i0, increasing */
     float mv[LX_ATTN_CHUNK];    /* [n] their mask values                   */
     int run_j[LX_ATTN_CHUNK];   /* [n_runs] first visible index of the run */
     int run_len[LX_ATTN_CHUNK]; /* [n_runs] cells in the run               */
@@ -296,7 +306,7 @@ typedef struct {
     int64_t hp;         /* heads per pass, <= LX_ATTN_MAX_GROUP      */
     int64_t n_pass;     /* passes per kv head                       */
     int64_t n_items;    /* n_stream * n_tps * n_head_kv * n_pass    */
-    int64_t n_chunks;   /* ceil(n_kv / LX_ATTN_CHUNK)               */
+    int64_t n_chunks;   /* ceil(n_kv / LX_ATTN_CHUNK): most chunks of a row */
     int64_t st_stride;  /* floats of one chunk state: hp * (d_v + 2) */
     int64_t kb_head;    /* bytes of one cell's K row of one head    */
     int64_t kb_cell;    /* bytes between consecutive cells' K rows  */
@@ -326,7 +336,9 @@ static void quantize_heads(const float *q, int nh, int64_t d, q8_heads *qh) {
     }
 }
 
-/* Kernel set of one SIMD level.
+/* Kernel set of one SIMD level. Every kernel assigns lanes, groups and tiles by the visible index j
+ * (0 .. n-1) only, never by the cell offsets idx[j]: so a chunk's results depend on its visible
+ * cells' values in order, not on where they sit (batch invariance, attention.h).
  * dots: S[h*LDS + j] = q_h . K(cell i0 + idx[j]) for h < nh, j < n.
  *   q: [nh][d_k] (consecutive heads), k_base: element offset of (stream, cell i0, head g),
  *   k_stride: elements between consecutive cells.
@@ -828,41 +840,94 @@ static LX_ALWAYS_INLINE LX_AVX2 void vacc_q_avx2_impl(const attn_ctx *c, const f
     }
 }
 
-/* prefetch V^T channel row `row` over the chunk's visible span (into L1) */
+/* prefetch V^T channel row `row` over the chunk's visible runs (into L1; each line once) */
 enum { VT_PF_AHEAD = 4 };
 
 static LX_ALWAYS_INLINE void prefetch_vt(const attn_ctx *c, int64_t row, const vis_list *vl) {
     const int64_t es = c->p->type_v == LX_TYPE_F16 ? 2 : 4;
-    const char *lo = (const char *) c->v + (row + vl->idx[0]) * es;
-    const char *hi = (const char *) c->v + (row + vl->idx[vl->n - 1]) * es;
-    for (const char *a = lo; a <= hi; a += 64) __builtin_prefetch(a, 0, 3);
+    const uintptr_t base = (uintptr_t) c->v;
+    uintptr_t next = 0;                                  /* first line not yet prefetched */
+    for (int r = 0; r < vl->n_runs; ++r) {
+        const int j0 = vl->run_j[r];
+        uintptr_t lo = (base + (uintptr_t) ((row + vl->idx[j0]) * es)) & ~(uintptr_t) 63;
+        const uintptr_t hi = base + (uintptr_t) ((row + vl->idx[j0 + vl->run_len[r] - 1]) * es);
+        if (lo < next) lo = next;
+        for (; lo <= hi; lo += 64) __builtin_prefetch((const void *) lo, 0, 3);
+        next = lo;
+    }
+}
+
+/* The V^T sums run over blocks of W visible cells (j in [W*b, W*b + W)), lane u of a block taking
+ * cell j = W*b + u: the lanes are a function of j alone, so the sums do not depend on where the
+ * visible cells sit. A block of W consecutive cells is one load (with masked_tail, the last,
+ * partial block too), any other is gathered; consecutive loadable blocks that continue each other
+ * form one segment (a run of the chunk, cut at multiples of W). */
+typedef struct {
+    int n;
+    int j0[LX_ATTN_CHUNK / 8];      /* [n] first visible index of the segment (a multiple of W) */
+    int len[LX_ATTN_CHUNK / 8];     /* [n] its visible cells                                    */
+    bool dense[LX_ATTN_CHUNK / 8];  /* [n] consecutive cells (loads) or one gathered block      */
+} vt_segs;
+
+static LX_ALWAYS_INLINE void vt_segments(const vis_list *vl, const int W, const bool masked_tail, vt_segs *sg) {
+    sg->n = 0;
+    for (int j = 0; j < vl->n; j += W) {
+        const int w = vl->n - j < W ? vl->n - j : W;
+        const bool dense = (w == W || masked_tail) && vl->idx[j + w - 1] - vl->idx[j] == w - 1;
+        const int k = sg->n - 1;
+        if (dense && k >= 0 && sg->dense[k] && vl->idx[j] == vl->idx[sg->j0[k]] + sg->len[k]) {
+            sg->len[k] += w;
+            continue;
+        }
+        sg->j0[sg->n] = j;
+        sg->len[sg->n] = w;
+        sg->dense[sg->n] = dense;
+        sg->n++;
+    }
+}
+
+/* values of visible cells j .. j + w - 1 of V^T row `row` (f32 / f16) as the 8 lanes of a vector,
+ * zeros above w (converted as ld8 converts them) */
+static LX_ALWAYS_INLINE LX_AVX2 __m256 vt_gather8(const void *v, const int VF16, int64_t row,
+                                                  const vis_list *vl, int j, int w) {
+    if (VF16) {
+        uint16_t t[8] = {0};
+        for (int u = 0; u < w; ++u) t[u] = ((const uint16_t *) v)[row + vl->idx[j + u]];
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) t));
+    }
+    float t[8] = {0};
+    for (int u = 0; u < w; ++u) t[u] = ((const float *) v)[row + vl->idx[j + u]];
+    return _mm256_loadu_ps(t);
 }
 
 static LX_ALWAYS_INLINE LX_AVX2 void vtacc_avx2_impl(const attn_ctx *c, const float *S, int64_t vt_base,
                                                      const vis_list *vl, float *acc, const int NH,
                                                      const int VF16) {
     const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    vt_segs sg;
+    vt_segments(vl, 8, false, &sg);
     for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
     for (int64_t e = 0; e < dv; ++e) {
         const int64_t row = vt_base + e * kv_size;
         if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
         __m256 a[LX_ATTN_MAX_GROUP];
-        float tail[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) { a[h] = _mm256_setzero_ps(); tail[h] = 0.0f; }
-        for (int r = 0; r < vl->n_runs; ++r) {
-            const int j0 = vl->run_j[r], len = vl->run_len[r];
-            const int64_t i0 = row + vl->idx[j0];
-            int x = 0;
-            for (; x + 8 <= len; x += 8) {
-                const __m256 vv = ld8(c->v, VF16, i0 + x);
-                for (int h = 0; h < NH; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0 + x), vv, a[h]);
-            }
-            for (; x < len; ++x) {
-                const float val = cache_at(c->v, c->p->type_v, i0 + x);
-                for (int h = 0; h < NH; ++h) tail[h] += S[h * LDS + j0 + x] * val;
+        for (int h = 0; h < NH; ++h) a[h] = _mm256_setzero_ps();
+        for (int k = 0; k < sg.n; ++k) {
+            const int j0 = sg.j0[k], len = sg.len[k];
+            if (sg.dense[k]) {                          /* len a multiple of 8 */
+                const int64_t i0 = row + vl->idx[j0];
+                for (int x = 0; x < len; x += 8) {
+                    const __m256 vv = ld8(c->v, VF16, i0 + x);
+                    for (int h = 0; h < NH; ++h)
+                        a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0 + x), vv, a[h]);
+                }
+            } else {
+                /* S is zero above n up to a multiple of 8 (expsum_avx2's padding) */
+                const __m256 vv = vt_gather8(c->v, VF16, row, vl, j0, len);
+                for (int h = 0; h < NH; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0), vv, a[h]);
             }
         }
-        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum8(a[h]) + tail[h];
+        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum8(a[h]);
     }
 }
 
@@ -1218,23 +1283,44 @@ static LX_ALWAYS_INLINE LX_AVX512 void vacc_q_avx512_impl(const attn_ctx *c, con
     }
 }
 
+/* values of visible cells j .. j + w - 1 of V^T row `row` as the 16 lanes of a vector, zeros
+ * above w (converted as ld16 converts them) */
+static LX_ALWAYS_INLINE LX_AVX512 __m512 vt_gather16(const void *v, const int VF16, int64_t row,
+                                                     const vis_list *vl, int j, int w) {
+    if (VF16) {
+        uint16_t t[16] = {0};
+        for (int u = 0; u < w; ++u) t[u] = ((const uint16_t *) v)[row + vl->idx[j + u]];
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) t));
+    }
+    float t[16] = {0};
+    for (int u = 0; u < w; ++u) t[u] = ((const float *) v)[row + vl->idx[j + u]];
+    return _mm512_loadu_ps(t);
+}
+
 static LX_ALWAYS_INLINE LX_AVX512 void vtacc_avx512_impl(const attn_ctx *c, const float *S, int64_t vt_base,
                                                          const vis_list *vl, float *acc, const int NH,
                                                          const int VF16) {
     const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    vt_segs sg;
+    vt_segments(vl, 16, true, &sg);
     for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
     for (int64_t e = 0; e < dv; ++e) {
         const int64_t row = vt_base + e * kv_size;
         if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
         __m512 a[LX_ATTN_MAX_GROUP];
         for (int h = 0; h < NH; ++h) a[h] = _mm512_setzero_ps();
-        for (int r = 0; r < vl->n_runs; ++r) {
-            const int j0 = vl->run_j[r], len = vl->run_len[r];
-            const int64_t i0 = row + vl->idx[j0];
-            for (int x = 0; x < len; x += 16) {
-                const int w = len - x < 16 ? len - x : 16;
-                const __m512 vv = ld16(c->v, VF16, i0 + x, w);
-                for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0 + x, w), vv, a[h]);
+        for (int k = 0; k < sg.n; ++k) {
+            const int j0 = sg.j0[k], len = sg.len[k];
+            if (sg.dense[k]) {                          /* masked loads read no lane above len */
+                const int64_t i0 = row + vl->idx[j0];
+                for (int x = 0; x < len; x += 16) {
+                    const int w = len - x < 16 ? len - x : 16;
+                    const __m512 vv = ld16(c->v, VF16, i0 + x, w);
+                    for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0 + x, w), vv, a[h]);
+                }
+            } else {
+                const __m512 vv = vt_gather16(c->v, VF16, row, vl, j0, len);
+                for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0, len), vv, a[h]);
             }
         }
         for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum16(a[h]);
@@ -1536,47 +1622,122 @@ static float row_max(const float *row, int n) {
     return m;
 }
 
-/* The state of chunk ch of item it, computed from scratch into st.
- * Reads only the K/V rows (or V^T columns) of visible cells. */
-static void chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos *it, int64_t ch,
-                        attn_state st) {
+/* cells per step of the scans of a mask row: a step with no visible cell (or only visible ones)
+ * is taken whole */
+enum { SCAN_STEP = 64 };
+_Static_assert(SCAN_STEP < LX_ATTN_CHUNK, "a scan step holds at most one chunk start");
+
+/* visible cells (mask value != -inf) of mask row [x0, x0 + w) (a vectorisable count; a whole
+ * step has a fixed trip count) */
+static inline int count_visible(const float *mrow, int64_t x0, int w) {
+    const float *m = mrow + x0;
+    int n = 0;
+    if (w == SCAN_STEP) {
+        for (int x = 0; x < SCAN_STEP; ++x) n += m[x] != -INFINITY;
+        return n;
+    }
+    for (int x = 0; x < w; ++x) n += m[x] != -INFINITY;
+    return n;
+}
+
+/* vl <- the visible cells of mask row mrow from cell i0 on, in cell order, until LX_ATTN_CHUNK of
+ * them are taken or cell i_end is reached (offsets from i0). Returns the cell after the last one
+ * looked at: the next chunk's scan may start there. O(cells scanned). */
+static int64_t gather_visible(const float *mrow, int64_t i0, int64_t i_end, vis_list *vl) {
+    vl->n = 0;
+    vl->n_runs = 0;
+    const int w0 = (int) (i_end - i0 < LX_ATTN_CHUNK ? i_end - i0 : LX_ATTN_CHUNK);
+    if (w0 > 0 && count_visible(mrow, i0, w0) == w0) {     /* the common case: all visible */
+        for (int x = 0; x < w0; ++x) vl->idx[x] = x;
+        memcpy(vl->mv, mrow + i0, (size_t) w0 * sizeof(float));
+        vl->n = w0;
+        vl->n_runs = 1;
+        vl->run_j[0] = 0;
+        vl->run_len[0] = w0;
+        return i0 + w0;
+    }
+    int64_t i = i0;
+    while (i < i_end && vl->n < LX_ATTN_CHUNK) {
+        const int w = (int) (i_end - i < SCAN_STEP ? i_end - i : SCAN_STEP);
+        const int nv = count_visible(mrow, i, w);
+        if (nv == 0) { i += w; continue; }
+        if (nv == w && vl->n + w <= LX_ATTN_CHUNK) {              /* all visible: one run */
+            const int x0 = (int) (i - i0);
+            if (vl->n > 0 && vl->idx[vl->n - 1] == x0 - 1) {
+                vl->run_len[vl->n_runs - 1] += w;
+            } else {
+                vl->run_j[vl->n_runs] = vl->n;
+                vl->run_len[vl->n_runs] = w;
+                vl->n_runs++;
+            }
+            for (int x = 0; x < w; ++x) vl->idx[vl->n + x] = x0 + x;
+            memcpy(vl->mv + vl->n, mrow + i, (size_t) w * sizeof(float));
+            vl->n += w;
+            i += w;
+            continue;
+        }
+        const int64_t end = i + w;
+        for (; i < end && vl->n < LX_ATTN_CHUNK; ++i) {
+            const float mv = mrow[i];
+            if (mv == -INFINITY) continue;
+            const int x = (int) (i - i0);
+            if (vl->n == 0 || vl->idx[vl->n - 1] != x - 1) {
+                vl->run_j[vl->n_runs] = vl->n;
+                vl->run_len[vl->n_runs] = 0;
+                vl->n_runs++;
+            }
+            vl->run_len[vl->n_runs - 1]++;
+            vl->idx[vl->n] = x;
+            vl->mv[vl->n] = mv;
+            vl->n++;
+        }
+    }
+    return i;
+}
+
+/* b[ch] <- the cell of visible cell number ch * LX_ATTN_CHUNK of mask row mrow [n_kv], i.e. where
+ * chunk ch starts (n_kv for a chunk past the row's visible cells), ch < n_chunks. One pass. */
+static void row_bounds(const float *mrow, int64_t n_kv, int64_t n_chunks, int32_t *b) {
+    int64_t seen = 0, ch = 0;           /* visible cells before cell i; the next chunk to place */
+    for (int64_t i = 0; i < n_kv && ch < n_chunks; ) {
+        const int w = (int) (n_kv - i < SCAN_STEP ? n_kv - i : SCAN_STEP);
+        const int nv = count_visible(mrow, i, w);
+        if (seen + nv <= ch * LX_ATTN_CHUNK) {       /* chunk ch does not start in this step */
+            seen += nv;
+            i += w;
+            continue;
+        }
+        if (nv == w) {                               /* all visible: it starts at a known offset */
+            b[ch] = (int32_t) (i + (ch * LX_ATTN_CHUNK - seen));      /* (SCAN_STEP < LX_ATTN_CHUNK: */
+            ch++;                                                     /* one start per step at most) */
+            seen += nv;
+            i += w;
+            continue;
+        }
+        for (const int64_t end = i + w; i < end; ++i) {
+            if (mrow[i] == -INFINITY) continue;
+            if (ch < n_chunks && seen == ch * LX_ATTN_CHUNK) b[ch++] = (int32_t) i;
+            seen++;
+        }
+    }
+    for (; ch < n_chunks; ++ch) b[ch] = (int32_t) n_kv;
+}
+
+/* The state of the chunk whose scan runs from cell i0 to i_end (at most LX_ATTN_CHUNK visible
+ * cells, gather_visible), computed from scratch into st; an empty chunk gives an empty state
+ * (m = -inf). Reads only the K/V rows (or V^T columns) of visible cells. Returns where the
+ * next chunk's scan may start. */
+static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos *it, int64_t i0,
+                           int64_t i_end, attn_state st) {
     const lx_attn_params *p = c->p;
     const int nh = it->nh;
-    const int64_t i0 = ch * LX_ATTN_CHUNK;
-    const int64_t i1 = i0 + LX_ATTN_CHUNK < p->n_kv ? i0 + LX_ATTN_CHUNK : p->n_kv;
     const float *mrow = c->mask + (it->s * p->n_tps_pad + it->t) * p->n_kv;
 
     vis_list vl;
-    vl.n = 0;
-    vl.n_runs = 0;
-    const int n_cells = (int) (i1 - i0);
-    int n_hidden = 0;                       /* a vectorisable count first: most chunks are all */
-    for (int x = 0; x < n_cells; ++x) n_hidden += mrow[i0 + x] == -INFINITY;   /* in or all out */
-    if (n_hidden == 0) {
-        for (int x = 0; x < n_cells; ++x) vl.idx[x] = x;
-        memcpy(vl.mv, mrow + i0, (size_t) n_cells * sizeof(float));
-        vl.n = n_cells;
-        vl.n_runs = 1;
-        vl.run_j[0] = 0;
-        vl.run_len[0] = n_cells;
-    } else if (n_hidden < n_cells) {
-        for (int x = 0; x < n_cells; ++x) {
-            const float mv = mrow[i0 + x];
-            if (mv == -INFINITY) continue;
-            if (vl.n == 0 || vl.idx[vl.n - 1] != x - 1) {
-                vl.run_j[vl.n_runs] = vl.n;
-                vl.run_len[vl.n_runs] = 0;
-                vl.n_runs++;
-            }
-            vl.run_len[vl.n_runs - 1]++;
-            vl.idx[vl.n] = x;
-            vl.mv[vl.n] = mv;
-            vl.n++;
-        }
-    }
+    const int64_t next = gather_visible(mrow, i0, i_end, &vl);
     if (vl.n == 0) {
         for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
-        return;
+        return next;
     }
 
     _Alignas(32) float S[LX_ATTN_MAX_GROUP * LDS];
@@ -1635,6 +1796,7 @@ static void chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos 
     if (degenerate) {
         for (int h = 0; h < nh; ++h) if (st.m[h] == -INFINITY) st.l[h] = 0.0f;
     }
+    return next;
 }
 
 /* run <- run (+) x, where (+) merges two softmax states; an empty x changes
@@ -1675,30 +1837,18 @@ static void state_clear(attn_state st, int nh) {
     for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
 }
 
-/* every chunk of item w, folded on this thread */
+/* every chunk of item w, in order, folded on this thread: a running cursor walks the mask row
+ * once (each chunk's scan starts where the previous one stopped) */
 static void run_item(const attn_ctx *c, const kernel_set *ks, int64_t w) {
     const item_pos it = item_at(c, w);
-    const int64_t dv = c->p->d_v;
+    const int64_t dv = c->p->d_v, n_kv = c->p->n_kv;
     _Alignas(32) float run_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
     _Alignas(32) float tmp_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
     const attn_state run = state_at(run_buf, c->hp), tmp = state_at(tmp_buf, c->hp);
     state_clear(run, it.nh);
-    for (int64_t ch = 0; ch < c->n_chunks; ++ch) {
-        chunk_state(c, ks, &it, ch, tmp);
+    for (int64_t i = 0; i < n_kv; ) {
+        i = chunk_state(c, ks, &it, i, n_kv, tmp);
         state_merge(run, tmp, it.nh, dv);
-    }
-    state_store(c, &it, run);
-}
-
-/* fold item w's chunk states parked in the scratch */
-static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
-    const item_pos it = item_at(c, w);
-    const int64_t dv = c->p->d_v;
-    _Alignas(32) float run_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
-    const attn_state run = state_at(run_buf, c->hp);
-    state_clear(run, it.nh);
-    for (int64_t ch = 0; ch < c->n_chunks; ++ch) {
-        state_merge(run, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp), it.nh, dv);
     }
     state_store(c, &it, run);
 }
@@ -1740,19 +1890,74 @@ void lx_attn_set_min_work(int64_t macs) {
     __atomic_store_n(&min_work_override, macs, __ATOMIC_RELAXED);
 }
 
+/* The scratch of the split (lx_attn_scratch_size), in float slots:
+ *   states [n_items][n_chunks][st_stride]  floats: chunk state (w, ch) at (w * n_chunks + ch) * st_stride
+ *   starts [n_rows][n_chunks]              int32: where chunk ch of mask row r starts (row_bounds)
+ *   pairs  [n_items * n_chunks]            int32: the non-empty (item, chunk) pairs, ch * n_items + w,
+ *                                          chunk-major (the threads share out only real work)
+ * with n_rows = n_stream * n_tps; a chunk is empty iff it starts at n_kv, and only a row's last
+ * chunks are. */
+_Static_assert(sizeof(int32_t) == sizeof(float), "an int32 takes one float slot");
+
+static int64_t split_states_size(const attn_ctx *c) { return c->n_items * c->n_chunks * c->st_stride; }
+
 int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads) {
     assert(lx_attn_params_valid(p));
     (void) n_threads;
     const attn_ctx c = make_ctx(p, NULL, NULL, NULL, NULL, NULL, false);
     if (c.n_chunks <= 1 || c.n_items > SPLIT_ITEMS) return 0;
-    return c.n_items * c.n_chunks * c.st_stride;
+    return split_states_size(&c) + (p->n_stream * p->n_tps + c.n_items) * c.n_chunks;
 }
 
-/* chunk state of pair x (chunk-major) into its scratch slot, indexed item-major */
+/* the chunk starts of item w's mask row (row s * n_tps + t = w / (n_head_kv * n_pass)) */
+static const int32_t *split_starts(const attn_ctx *c, const float *scratch, int64_t w) {
+    const int64_t r = w / (c->p->n_head_kv * c->n_pass);
+    return (const int32_t *) (scratch + split_states_size(c)) + r * c->n_chunks;
+}
+
+static int32_t *split_pairs(const attn_ctx *c, float *scratch) {
+    return (int32_t *) (scratch + split_states_size(c)) + c->p->n_stream * c->p->n_tps * c->n_chunks;
+}
+
+/* every row's chunk starts, then the list of non-empty pairs; returns its length. One pass over
+ * each mask row (a few cycles per cell, against d_k + d_v multiply-adds per cell and item). */
+static int64_t split_plan(const attn_ctx *c, float *scratch) {
+    const lx_attn_params *p = c->p;
+    int32_t *starts = (int32_t *) (scratch + split_states_size(c));
+    for (int64_t s = 0; s < p->n_stream; ++s)
+        for (int64_t t = 0; t < p->n_tps; ++t)
+            row_bounds(c->mask + (s * p->n_tps_pad + t) * p->n_kv, p->n_kv, c->n_chunks,
+                       starts + (s * p->n_tps + t) * c->n_chunks);
+    int32_t *pairs = split_pairs(c, scratch);
+    int64_t n = 0;
+    for (int64_t ch = 0; ch < c->n_chunks; ++ch)
+        for (int64_t w = 0; w < c->n_items; ++w)
+            if (split_starts(c, scratch, w)[ch] < p->n_kv) pairs[n++] = (int32_t) (ch * c->n_items + w);
+    return n;
+}
+
+/* chunk state of pair x = ch * n_items + w into its scratch slot: its scan runs from the chunk's
+ * start to the next chunk's */
 static void split_pair(const attn_ctx *c, const kernel_set *ks, int64_t x, float *scratch) {
     const int64_t ch = x / c->n_items, w = x % c->n_items;
     const item_pos it = item_at(c, w);
-    chunk_state(c, ks, &it, ch, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp));
+    const int32_t *b = split_starts(c, scratch, w);
+    const int64_t i_end = ch + 1 < c->n_chunks ? b[ch + 1] : c->p->n_kv;
+    chunk_state(c, ks, &it, b[ch], i_end, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp));
+}
+
+/* fold item w's non-empty chunk states parked in the scratch, in chunk order */
+static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
+    const item_pos it = item_at(c, w);
+    const int64_t dv = c->p->d_v;
+    const int32_t *b = split_starts(c, scratch, w);
+    _Alignas(32) float run_buf[LX_ATTN_MAX_GROUP * (LX_ATTN_MAX_D + 2)];
+    const attn_state run = state_at(run_buf, c->hp);
+    state_clear(run, it.nh);
+    for (int64_t ch = 0; ch < c->n_chunks && b[ch] < c->p->n_kv; ++ch) {
+        state_merge(run, state_at(scratch + (w * c->n_chunks + ch) * c->st_stride, c->hp), it.nh, dv);
+    }
+    state_store(c, &it, run);
 }
 
 static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n_threads) {
@@ -1770,14 +1975,15 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     if ((int64_t) n_threads > 1 + work / per_thread) n_threads = (int) (1 + work / per_thread);
     const int64_t need = lx_attn_scratch_size(p, n_threads);
     const bool split = need > 0 && scratch != NULL && n_scratch >= need;
-    const int64_t n_pairs = c->n_items * c->n_chunks;
+    const int64_t n_pairs = split ? split_plan(c, scratch) : 0;
+    const int32_t *pairs = split ? split_pairs(c, scratch) : NULL;
 #ifdef _OPENMP
     if (n_threads > 1) {
         if (split) {
             #pragma omp parallel num_threads(n_threads)
             {
                 #pragma omp for schedule(static)
-                for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, x, scratch);
+                for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, pairs[x], scratch);
                 #pragma omp for schedule(static)
                 for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
             }
@@ -1791,7 +1997,7 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
 #endif
     (void) n_threads;
     if (split) {
-        for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, x, scratch);
+        for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, pairs[x], scratch);
         for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
     } else {
         for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);

@@ -79,14 +79,28 @@
 /* largest head size of V (and of K) the kernels accept */
 #define LX_ATTN_MAX_D 512
 
-/* Cells per chunk. The KV range of every (token, head) is cut into chunks
- * [j*LX_ATTN_CHUNK, (j+1)*LX_ATTN_CHUNK) at fixed cell indices; each chunk
- * gives a partial softmax state (max, sum, acc) and the states are merged
- * left to right. The cut depends on n_kv only, never on n_threads, and the
- * merge order is fixed, so the fast kernels give bit-identical results for
- * every n_threads and whether or not a scratch buffer is passed (for a given
+/* Visible cells per chunk. The visible cells of a (stream, token) mask row
+ * (mask value != -inf among its first n_kv cells, in cell order) are cut
+ * into chunks of LX_ATTN_CHUNK: chunk c holds visible cells number
+ * [c*LX_ATTN_CHUNK, (c+1)*LX_ATTN_CHUNK) of the row, wherever they sit:
+ *
+ *   cell     0  1  2  3  4  5  6  7  8 ...        (x = hidden, another sequence's or a hole)
+ *   mask     0  x  0  0  x  x  0  0  x ...
+ *   visible  0  .  1  2  .  .  3  4  .  ...        chunk c = visible numbers [256c, 256c+256)
+ *
+ * Each chunk gives a partial softmax state (max, sum, acc), the non-empty
+ * states are merged left to right, and every SIMD lane inside a chunk is
+ * assigned by visible number, never by cell index. So the result for a
+ * token depends only on its row's sequence of visible cells (their K/V and
+ * mask values in order): not on hidden cells, on where the visible ones sit in
+ * the cache, on n_kv, on the other tokens of the call (batch invariance), on
+ * n_threads, or on whether a scratch buffer is passed. It does depend on the
  * SIMD level: the AVX2, AVX-512 and portable paths round differently, each
- * within LX_ATTN_MAX_ERR of the oracle). */
+ * within LX_ATTN_MAX_ERR of the oracle. A row with fewer visible cells simply
+ * has fewer non-empty chunks (at most ceil(n_kv / LX_ATTN_CHUNK)). Finding
+ * where chunk c starts costs one O(n_kv) pass per row: with the scratch it is
+ * done once per row (lx_attn_scratch_size), without it each item walks its
+ * chunks in order with a running cursor. */
 #define LX_ATTN_CHUNK 256
 
 /* query heads processed together per pass over a kv head's rows: a GQA group
@@ -145,16 +159,23 @@ int64_t lx_attn_v_row_bytes(const lx_attn_params *p);
 
 /* Floats of scratch with which lx_attn_flash / lx_attn_vtrans handle few
  * work items (decode: at most 64 (token, kv head, head pass) items, more than
- * one chunk): every (item, chunk) state is parked in the scratch, computed
- * chunk-major (each chunk's cache pages are read once, for all kv heads in
- * turn) and shared evenly between threads however few the items, then each
- * item's states are folded. 0 when the kernel would not use it (today the size
- * does not depend on n_threads). Passing less (or NULL) is allowed: each
- * thread then takes whole items; the result is the same bit for bit. */
+ * one chunk). First one pass over each of the n_stream * n_tps mask rows
+ * records where each of its chunks starts (n_chunks = ceil(n_kv /
+ * LX_ATTN_CHUNK) int32 per row; a chunk past the row's visible cells is
+ * empty), and the non-empty (item, chunk) pairs are listed chunk-major (one
+ * int32 each). Then their states are computed (each chunk's cache pages are
+ * read once, for all kv heads in turn), shared evenly between threads however
+ * few the items or visible cells, and parked in the scratch (hp * (d_v + 2)
+ * floats each, hp = query heads per pass); then each item's states are folded:
+ *   n_items * n_chunks * hp * (d_v + 2) + (n_stream * n_tps + n_items) * n_chunks
+ * floats (the int32s take one float slot each). 0 when the kernel would not use
+ * it (today the size does not depend on n_threads). Passing less (or NULL) is
+ * allowed: each thread then takes whole items, walking each item's chunks in
+ * order with a running cursor; the result is the same bit for bit. */
 int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads);
 
-/* Flash-layout attention (one pass over the visible cells; per chunk a
- * softmax state, merged online). Writes every element of out; allocates
+/* Flash-layout attention (one pass over the visible cells; per chunk of
+ * LX_ATTN_CHUNK visible cells a softmax state, merged online). Writes every element of out; allocates
  * nothing (fixed stack buffers, d <= LX_ATTN_MAX_D, and the caller's scratch).
  * OpenMP (n_threads >= 1) over work items, or over (item, chunk) pairs with
  * the scratch. Speed: K and V rows are read once per GQA group, prefetched,

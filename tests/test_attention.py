@@ -145,8 +145,9 @@ def test_large_groups(level, n_head, n_head_kv):
 
 @pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
 def test_decode_long_cache(level, v_trans):
-    """One token over many chunks (the split path), with a fully hidden chunk in the middle
-    and scattered hidden cells, n_kv < kv_size and not a multiple of the chunk."""
+    """One token over many chunks (the split path), with LX_ATTN_CHUNK hidden cells in the middle
+    and scattered hidden cells, n_kv < kv_size and not a multiple of the chunk (chunks are cut on
+    the visible cells, so the row has fewer non-empty chunks than ceil(n_kv / LX_ATTN_CHUNK))."""
     rng = np.random.default_rng(7)
     q, k, v, mask, n_kv = make_case(rng, n_tps=1, n_head=9, n_head_kv=3, d_k=64, d_v=64,
                                     kv_size=2000, n_kv=1900, dtype=np.float16, v_trans=v_trans,
