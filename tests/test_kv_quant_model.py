@@ -2,10 +2,13 @@
 the f16 cache, and that llama.cpp's Hadamard rotation helps q4_0 (benchmarks/bench_kv_quant.py
 measures the same over all reference prompts).
 
-Bounds, from that script's figures (mean KL(f16 || quant) per position, nats, on these prompts):
-q8_0 rotated 0.0001-0.0003 -> bound 0.003; q4_0 rotated 0.029-0.032 -> bound 0.1, unrotated
-0.14-0.20: rotation must lower it. A broken block (wrong scale, wrong nibble order, a missed
-rotation of q or of the output) moves KL to whole nats.
+Bounds, from that script's figures (mean KL(f16 || quant) per position, nats, on these prompts),
+measured with the activations rounded per block to q8 as ggml does (the GEMM): q8_0 rotated
+0.0024-0.0052 -> bound 0.01 (with float32 activations it was 0.0007: rounding the activations turns
+the cache's tiny differences into whole rounding steps of some blocks); q4_0 rotated 0.021-0.025 ->
+bound 0.1, unrotated 0.11-0.16: rotation must lower it. q8_0 keeps the f16 cache's top-1 wherever
+f16's top-1/top-2 gap exceeds NEAR_TIE (the one flip seen sits at a gap of 0.044 nats). A broken
+block (wrong scale, wrong nibble order, a missed rotation of q or of the output) moves KL to whole nats.
 """
 import json
 import os
@@ -18,6 +21,7 @@ from llamax import Batch
 from llamax.context import Context
 
 PROMPTS = ["chat", "code"]
+NEAR_TIE = 0.2  # nats
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +52,10 @@ def test_quantized_caches_stay_close_to_f16(model, tokens):
         base = log_probs(model, toks, "f16")
         q8 = log_probs(model, toks, "q8_0")
         q4, q4_plain = log_probs(model, toks, "q4_0"), log_probs(model, toks, "q4_0", rotate=False)
-        assert mean_kl(base, q8) < 0.003
-        assert (q8.argmax(1) == base.argmax(1)).mean() == 1.0
+        assert mean_kl(base, q8) < 0.01
+        top2 = np.sort(base, axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > NEAR_TIE
+        assert clear.mean() > 0.8
+        assert np.array_equal(q8.argmax(1)[clear], base.argmax(1)[clear])
         assert mean_kl(base, q4) < 0.1
         assert mean_kl(base, q4) < mean_kl(base, q4_plain)

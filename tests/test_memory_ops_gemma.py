@@ -63,7 +63,7 @@ from llamax.memory.kv_cache import _KV_HEAD, _STREAM, CELL_DTYPE
 REF = "gemma-3-270m-q4_k_m"
 PROMPTS = ["short_prose", "chat", "code", "long_1k3"]
 FA = {"fa_on": True, "fa_off": False}
-K_TOL = 0.25  # K-shift of a Gemma cache against K computed fresh at the new positions (see the test)
+K_TOL = 0.05  # K-shift of layer 0 of a Gemma cache against K computed fresh at the new positions (see the test)
 
 # llama.cpp's f16 sequence-state bytes per cell of each cache of Gemma 3 270M
 BYTES_BASE_CELL = 3 * 1024 + 12
@@ -313,14 +313,13 @@ def test_k_shift_rotates_each_cache_with_its_own_rope(gemma, ops):
     decode after seq_div, leaving llama.cpp's extra rotation out of the base cache still leaves llamax's
     logits within ~1.0 of llama.cpp's, inside LOGIT_TOL), so the K-shift of each cache is checked on K
     itself: D tokens on sequence 1, the rest on sequence 0 at positions D.., seq_rm(-1, 0, D),
-    seq_add(0, D, -1, -D) and the K-shift; every layer's K must then be K of a fresh context fed the rest
-    at positions 0.. (the rest never attended the early tokens, and attention depends on relative
-    positions only), up to rounding.
-
-    K_TOL: the K of the base cache reaches |K| ~ 65 (f16 spacing 0.0625 there), the SWA cache's ~16;
-    measured up to 0.08 (a few f16 steps, from the other absolute positions' rounding in the layers
-    below). The RoPE of the other cache (base 1e4 for the global layers, 1e6 for the sliding ones) would
-    leave K off by 4.8 to 17 (asserted here on the fresh K, the control)."""
+    seq_add(0, D, -1, -D) and the K-shift. Every layer's K must then be its K before the shift rotated
+    back by D with its own cache's RoPE (base 1e6 for the global layers, 1e4 for the sliding ones), bit
+    for bit, and not with the other cache's (the control). And the first layer's K, whose input is the
+    token embedding alone, must be K of a fresh context fed the rest at positions 0.., up to K_TOL
+    (f16 rounding of |K| ~ 16). Deeper layers are not compared with the fresh context: their inputs
+    carry the other absolute positions' rounding, which the per-block rounding of the activations
+    (ggml's q8 dot types) turns into whole rounding steps of some values (up to ~3 in K by layer 17)."""
     toks = ops["default"]["tokens"]
     d = 13
     rest = toks[d:]
@@ -330,29 +329,32 @@ def test_k_shift_rotates_each_cache_with_its_own_rope(gemma, ops):
     mem = ctx.memory
     ctx.decode(Batch(toks[:d], seq_ids=[1] * d))
     ctx.decode(Batch(rest, pos=list(range(d, d + m)), seq_ids=[0] * m))
+
+    def rows(c):  # cell index of positions 0..m-1 of sequence 0 (d..d+m-1 before the shift)
+        where = {p: i for i, (p, s) in enumerate(c.cells()) if 0 in s}
+        lo = min(where)
+        assert sorted(where) == list(range(lo, lo + m))
+        return np.array([where[lo + p] for p in range(m)])
+
+    caches = (mem.base, mem.swa)
+    assert (mem.base.rope.freq_base, mem.swa.rope.freq_base) == (1e6, 1e4)
+    before = [[k[0].copy() for k in c.k] for c in caches]
     assert mem.seq_rm(-1, 0, d)
     mem.seq_add(0, d, -1, -d)
     mem.update()
+    for c, other, ks in zip(caches, caches[::-1], before):
+        ic = rows(c)
+        back = np.zeros(c.kv_size, np.int32)
+        back[ic] = -d
+        for kc, k0 in zip(c.k, ks):
+            for r, same in ((c.rope, True), (other.rope, False)):
+                want = k0.copy()
+                _rope.k_shift(want.reshape(c.kv_size, -1), back, c.n_head_kv, c.head_dim, r.n_rot, r.freq_base,
+                              r.freq_scale, r.mode)
+                assert np.array_equal(kc[0][ic], want[ic]) == same
     fresh = Context(gemma, **kw)
     fresh.decode(Batch(rest))
-
-    def rows(c):  # cell index of positions 0..m-1 of sequence 0
-        where = {p: i for i, (p, s) in enumerate(c.cells()) if 0 in s}
-        assert sorted(where) == list(range(m))
-        return np.array([where[p] for p in range(m)])
-
-    caches, refs = (mem.base, mem.swa), (fresh.memory.base, fresh.memory.swa)
-    assert (mem.base.rope.freq_base, mem.swa.rope.freq_base) == (1e6, 1e4)
-    for c, f, other in zip(caches, refs, caches[::-1]):
-        ic, jf = rows(c), rows(f)
-        for kc, kf in zip(c.k, f.k):
-            got, want = kc[0][ic].astype(np.float32), kf[0][jf].astype(np.float32)
-            assert float(np.abs(got - want).max()) <= K_TOL
-            # control: the same move rotated with the other cache's RoPE
-            wrong = kf[0].copy()
-            back = np.zeros(f.kv_size, np.int32)
-            back[jf] = d
-            for r, sh in ((f.rope, back), (other.rope, -back)):
-                _rope.k_shift(wrong.reshape(f.kv_size, -1), sh, f.n_head_kv, f.head_dim, r.n_rot, r.freq_base,
-                              r.freq_scale, r.mode)
-            assert float(np.abs(wrong[jf].astype(np.float32) - want).max()) > 10 * K_TOL
+    c, f = mem.swa, fresh.memory.swa
+    assert c.layer_ids[0] == 0
+    got, want = c.k[0][0][rows(c)].astype(np.float32), f.k[0][0][rows(f)].astype(np.float32)
+    assert float(np.abs(got - want).max()) <= K_TOL
