@@ -69,9 +69,23 @@ def pos_bound(value: Any, what: str) -> int:
     return v
 
 
+def real(value: Any, what: str) -> float:
+    """A finite real number (ints, floats and numpy scalars; not a bool).
+
+    Raises:
+        TypeError: not a number. ValueError: inf or nan.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a number, got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not np.isfinite(v):
+        raise ValueError(f"{what} = {v} is not finite")
+    return v
+
+
 def positive(value: Any, what: str, hi: int = 2**31) -> int:
     """An integer in [1, hi)."""
     return in_range(value, what, 1, hi)
 
 
-__all__ = ["integer", "in_range", "seq_id", "pos_bound", "positive"]
+__all__ = ["integer", "in_range", "seq_id", "pos_bound", "real", "positive"]

@@ -147,7 +147,7 @@ class Context:
         """(writer, kind): the whole state (outputs + memory) or one sequence's."""
         if seq_id == -1:
             return _state.writer(self.memory, -1, (self._logits, self._row_of)), _state.KIND_CONTEXT
-        seq_id = _state.check_seq_id(self.memory, seq_id, "seq_id")
+        seq_id = checks.seq_id(seq_id, self.memory.n_seq_max, "seq_id")
         return _state.writer(self.memory, seq_id), _state.KIND_SEQ
 
     def _restore(self, data, seq_id: int, *, exact: bool = False) -> int:
@@ -245,7 +245,7 @@ class Context:
             StateError: a bad blob, or no room for its cells; dest_seq_id is left empty and nothing
                 else changes.
         """
-        return self._restore(data, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))
+        return self._restore(data, checks.seq_id(dest_seq_id, self.memory.n_seq_max, "dest_seq_id"))
 
     @_locked
     def state_seq_save_file(self, path: str | os.PathLike, seq_id: int, tokens: Iterable[int]) -> None:
@@ -262,4 +262,4 @@ class Context:
             StateError, OSError: as state_load_file; dest_seq_id is then left empty (unless the file
                 could not be opened: then nothing changes).
         """
-        return self._load(path, _state.check_seq_id(self.memory, dest_seq_id, "dest_seq_id"))
+        return self._load(path, checks.seq_id(dest_seq_id, self.memory.n_seq_max, "dest_seq_id"))

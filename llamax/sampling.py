@@ -16,16 +16,6 @@ from llamax._native import sampling as _native
 PENALTY_LAST_N = 64  # llama.cpp's default penalty window
 
 
-def _real(value, what: str) -> float:
-    """A finite real number (ints and numpy scalars too)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{what} must be a number, got {type(value).__name__} {value!r}")
-    v = float(value)
-    if not np.isfinite(v):
-        raise ValueError(f"{what} = {v} is not finite")
-    return v
-
-
 class Sampler:
     """Chooses the next token from a context's logits; remembers the tokens it chose (for the penalty).
 
@@ -43,7 +33,7 @@ class Sampler:
 
     def __init__(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, seed: int | None = None) -> None:
-        temperature, top_p, min_p, repeat_penalty = (_real(v, w) for v, w in (
+        temperature, top_p, min_p, repeat_penalty = (checks.real(v, w) for v, w in (
             (temperature, "temperature"), (top_p, "top_p"), (min_p, "min_p"), (repeat_penalty, "repeat_penalty")))
         top_k = checks.integer(top_k, "top_k")
         if top_k < 0 or not 0.0 < top_p <= 1.0 or not 0.0 <= min_p <= 1.0 or repeat_penalty <= 0:

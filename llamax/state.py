@@ -71,6 +71,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from llamax import checks
 from llamax._native import buffers as _buffers
 from llamax.errors import StateError
 
@@ -367,16 +368,6 @@ def read_outputs(r: StateReader, n_vocab: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ---- whole blobs -------------------------------------------------------------------------------------
-def check_seq_id(memory, seq_id: int, what: str) -> int:
-    """seq_id as an int in [0, memory.n_seq_max); TypeError / ValueError otherwise."""
-    if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)):
-        raise TypeError(f"{what} must be an int, got {type(seq_id).__name__}")
-    seq_id = int(seq_id)
-    if not 0 <= seq_id < memory.n_seq_max:
-        raise ValueError(f"{what} {seq_id} outside [0, n_seq_max={memory.n_seq_max})")
-    return seq_id
-
-
 def empty(memory, seq_id: int) -> None:
     """Leave the destination empty after a failed restore."""
     if seq_id < 0:
@@ -432,7 +423,7 @@ def get_data(memory, seq_id: int = -1, *, fingerprint: bytes | str | None = None
     Complexity: O(cells) metadata, one copy of the saved K/V bytes.
     """
     if seq_id != -1:
-        seq_id = check_seq_id(memory, seq_id, "seq_id")
+        seq_id = checks.seq_id(seq_id, memory.n_seq_max, "seq_id")
     kind = KIND_MEMORY if seq_id < 0 else KIND_SEQ
     return writer(memory, seq_id).getvalue(kind, fingerprint_bytes(fingerprint))
 
@@ -446,7 +437,7 @@ def set_data(memory, data, seq_id: int = -1, *, fingerprint: bytes | str | None 
             is left empty.
     """
     if seq_id != -1:
-        seq_id = check_seq_id(memory, seq_id, "dest_seq_id")
+        seq_id = checks.seq_id(seq_id, memory.n_seq_max, "dest_seq_id")
     kind = KIND_MEMORY if seq_id < 0 else KIND_SEQ
     return restore(memory, data, seq_id, kind=kind, fingerprint=fingerprint_bytes(fingerprint))[0]
 

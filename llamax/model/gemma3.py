@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from llamax._native import rope as _rope
-from llamax.model.gguf import GGUFFile, HParams, TensorTable
+from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
 from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
@@ -70,23 +70,11 @@ class Gemma3(Model, arch="gemma3"):
     """A gemma3-architecture model: its weights and forward pass."""
 
     # llama.cpp's llama_model_gemma3::load_arch_tensors (without the embedding models' dense_2/dense_3):
-    # each tensor's shape in ggml order (ne0 first); output.weight absent: the output is token_embd.
-    TENSORS = TensorTable(
-        model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-        optional={"output.weight": ("n_embd", "n_vocab")},
-        layer={"attn_norm.weight": ("n_embd",),
-               "attn_q.weight": ("n_embd", "n_embd_q"),
-               "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-               "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-               "attn_output.weight": ("n_embd_q", "n_embd"),
-               "post_attention_norm.weight": ("n_embd",),
-               "attn_k_norm.weight": ("n_embd_head_k",),
-               "attn_q_norm.weight": ("n_embd_head_k",),
-               "ffn_norm.weight": ("n_embd",),
-               "ffn_gate.weight": ("n_embd", "n_ff"),
-               "ffn_up.weight": ("n_embd", "n_ff"),
-               "ffn_down.weight": ("n_ff", "n_embd"),
-               "post_ffw_norm.weight": ("n_embd",)})
+    # the dense decoder's tensors plus the Q/K head norms and the post-attention / post-FFN norms
+    TENSORS = DENSE_DECODER.with_layer({"attn_q_norm.weight": ("n_embd_head_k",),
+                                        "attn_k_norm.weight": ("n_embd_head_k",),
+                                        "post_attention_norm.weight": ("n_embd",),
+                                        "post_ffw_norm.weight": ("n_embd",)})
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)

@@ -298,6 +298,26 @@ class TensorTable:
     layer: dict[str, tuple[str, ...]]
     optional: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
+    def with_layer(self, extra: dict[str, tuple[str, ...]]) -> "TensorTable":
+        """This table with more per-layer tensors."""
+        return TensorTable(self.model, self.layer | extra, self.optional)
+
+
+#: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
+#: biases or RoPE factors): output.weight absent means the output is token_embd
+DENSE_DECODER = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",),
+           "attn_q.weight": ("n_embd", "n_embd_q"),
+           "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+           "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+           "attn_output.weight": ("n_embd_q", "n_embd"),
+           "ffn_norm.weight": ("n_embd",),
+           "ffn_gate.weight": ("n_embd", "n_ff"),
+           "ffn_up.weight": ("n_embd", "n_ff"),
+           "ffn_down.weight": ("n_ff", "n_embd")})
+
 
 def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
     """llama.cpp's names of the dimensions (LLAMA_LOAD_LOCALS): each value and where it comes from."""

@@ -41,16 +41,6 @@ class Linear:
         self.parts = parts        # [(raw [rows, row_bytes] uint8, ggml type)], rows summing to n_out
         self.n_in = n_in
         self.n_threads = n_threads
-        self.exact = all(gemm.supported(t) for _, t in parts)   # one arithmetic for every batch size
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return sum(raw.shape[0] for raw, _ in self.parts), self.n_in
-
-    @property
-    def ggml_type(self) -> int:
-        """The weights' type, -1 when the stacked tensors mix types."""
-        return self.parts[0][1] if len(self.parts) == 1 else -1
 
     @classmethod
     def load(cls, g: GGUFFile, name: str, n_threads: int) -> "Linear":

@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from llamax._native import rope as _rope
-from llamax.model.gguf import GGUFFile, HParams, TensorTable
+from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
 from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
@@ -45,19 +45,8 @@ class Llama(Model, arch="llama"):
     """A llama-architecture model: its weights and forward pass."""
 
     # llama.cpp's llama_model_llama::load_arch_tensors for a dense model without biases or RoPE factors:
-    # each tensor's shape in ggml order (ne0 first); output.weight absent: the output is token_embd.
-    TENSORS = TensorTable(
-        model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-        optional={"output.weight": ("n_embd", "n_vocab")},
-        layer={"attn_norm.weight": ("n_embd",),
-               "attn_q.weight": ("n_embd", "n_embd_q"),
-               "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-               "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-               "attn_output.weight": ("n_embd_q", "n_embd"),
-               "ffn_norm.weight": ("n_embd",),
-               "ffn_gate.weight": ("n_embd", "n_ff"),
-               "ffn_up.weight": ("n_embd", "n_ff"),
-               "ffn_down.weight": ("n_ff", "n_embd")})
+    # each tensor's shape in ggml order (ne0 first)
+    TENSORS = DENSE_DECODER
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
