@@ -23,6 +23,8 @@ EXTENSIONS = [
     ("llamax._native.quants", ["llamax/_native/quants.pyx", "csrc/quants.c"]),
     ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),
     ("llamax._native.gemm", ["llamax/_native/gemm.pyx", "csrc/gemm.c", "csrc/quants.c"]),
+    ("llamax._native.layer", ["llamax/_native/layer.pyx", "csrc/layer.c", "csrc/gemm.c", "csrc/matmul.c", "csrc/attention.c",
+                              "csrc/rope.c", "csrc/hadamard.c", "csrc/quants.c"]),
     ("llamax._native.buffers", ["llamax/_native/buffers.pyx", "csrc/buffers.c"]),
     ("llamax._native.sampling", ["llamax/_native/sampling.pyx", "csrc/sampling.c"]),
 ]

@@ -19,7 +19,9 @@ K-shift at all, already differ from the fresh context by up to 0.69 / 0.28. The 
 spread, as in test_llama_vs_llamacpp (1.54 max, 0.44 RMS), or 2x that no-K-shift noise of the same
 configuration when it is larger (measured in the test; it matters for quantized K caches). A wrong rotation
 fails it: a K-shift short by one position moves these logits by 4.4 max / 0.83 RMS, none by 11-15 / 2.8-5.7.
-Top-1 must agree wherever the reference's top-1 / top-2 gap exceeds 0.60.
+Top-1 must agree wherever the reference's top-1 / top-2 gap exceeds 0.60, scaled like the bound when the
+configuration's own noise sets it (a q4_0 K cache without flash attention: 1.44 max no-K-shift noise, so a
+0.77 gap is not clear of it; the native layer step's ggml rms_norm moved that case's top-1, not the others).
 
 can_shift False: llama.cpp aborts the next decode (GGML_ABORT "does not support K-shift") after a
 shift it cannot apply; llamax refuses the seq_add / seq_div itself with LlamaxError, the memory unchanged.
@@ -81,7 +83,7 @@ def check(got, ref, floor=(0.0, 0.0)):
     tmax, trms = max(ROW_MAX, 2 * floor[0]), max(ROW_RMS, 2 * floor[1])
     assert mx < tmax and rms < trms, (mx, rms, tmax, trms)
     top = np.sort(ref)[::-1]
-    if top[0] - top[1] > TOP1_GAP:
+    if top[0] - top[1] > TOP1_GAP * max(1.0, 2 * floor[0] / ROW_MAX):   # the gap scales with the bound
         assert int(np.argmax(got)) == int(np.argmax(ref))
 
 

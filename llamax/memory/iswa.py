@@ -252,6 +252,10 @@ class KVCacheISWA(Memory):
                causal: bool = True, out=None):
         return self.cache_of(il).attend(il, ubatch, q, scale=scale, softcap=softcap, causal=causal, out=out)
 
+    @locked
+    def layer_view(self, il: int, ubatch):
+        return self.cache_of(il).layer_view(il, ubatch)
+
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     @locked
     def state_write(self, w, seq_id: int = -1) -> None:

@@ -35,7 +35,7 @@ from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES,
                            SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
 from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
-from llamax.memory.base import Memory, MemoryContext, check_streams, locked, split_batch
+from llamax.memory.base import LayerView, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
 from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
@@ -495,6 +495,18 @@ class KVCache(Memory):
         if self.rot_v:  # a weighted sum of rotated V rows: rotate it back
             _had.hadamard_rows(out.reshape(n, -1), self.rot_v, self.n_threads)
         return out
+
+    @locked
+    def layer_view(self, il: int, ubatch: UBatch) -> LayerView:
+        """What a native layer step needs of layer il for the ubatch being applied: the buffers of
+        its streams, each token's cell and the (causal) mask. Same checks as store / attend."""
+        act, li = self._active_for(il, ubatch)
+        s0, s1 = int(act.strm[0]), int(act.strm[-1])
+        if s1 - s0 + 1 != len(act.strm):
+            raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
+        return LayerView(self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], _quants.type_id(self.type_k),
+                         _quants.type_id(self.type_v), self.v_trans, self.mask(ubatch), act.idxs,
+                         self.rot_k, self.rot_v)
 
     # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
     def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
 from llamax.model.linear import Embedding, Linear, rms_norm
@@ -38,17 +39,6 @@ def _gelu_table() -> np.ndarray:
             y = np.float32(0.5) * x * (np.float32(1.0) + np.tanh(c * x * (np.float32(1.0) + a * x * x)))
         _gelu_table_f16 = y.astype(np.float16).astype(np.float32)
     return _gelu_table_f16
-
-
-def geglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
-    """gelu(gate) * up for gu = [gate | up], as ggml's CPU geglu computes it (GGML_GELU_FP16): the
-    gate rounded to f16 and looked up in the f16 GELU table, 0 at or below -10, the gate itself at or above 10."""
-    g, u = gu[:, :n_ff], gu[:, n_ff:]
-    y = _gelu_table()[g.astype(np.float16).view(np.uint16)]
-    np.copyto(y, g, where=g >= 10.0)
-    y[g <= -10.0] = 0.0
-    y *= u
-    return y
 
 
 class _Layer:
@@ -90,9 +80,34 @@ class Gemma3(Model, arch="gemma3"):
         self.ropes = [slide if il in swa else full for il in range(hp.n_layer)]   # the layer's RoPE
         self.embd_scale = np.float32(math.sqrt(hp.n_embd))
         self.q_scale = np.float32(hp.attn_scale or 1.0 / math.sqrt(hp.n_embd_head_k))
+        self.stack = self._native_stack(self.layers, self.ropes, kq_scale=1.0, q_scale=float(self.q_scale),
+                                        act="gelu_table", gelu_table=_gelu_table())
 
     def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem."""
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem:
+        the layers in one native stack call (csrc/layer.h)."""
+        hp = self.hp
+        x = self.tok_embd.rows(ub.token)
+        x *= self.embd_scale
+        h = self._run_stack(mem, ub, x)
+        if h.shape[0] == 0:
+            return np.zeros((0, hp.n_vocab), np.float32)
+        return self._logits(rms_norm(h, self.output_norm, hp.rms_eps))
+
+    def _logits(self, xo: np.ndarray) -> np.ndarray:
+        hp = self.hp
+        logits = self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+        if hp.final_logit_softcap > 0.0:
+            c = np.float32(hp.final_logit_softcap)
+            logits /= c
+            np.tanh(logits, out=logits)
+            logits *= c
+        return logits
+
+    def forward_reference(self, mem, ub) -> np.ndarray:
+        """forward composed in Python, step by step: the products, RoPE, the memory's store and
+        attend, and the per-row norm and gate of llamax._native.layer. The reference of the native
+        layer step (tests/test_layer.py: the same bits)."""
         hp, n, nt = self.hp, ub.n_tokens, self.n_threads
         nh, nkv, dk = hp.n_head, hp.n_head_kv, hp.n_embd_head_k
         nq, nk = nh * dk, nkv * dk
@@ -119,12 +134,6 @@ class Gemma3(Model, arch="gemma3"):
                     return np.zeros((0, hp.n_vocab), np.float32)
             x += rms_norm(L.wo(a), L.post_attn_norm, hp.rms_eps)
             h = rms_norm(x, L.ffn_norm, hp.rms_eps)
-            x += rms_norm(L.w_down(geglu(L.w_gate_up(h), hp.n_ff)), L.post_ffw_norm, hp.rms_eps)
-        xo = rms_norm(x, self.output_norm, hp.rms_eps)
-        logits = self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
-        if hp.final_logit_softcap > 0.0:
-            c = np.float32(hp.final_logit_softcap)
-            logits /= c
-            np.tanh(logits, out=logits)
-            logits *= c
-        return logits
+            act = _layer.gated(L.w_gate_up(h), hp.n_ff, "gelu_table", _gelu_table())
+            x += rms_norm(L.w_down(act), L.post_ffw_norm, hp.rms_eps)
+        return self._logits(rms_norm(x, self.output_norm, hp.rms_eps))

@@ -14,13 +14,14 @@ from __future__ import annotations
 import numpy as np
 
 from llamax._native import gemm, matmul, quants
+from llamax._native import layer as _layer
 from llamax.model.gguf import GGUFFile
 
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x / sqrt(mean(x^2) + eps) * w over the last axis (any leading shape); a new C-contiguous array."""
-    ms = np.einsum("...i,...i->...", x, x) / np.float32(x.shape[-1])
-    return x * (1.0 / np.sqrt(ms + np.float32(eps)))[..., None].astype(np.float32) * w
+    """x / sqrt(mean(x^2) + eps) * w over the last axis (any leading shape), as ggml's rms_norm and
+    the native layer step compute it (csrc/layer.h); a new C-contiguous array."""
+    return _layer.rms_norm(x, w, eps)
 
 
 def _product(raw: np.ndarray, t: int, x: np.ndarray, n_threads: int) -> np.ndarray:

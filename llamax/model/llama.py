@@ -12,22 +12,12 @@ import math
 
 import numpy as np
 
+from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
 from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
-
-
-def swiglu(gu: np.ndarray, n_ff: int) -> np.ndarray:
-    """silu(gate) * up for gu = [gate | up] (one new array, the rest in place)."""
-    g, u = gu[:, :n_ff], gu[:, n_ff:]
-    t = np.negative(g)
-    np.exp(t, out=t)
-    t += 1.0
-    np.divide(g, t, out=t)
-    t *= u
-    return t
 
 
 class _Layer:
@@ -57,9 +47,22 @@ class Llama(Model, arch="llama"):
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         self.rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
+        self.stack = self._native_stack(self.layers, [self.rope] * hp.n_layer, kq_scale=self.kq_scale)
 
     def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem."""
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem:
+        the layers in one native stack call (csrc/layer.h)."""
+        hp = self.hp
+        h = self._run_stack(mem, ub, self.tok_embd.rows(ub.token))
+        if h.shape[0] == 0:
+            return np.zeros((0, hp.n_vocab), np.float32)
+        xo = rms_norm(h, self.output_norm, hp.rms_eps)
+        return self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+
+    def forward_reference(self, mem, ub) -> np.ndarray:
+        """forward composed in Python, step by step: the products, RoPE, the memory's store and
+        attend, and the per-row norm and gate of llamax._native.layer. The reference of the native
+        layer step (tests/test_layer.py: the same bits)."""
         hp, n = self.hp, ub.n_tokens
         nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
         x = self.tok_embd.rows(ub.token)
@@ -75,7 +78,7 @@ class Llama(Model, arch="llama"):
             a = mem.attend(il, ub, q, scale=self.kq_scale)
             x += L.wo(a.reshape(n, -1))
             h = rms_norm(x, L.ffn_norm, hp.rms_eps)
-            x += L.w_down(swiglu(L.w_gate_up(h), hp.n_ff))
+            x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
         out = ub.output
         if not out.any():
             return np.zeros((0, hp.n_vocab), np.float32)

@@ -83,6 +83,34 @@ class Model:
                                **common)
         return KVCache(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, rope=rope, **common)
 
+    def _native_stack(self, layers, ropes: list[RoPE], *, kq_scale: float, q_scale: float = 1.0,
+                      softcap: float = 0.0, act: str = "silu", gelu_table: np.ndarray | None = None):
+        """The layers as one native stack (llamax._native.layer.Stack): each layer object has
+        attn_norm, ffn_norm, wqkv, wo, w_gate_up, w_down and may have q_norm, k_norm,
+        post_attn_norm, post_ffw_norm; ropes[il] is layer il's RoPE."""
+        from llamax._native.layer import Stack
+
+        hp = self.hparams
+        dicts = []
+        for L, r in zip(layers, ropes):
+            dicts.append(dict(
+                n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, d_k=hp.n_embd_head_k,
+                d_v=hp.n_embd_head_v, n_ff=hp.n_ff, eps=hp.rms_eps,
+                rope=(r.n_rot, r.freq_base, r.freq_scale, r.mode), q_scale=q_scale, kq_scale=kq_scale,
+                softcap=softcap, act=act, gelu_table=gelu_table,
+                attn_norm=L.attn_norm, ffn_norm=L.ffn_norm,
+                **{k: getattr(L, k, None) for k in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm")},
+                **{k: getattr(L, k).parts for k in ("wqkv", "wo", "w_gate_up", "w_down")}))
+        return Stack(dicts)
+
+    def _run_stack(self, memory: Memory, ubatch: UBatch, x: np.ndarray) -> np.ndarray:
+        """Every layer over the ubatch in the native stack: the hidden states [n_outputs, n_embd]
+        of the rows that want logits (ubatch order), K/V stored into the memory's cells."""
+        rows = np.flatnonzero(ubatch.output)
+        with memory.lock:   # the cells stay as the views show them until the stack is done
+            views = [memory.layer_view(il, ubatch) for il in range(self.hparams.n_layer)]
+            return self.stack.forward(x, ubatch.pos, views, out_rows=rows, n_threads=self.n_threads)
+
     def forward(self, memory: Memory, ubatch: UBatch) -> np.ndarray:
         """Run the model on one ubatch whose cells were just applied: K/V written into the memory,
         attention over it; returns float32 logits [ubatch.n_outputs, n_vocab] in ubatch order."""

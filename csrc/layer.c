@@ -1,0 +1,308 @@
+/* layer.c: one decoder layer in one call (see layer.h). Composes the kernels of gemm.c,
+ * rope.c, attention.c, hadamard.c and quants.c; holds no policy (the cells come from the memory).
+ *
+ *   work = | h | qkv | q | k | v | a | o | gu | act | tmp | gemm work | attention scratch |
+ */
+#include "layer.h"
+
+#include "attention.h"
+#include "gemm.h"
+#include "hadamard.h"
+#include "matmul.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define ALIGN(n) (((size_t) (n) + 63) & ~(size_t) 63)
+
+/* ---- shapes ------------------------------------------------------------------------------- */
+
+enum { B_H, B_QKV, B_Q, B_K, B_V, B_A, B_O, B_GU, B_ACT, B_TMP, B_GEMM, B_SCRATCH, B_N };
+
+typedef struct {
+    int64_t nq, nk, nv, nqkv;      /* columns of q, k, v and their sum */
+    size_t off[B_N];               /* work offsets of the buffers */
+    int64_t n_scratch;             /* attention scratch floats */
+    size_t total;
+} layout;
+
+static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
+    if (l->n_parts < 1 || l->n_parts > LX_LINEAR_MAX_PARTS || l->n_in != n_in || l->n_out != n_out) return 0;
+    int64_t rows = 0;
+    for (int i = 0; i < l->n_parts; ++i) {
+        if (!l->w[i] || l->rows[i] < 1 || !lx_mm_supported(l->type[i])) return 0;
+        if (n_in % lx_type_block_size(l->type[i])) return 0;
+        rows += l->rows[i];
+    }
+    return rows == n_out;
+}
+
+static size_t linear_work(const lx_linear *l, int64_t n, int n_threads, int64_t *widest) {
+    size_t b = 0;
+    for (int i = 0; i < l->n_parts; ++i) {
+        const size_t s = lx_gemm_supported(l->type[i]) ? lx_gemm_work_size(l->type[i], n, l->n_in, n_threads)
+                                                       : lx_mm_work_size(l->type[i], n, l->n_in, LX_MM_ACT_Q8);
+        if (s > b) b = s;
+        if (l->n_parts > 1 && l->rows[i] > *widest) *widest = l->rows[i];
+    }
+    return b;
+}
+
+static lx_attn_params attn_params(const lx_layer_params *p, const lx_kv_layer *kv, int64_t n_tokens) {
+    lx_attn_params a = {
+        .n_stream = kv->n_stream, .n_tps = n_tokens / kv->n_stream, .n_tps_pad = kv->n_tps_pad,
+        .n_head = p->n_head, .n_head_kv = p->n_head_kv, .d_k = p->d_k, .d_v = p->d_v,
+        .kv_size = kv->kv_size, .n_kv = kv->n_kv, .type_k = kv->type_k, .type_v = kv->type_v,
+        .scale = p->kq_scale, .softcap = p->softcap,
+    };
+    return a;
+}
+
+static int valid(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv, int64_t n) {
+    if (n < 1 || p->n_embd < 1 || p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
+        p->n_ff < 1 || p->d_k < 1 || p->d_v < 1 || !(p->eps >= 0.0f))
+        return 0;
+    if (p->rope.n_rot < 2 || p->rope.n_rot % 2 || p->rope.n_rot > p->d_k || p->rope.n_rot > LX_ROPE_MAX_ROT)
+        return 0;
+    if (p->act == LX_ACT_GELU_TABLE ? !p->gelu_table : p->act != LX_ACT_SILU) return 0;
+    if (!w->attn_norm || !w->ffn_norm) return 0;
+    const int64_t nqkv = p->n_head * p->d_k + p->n_head_kv * (p->d_k + p->d_v);
+    if (!linear_ok(&w->wqkv, p->n_embd, nqkv) || !linear_ok(&w->wo, p->n_head * p->d_v, p->n_embd) ||
+        !linear_ok(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !linear_ok(&w->w_down, p->n_ff, p->n_embd))
+        return 0;
+    if (!kv->k || !kv->v || !kv->idxs || kv->n_stream < 1 || n % kv->n_stream) return 0;
+    if (kv->n_kv > 0 && !kv->mask) return 0;
+    if (kv->n_tps_pad < n / kv->n_stream) return 0;
+    for (int64_t t = 0; t < n; ++t)
+        if ((int64_t) kv->idxs[t] >= kv->kv_size) return 0;
+    const lx_attn_params a = attn_params(p, kv, n);
+    return kv->v_trans ? lx_attn_params_valid_vtrans(&a) : lx_attn_params_valid(&a);
+}
+
+static layout plan(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv, int64_t n,
+                   int nt) {
+    layout L;
+    L.nq = p->n_head * p->d_k, L.nk = p->n_head_kv * p->d_k, L.nv = p->n_head_kv * p->d_v;
+    L.nqkv = L.nq + L.nk + L.nv;
+    int64_t widest = 0;   /* the widest part of a product of several parts (joined through tmp) */
+    size_t g = 0;
+    const lx_linear *all[4] = {&w->wqkv, &w->wo, &w->w_gate_up, &w->w_down};
+    for (int i = 0; i < 4; ++i) {
+        const size_t s = linear_work(all[i], n, nt, &widest);
+        if (s > g) g = s;
+    }
+    const lx_attn_params a = attn_params(p, kv, n);
+    L.n_scratch = lx_attn_scratch_size(&a, nt);
+    const size_t fl = sizeof(float);
+    const size_t bytes[B_N] = {
+        (size_t) (n * p->n_embd) * fl, (size_t) (n * L.nqkv) * fl, (size_t) (n * L.nq) * fl,
+        (size_t) (n * L.nk) * fl, (size_t) (n * L.nv) * fl, (size_t) (n * p->n_head * p->d_v) * fl,
+        (size_t) (n * p->n_embd) * fl, (size_t) (n * 2 * p->n_ff) * fl, (size_t) (n * p->n_ff) * fl,
+        (size_t) (n * widest) * fl, g, (size_t) L.n_scratch * fl,
+    };
+    size_t o = 0;
+    for (int i = 0; i < B_N; ++i) {
+        L.off[i] = o;
+        o += ALIGN(bytes[i]);
+    }
+    L.total = o + 64;   /* room to align the caller's buffer */
+    return L;
+}
+
+size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                          int64_t n_tokens, int n_threads) {
+    return plan(p, w, kv, n_tokens, n_threads).total;
+}
+
+/* ---- row operations (fixed order per row) ------------------------------------------------- */
+
+void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
+    (void) nt;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * n >= 65536)
+#endif
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *xr = x + r * n;
+        float *yr = y + r * n;
+#ifdef LX_RMS_F32
+        float lane[8] = {0};
+        int64_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int j = 0; j < 8; ++j) lane[j] += xr[i + j] * xr[i + j];
+        for (int j = 0; i < n; ++i, ++j) lane[j] += xr[i] * xr[i];
+        const float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+        const float scale = 1.0f / sqrtf(s / (float) n + eps);
+#else
+        double s = 0.0;
+        for (int64_t i = 0; i < n; ++i) s += (double) (xr[i] * xr[i]);
+        const float scale = 1.0f / sqrtf((float) (s / (double) n) + eps);
+#endif
+        for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * scale) * g[i];
+    }
+}
+
+static void add_rows(float *x, const float *d, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) x[i] += d[i];
+}
+
+void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
+              int64_t f, int nt) {
+    (void) nt;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * f >= 65536)
+#endif
+    for (int64_t r = 0; r < n_rows; ++r) {
+        const float *g = gu + r * 2 * f, *u = g + f;
+        float *y = act + r * f;
+        if (kind == LX_ACT_SILU) {
+            for (int64_t i = 0; i < f; ++i) y[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+        } else {
+            for (int64_t i = 0; i < f; ++i) {
+                float a;
+                if (g[i] <= -10.0f) a = 0.0f;
+                else if (g[i] >= 10.0f) a = g[i];
+                else a = gelu_table[lx_fp32_to_fp16(g[i])];
+                y[i] = a * u[i];
+            }
+        }
+    }
+}
+
+/* one part: the GEMM for its types (batch-invariant), else ggml's mat-vec (f16, f32, q2_K, q3_K) */
+static void part_product(const void *w, lx_type t, const float *x, float *y, int64_t n, int64_t n_in,
+                         int64_t n_out, void *gw, int nt) {
+    if (lx_gemm_supported(t)) lx_gemm(w, t, x, y, n, n_in, n_out, gw, nt);
+    else lx_mul_mat(w, t, x, y, n, n_in, n_out, LX_MM_ACT_Q8, gw, nt);
+}
+
+/* y = x W^T over W's parts (joined by columns through tmp when there are several) */
+static void product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw, int nt) {
+    if (l->n_parts == 1) {
+        part_product(l->w[0], l->type[0], x, y, n, l->n_in, l->n_out, gw, nt);
+        return;
+    }
+    int64_t c0 = 0;
+    for (int i = 0; i < l->n_parts; ++i) {
+        const int64_t r = l->rows[i];
+        part_product(l->w[i], l->type[i], x, tmp, n, l->n_in, r, gw, nt);
+        for (int64_t t = 0; t < n; ++t) memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float));
+        c0 += r;
+    }
+}
+
+/* rows [n][n_head][d] of src (row stride ld) into a dense [n][n_head * d] */
+static void take_cols(const float *src, int64_t ld, int64_t c0, int64_t cols, float *dst, int64_t n) {
+    for (int64_t t = 0; t < n; ++t) memcpy(dst + t * cols, src + t * ld + c0, (size_t) cols * sizeof(float));
+}
+
+/* ---- the cache ---------------------------------------------------------------------------- */
+
+/* rows src [n][n_head_kv * d] into the cells: part p (n / n_stream tokens) into stream p (the
+ * memory gives every token its own cell, so the threads of lx_set_rows never meet) */
+static void store_rows(lx_type t, const float *src, void *base, int64_t kv_size, int64_t row, const uint32_t *idxs,
+                       int64_t n, int64_t n_stream, int nt) {
+    const int64_t per = n / n_stream;
+    const size_t rb = lx_row_bytes(t, row), sb = (size_t) kv_size * rb;
+    for (int64_t s = 0; s < n_stream; ++s) {
+        const uint32_t *ix = idxs + s * per;
+        lx_set_rows(t, src + s * per * row, (uint8_t *) base + s * sb, ix, per, row, per > 64 ? nt : 1);
+    }
+}
+
+/* v [n][n_head_kv][d_v] into V^T [n_stream][n_head_kv][d_v][kv_size] (f32 or f16) */
+static void store_vtrans(lx_type t, const float *v, void *base, int64_t kv_size, int64_t nh, int64_t d,
+                         const uint32_t *idxs, int64_t n, int64_t n_stream) {
+    const int64_t per = n / n_stream;
+    for (int64_t s = 0; s < n_stream; ++s)
+        for (int64_t i = 0; i < per; ++i) {
+            const int64_t tok = s * per + i, cell = idxs[tok];
+            const float *src = v + tok * nh * d;
+            for (int64_t c = 0; c < nh * d; ++c) {
+                const size_t at = ((size_t) s * nh * d + (size_t) c) * (size_t) kv_size + (size_t) cell;
+                if (t == LX_TYPE_F32) ((float *) base)[at] = src[c];
+                else ((uint16_t *) base)[at] = lx_fp32_to_fp16(src[c]);
+            }
+        }
+}
+
+/* ---- the layer ---------------------------------------------------------------------------- */
+
+lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                           float *x, int64_t n, const lx_pos *pos, const int64_t *out_rows,
+                           int64_t n_out_rows, void *work, int nt) {
+    if (!valid(p, w, kv, n) || !x || !pos || !work || nt < 1) return LX_ERR_INVALID;
+    if (out_rows) {
+        if (n_out_rows < 0 || n_out_rows > n) return LX_ERR_INVALID;
+        for (int64_t i = 0; i < n_out_rows; ++i)
+            if (out_rows[i] < 0 || out_rows[i] >= n || (i && out_rows[i] <= out_rows[i - 1])) return LX_ERR_INVALID;
+    }
+    const layout L = plan(p, w, kv, n, nt);
+    uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+#define BUF(i) ((float *) (base + L.off[i]))
+    float *h = BUF(B_H), *qkv = BUF(B_QKV), *q = BUF(B_Q), *k = BUF(B_K), *v = BUF(B_V), *a = BUF(B_A);
+    float *o = BUF(B_O), *gu = BUF(B_GU), *act = BUF(B_ACT), *tmp = BUF(B_TMP), *scratch = BUF(B_SCRATCH);
+#undef BUF
+    void *gw = base + L.off[B_GEMM];
+    const int64_t E = p->n_embd;
+
+    /* attention block */
+    lx_rms_norm(x, w->attn_norm, h, n, E, p->eps, nt);
+    product(&w->wqkv, h, qkv, n, tmp, gw, nt);
+    take_cols(qkv, L.nqkv, 0, L.nq, q, n);
+    take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
+    take_cols(qkv, L.nqkv, L.nq + L.nk, L.nv, v, n);
+    if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n * p->n_head, p->d_k, p->eps, nt);
+    if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n * p->n_head_kv, p->d_k, p->eps, nt);
+    lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, nt);
+    lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, nt);
+    if (p->q_scale != 1.0f)
+        for (int64_t i = 0; i < n * L.nq; ++i) q[i] *= p->q_scale;
+
+    /* K/V into the cells (rotated rows for a quantized cache with a Hadamard block) */
+    if (kv->rot_k) lx_hadamard_rows(k, n, L.nk, kv->rot_k, nt);
+    if (kv->rot_v) lx_hadamard_rows(v, n, L.nv, kv->rot_v, nt);
+    store_rows(kv->type_k, k, kv->k, kv->kv_size, L.nk, kv->idxs, n, kv->n_stream, nt);
+    if (kv->v_trans) store_vtrans(kv->type_v, v, kv->v, kv->kv_size, p->n_head_kv, p->d_v, kv->idxs, n, kv->n_stream);
+    else store_rows(kv->type_v, v, kv->v, kv->kv_size, L.nv, kv->idxs, n, kv->n_stream, nt);
+
+    /* attention over the cache (in the rotated frame of K; V's rotation undone on the output) */
+    if (kv->rot_k) lx_hadamard_rows(q, n, L.nq, kv->rot_k, nt);
+
+    const lx_attn_params ap = attn_params(p, kv, n);
+    const float *mask = kv->n_kv ? kv->mask : NULL;
+    if (kv->v_trans) lx_attn_vtrans(&ap, q, kv->k, kv->v, mask, a, L.n_scratch ? scratch : NULL, L.n_scratch, nt);
+    else lx_attn_flash(&ap, q, kv->k, kv->v, mask, a, L.n_scratch ? scratch : NULL, L.n_scratch, nt);
+    const int64_t nhv = p->n_head * p->d_v;
+    if (kv->rot_v) lx_hadamard_rows(a, n, nhv, kv->rot_v, nt);
+
+    /* only the rows that go on (last layer) */
+    int64_t m = n;
+    if (out_rows) {
+        for (int64_t i = 0; i < n_out_rows; ++i) {
+            const int64_t r = out_rows[i];
+            if (r != i) {
+                memmove(a + i * nhv, a + r * nhv, (size_t) nhv * sizeof(float));
+                memmove(x + i * E, x + r * E, (size_t) E * sizeof(float));
+            }
+        }
+        m = n_out_rows;
+        if (m == 0) return LX_OK;
+    }
+
+    product(&w->wo, a, o, m, tmp, gw, nt);
+    if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, nt);
+    add_rows(x, o, m * E);
+
+    /* feed-forward block */
+    lx_rms_norm(x, w->ffn_norm, h, m, E, p->eps, nt);
+    product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
+    lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
+    product(&w->w_down, act, o, m, tmp, gw, nt);
+    if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, nt);
+    add_rows(x, o, m * E);
+    return LX_OK;
+}

@@ -1,0 +1,106 @@
+/* layer.h: one decoder layer of a dense transformer in one native call (llama.cpp's
+ * llm_build_llama / llm_build_gemma3 layer body), over the KV cache cells the memory chose.
+ *
+ *   x ──┬─ rms_norm(attn_norm) ─ W_qkv ─┬─ q ─ [q_norm] ─ RoPE ─ [× q_scale] ─────┐
+ *       │                               ├─ k ─ [k_norm] ─ RoPE ─ store K cells ─┐ │
+ *       │                               └─ v ─────────────────── store V cells ─┤ │
+ *       │                                               attention over the cache ┘─┘
+ *       │   (last layer: only the rows that want logits go on: llama.cpp's inp_out_ids)
+ *       └─ + [post_attn_norm] W_o ──┬─ rms_norm(ffn_norm) ─ W_gate_up ─ act(gate) * up ─ W_down
+ *                                   └─ + [post_ffw_norm] ───────────────────────────────┘ = x'
+ *
+ * [..] only where the layer has the weight (Gemma 3: q_norm, k_norm, post norms; GELU gate from
+ * ggml's f16 table); llama: SiLU gate. Every product is lx_gemm (gemm.h), so a row's result does
+ * not depend on the other rows, the number of rows or n_threads; every other step is per row in a
+ * fixed order. Numerics follow ggml's CPU ops: rms_norm sums x*x in double (ggml_float), scale =
+ * 1/sqrtf(mean + eps), then times the weight; silu = x / (1 + expf(-x)); geglu looks the gate's
+ * f16 rounding up in the table (0 at or below -10, the gate itself at or above 10).
+ *
+ * The memory owns the cells: the caller passes the layer's K/V buffers from the first stream the
+ * ubatch touches, the cell index of every token (its part p lives in stream s0 + p), and the KQ
+ * mask it built for the ubatch (kq_mask.h). Stores follow lx_set_rows (quants.h) for a row
+ * cache, and V^T [n_head_kv][d_v][kv_size] columns for a transposed V; a quantized cache with a
+ * Hadamard block (hadamard.h) stores rotated rows and attention runs in the rotated frame.
+ */
+#ifndef LX_LAYER_H
+#define LX_LAYER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "quants.h"
+#include "rope.h"
+
+#define LX_LINEAR_MAX_PARTS 4
+
+/* W [n_out, n_in] as runs of one ggml type stacked along n_out (each a gemm.h or matmul.h type) */
+typedef struct {
+    int n_parts;
+    const void *w[LX_LINEAR_MAX_PARTS];
+    lx_type type[LX_LINEAR_MAX_PARTS];
+    int64_t rows[LX_LINEAR_MAX_PARTS];
+    int64_t n_in, n_out;
+} lx_linear;
+
+typedef enum { LX_ACT_SILU = 0, LX_ACT_GELU_TABLE = 1 } lx_layer_act;
+
+typedef struct {
+    int64_t n_embd, n_head, n_head_kv, d_k, d_v, n_ff;
+    float eps;
+    lx_rope_params rope;
+    float q_scale;            /* q times this after RoPE (1: nothing) */
+    float kq_scale;           /* attention score scale */
+    float softcap;            /* attention logit softcap, 0 = off */
+    lx_layer_act act;
+    const float *gelu_table;  /* LX_ACT_GELU_TABLE: [65536] float, by f16 bits */
+} lx_layer_params;
+
+typedef struct {
+    const float *attn_norm, *ffn_norm;                                /* [n_embd] */
+    const float *q_norm, *k_norm;                                     /* [d_k] or NULL */
+    const float *post_attn_norm, *post_ffw_norm;                      /* [n_embd] or NULL */
+    lx_linear wqkv;        /* n_out = n_head d_k + n_head_kv (d_k + d_v) */
+    lx_linear wo;          /* [n_embd, n_head d_v] */
+    lx_linear w_gate_up;   /* [2 n_ff, n_embd]: gate rows, then up rows */
+    lx_linear w_down;      /* [n_embd, n_ff] */
+} lx_layer_weights;
+
+/* the layer's cache for the ubatch being applied, as the memory decided it */
+typedef struct {
+    void *k, *v;              /* from stream s0: K rows [n_stream][kv_size][row_k]; V rows likewise,
+                                 or V^T [n_stream][n_head_kv][d_v][kv_size] when v_trans */
+    lx_type type_k, type_v;   /* f32, f16, q8_0, q4_0 */
+    int v_trans;
+    int64_t kv_size;          /* cells per stream */
+    int64_t n_stream;         /* streams (= parts) the ubatch spans, consecutive from s0 */
+    int64_t n_kv;             /* mask columns: cells that take part */
+    int64_t n_tps_pad;        /* mask rows per stream */
+    const float *mask;        /* [n_stream][n_tps_pad][n_kv] */
+    const uint32_t *idxs;     /* [n_tokens]: cell of token t (part t / (n_tokens / n_stream)) */
+    int rot_k, rot_v;         /* Hadamard block of the stored K / V rows, 0 = none */
+} lx_kv_layer;
+
+/* the per-row steps, also used by the Python composition of the layer (its reference):
+ * y[r] = (x[r] * scale_r) * g, scale_r = 1 / sqrtf(mean_r + eps) with mean_r = (float) (sum of the
+ * float squares in double / n), rows of n (y may be x); */
+void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads);
+
+/* act[r] = f(gate[r]) * up[r] for gu rows [gate (n_ff) | up (n_ff)]: silu(g) = g / (1 + expf(-g)),
+ * or the f16 GELU table (0 at or below -10, g at or above 10) */
+void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
+              int64_t n_ff, int n_threads);
+
+/* bytes of work lx_layer_forward needs for n_tokens rows */
+size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                          int64_t n_tokens, int n_threads);
+
+/* Run the layer on x [n_tokens][n_embd] in place. out_rows (NULL: all rows) lists, ascending,
+ * the rows that go on after attention; then x holds n_out_rows rows on return. pos [n_tokens].
+ * work: lx_layer_work_size bytes. Returns LX_OK or LX_ERR_INVALID (shapes, types; nothing
+ * written then). */
+lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                           float *x, int64_t n_tokens, const lx_pos *pos, const int64_t *out_rows,
+                           int64_t n_out_rows, void *work, int n_threads);
+
+#endif /* LX_LAYER_H */

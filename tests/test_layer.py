@@ -1,0 +1,170 @@
+"""The native layer step (issue 10, item 2; csrc/layer.h): one C call per layer runs norms,
+projections, RoPE, the K/V stores into the cells the memory chose, attention, the FFN and the
+residuals. Its reference is the model's forward composed in Python (forward_reference: the
+memory's store / attend and numpy steps over the same products): the two give the same bits, for
+every cache layout the memory has, and leave the same K/V in the cache."""
+import numpy as np
+import pytest
+
+from llamax import Batch, Context
+from llamax._native import layer as _layer
+from llamax._native.layer import Stack
+from llamax.memory import LayerView
+
+TEXT = "The capital of France is Paris, and the capital of Germany is Berlin. Water boils at"
+
+CONFIGS = [
+    dict(flash_attn=True),                                    # f16 K/V rows
+    dict(flash_attn=False),                                   # V stored transposed
+    dict(flash_attn=True, type_k="q8_0", type_v="q8_0"),      # quantized rows, Hadamard-rotated
+    dict(flash_attn=True, type_k="q4_0", type_v="f16"),
+    dict(flash_attn=True, type_k="f32", type_v="f32"),
+    dict(flash_attn=False, n_seq_max=2, kv_unified=False),    # two streams in one ubatch
+]
+
+
+def _run(model, fwd, toks, **params):
+    """Prompt (chunks of 5 with logits for all, then sequence 1 beside 0 when there are two) and 4
+    greedy steps through model.<fwd>, driving the memory by its Plan; the logits and the cache."""
+    ctx = Context(model, n_ctx=512, n_threads=2, **params)
+    mem, f = ctx.memory, getattr(model, fwd)
+    n_seq = params.get("n_seq_max", 1)
+    out = []
+    for i in range(0, len(toks), 5):
+        ch = toks[i:i + 5]
+        b = Batch(ch * n_seq, pos=list(range(i, i + len(ch))) * n_seq,
+                  seq_ids=[s for s in range(n_seq) for _ in ch], logits=[True] * len(ch) * n_seq)
+        for ub in mem.plan(b, n_ubatch=64):
+            out.append(f(mem, ub))
+    t, pos = int(np.argmax(out[-1][-1])), len(toks)
+    for _ in range(4):
+        for ub in mem.plan(Batch([t], pos=[pos])):
+            out.append(f(mem, ub))
+        t, pos = int(np.argmax(out[-1][-1])), pos + 1
+    caches = [mem] if not hasattr(mem, "base") else [mem.base, mem.swa]
+    kv = [np.concatenate([a.reshape(-1).view(np.uint8) for a in c.k + c.v]) for c in caches]
+    return np.concatenate(out), np.concatenate(kv)
+
+
+@pytest.mark.parametrize("params", CONFIGS, ids=lambda p: "-".join(f"{k}={v}" for k, v in p.items()))
+def test_native_step_is_the_python_composition_bit_for_bit(model, params):
+    toks = model.tokenize(TEXT)
+    logits, kv = _run(model, "forward", toks, **params)
+    ref_logits, ref_kv = _run(model, "forward_reference", toks, **params)
+    np.testing.assert_array_equal(logits, ref_logits)
+    np.testing.assert_array_equal(kv, ref_kv)
+
+
+@pytest.mark.parametrize("params", [dict(flash_attn=True), dict(flash_attn=False, type_k="q8_0")],
+                         ids=["flash", "vtrans-q8_0"])
+def test_gemma_native_step_is_the_python_composition(gemma, params):
+    """Gemma 3: Q/K norms, NEOX RoPE with two bases, the q scale, post norms, the GELU table, the
+    sliding-window and global caches of the iSWA memory; only the rows with logits after the last
+    layer's attention."""
+    toks = gemma.tokenize(TEXT)
+    logits, kv = _run(gemma, "forward", toks, **params)
+    ref_logits, ref_kv = _run(gemma, "forward_reference", toks, **params)
+    np.testing.assert_array_equal(logits, ref_logits)
+    np.testing.assert_array_equal(kv, ref_kv)
+
+
+def test_only_the_rows_with_logits_go_past_the_last_attention(model):
+    """A ubatch asking for its last token's logits gets exactly that row, the same bits as when
+    every row asks."""
+    toks = model.tokenize(TEXT)
+    rows = []
+    for logits in ([False] * (len(toks) - 1) + [True], [True] * len(toks)):
+        ctx = Context(model, n_ctx=512, n_threads=2)
+        ctx.decode(Batch(toks, logits=logits))
+        rows.append(ctx.get_logits_ith(-1).copy())
+    np.testing.assert_array_equal(rows[0], rows[1])
+
+
+def _view_of(model, **change):
+    ctx = Context(model, n_ctx=256, n_threads=1)
+    mem = ctx.memory
+    ub = next(iter(mem.plan(Batch(model.tokenize("Hello there")))))
+    views = [mem.layer_view(il, ub) for il in range(model.hparams.n_layer)]
+    if change:
+        views[3] = LayerView(**{**views[3].__dict__, **change})
+    return mem, ub, views
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(idxs=np.zeros(1, np.uint32)), "idxs"),
+    (dict(mask=np.zeros((1, 4, 256), np.float64)), "mask"),
+    (dict(k=np.zeros((1, 256, 100), np.float16)), "LayerView.k"),
+    (dict(type_v=8), "LayerView.v"),
+])
+def test_a_view_that_does_not_fit_is_refused_before_any_layer_runs(model, change, msg):
+    mem, ub, views = _view_of(model, **change)
+    before = [a.copy() for a in mem.k + mem.v]
+    x = model.tok_embd.rows(ub.token)
+    with pytest.raises(ValueError, match=msg):
+        model.stack.forward(x, ub.pos, views, n_threads=1)
+    for a, b in zip(before, mem.k + mem.v):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_cell_outside_the_cache_is_refused_by_the_layer(model):
+    mem, ub, views = _view_of(model)
+    bad = views[0].idxs.copy()
+    bad[0] = 1 << 20
+    views[0] = LayerView(**{**views[0].__dict__, "idxs": bad})
+    with pytest.raises(ValueError, match="layer 0"):
+        model.stack.forward(model.tok_embd.rows(ub.token), ub.pos, views, n_threads=1)
+
+
+def test_stack_checks_its_weights(model):
+    L = model.layers[0]
+    hp = model.hparams
+    good = dict(n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, d_k=hp.n_embd_head_k,
+                d_v=hp.n_embd_head_v, n_ff=hp.n_ff, eps=hp.rms_eps, rope=(hp.n_rot, 1e4, 1.0, 0), q_scale=1.0,
+                kq_scale=0.125, softcap=0.0, act="silu", attn_norm=L.attn_norm, ffn_norm=L.ffn_norm,
+                wqkv=L.wqkv.parts, wo=L.wo.parts, w_gate_up=L.w_gate_up.parts, w_down=L.w_down.parts)
+    assert Stack([good]).n_layer == 1
+    for bad, msg in ((dict(wo=L.wqkv.parts), "wo"), (dict(act="relu"), "activation"),
+                     (dict(act="gelu_table"), "table"), (dict(attn_norm=L.attn_norm[:10]), "attn_norm"),
+                     (dict(rope=(hp.n_rot, 1e4, 1.0, 1)), "RoPE kind"),
+                     (dict(w_down=[(L.w_down.parts[0][0], 16)]), "no native product"),
+                     (dict(w_down=[(L.w_down.parts[0][0], 8)]), "rows of")):
+        with pytest.raises(ValueError, match=msg):
+            Stack([{**good, **bad}])
+
+
+def _ulps(a, b):
+    a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def test_rms_norm_is_ggmls():
+    """float squares summed in double, the mean rounded to float, 1 / sqrtf(mean + eps), (x * s) * w:
+    against that in numpy (a pairwise double sum instead of a sequential one: at most 1 ulp)."""
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((64, 576)) * rng.uniform(0.01, 30, (64, 1))).astype(np.float32)
+    w = rng.standard_normal(576).astype(np.float32)
+    mean = (np.square(x).sum(axis=-1, dtype=np.float64) / 576).astype(np.float32)
+    ref = (x * (np.float32(1) / np.sqrt(mean + np.float32(1e-5)))[:, None]) * w
+    got = _layer.rms_norm(x, w, 1e-5)
+    assert _ulps(got, ref).max() <= 1
+    np.testing.assert_array_equal(_layer.rms_norm(x, w, 1e-5, n_threads=2), got)
+    np.testing.assert_array_equal(_layer.rms_norm(x[:1], w, 1e-5), got[:1])   # per row
+
+
+def test_gated_activations():
+    rng = np.random.default_rng(2)
+    n_ff = 1536
+    gu = (rng.standard_normal((16, 2 * n_ff)) * 6).astype(np.float32)
+    g, u = gu[:, :n_ff].astype(np.float64), gu[:, n_ff:].astype(np.float64)
+    silu = _layer.gated(gu, n_ff, "silu")
+    np.testing.assert_allclose(silu, g / (1 + np.exp(-g)) * u, rtol=1e-6, atol=1e-30)
+    from llamax.model.gemma3 import _gelu_table
+    t = _gelu_table()
+    gelu = _layer.gated(gu, n_ff, "gelu_table", t)
+    g32 = gu[:, :n_ff]
+    a = np.where(g32 >= 10, g32, np.where(g32 <= -10, 0, t[g32.astype(np.float16).view(np.uint16)]))
+    np.testing.assert_array_equal(gelu, (a * gu[:, n_ff:]).astype(np.float32))
+    with pytest.raises(ValueError, match="table"):
+        _layer.gated(gu, n_ff, "gelu_table")
+    with pytest.raises(ValueError, match="gu must be"):
+        _layer.gated(gu, n_ff + 1)
