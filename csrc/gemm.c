@@ -469,7 +469,7 @@ static void prefetch_tile(const void *w, size_t wrb, int64_t o0, int nr, int64_t
 #ifdef LX_GEMM_X86
 /* n_tok <= LX_GEMM_SMALL on AVX2 and up (both levels: the same arithmetic) */
 static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
-                       int64_t n_in, int64_t n_out, void *work, int n_threads) {
+                       int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
     const lx_type dt = lx_gemm_dot_type(wt);
     const int c = wt == LX_TYPE_Q8_0 ? 0 : canon_offset(wt);  /* q8_0 stays signed (sign trick) */
     const int64_t nb = n_in / LX_QK, n_tiles = (n_out + 7) / 8;
@@ -503,7 +503,7 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
     for (int64_t i = 0; i < n_tiles; ++i) {
         const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
         prefetch_tile(w, wrb, 8 * i, nr, n_out);
-        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nb, y, n_out);
+        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nb, y, n_out, r8);
     }
 }
 #endif
@@ -555,7 +555,7 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 #ifdef LX_GEMM_X86
     if (n_tok <= LX_GEMM_SMALL) {
         if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
-        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, 0);
         return;
     }
 #endif
@@ -605,6 +605,93 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
             }
         }
     }
+}
+
+/* ---- the block-interleaved layout (r8) ------------------------------------------------------ */
+
+int lx_gemm_r8_supported(lx_type w_type) {
+    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0;
+}
+
+size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
+    return (size_t) ((n_out + 7) / 8 * 8) * lx_row_bytes(w_type, n_in);
+}
+
+/* block b of row o in the r8 layout */
+static size_t r8_at(size_t bb, int64_t nb, int64_t o, int64_t b) {
+    return ((size_t) ((o / 8) * nb + b) * 8 + (size_t) (o % 8)) * bb;
+}
+
+void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out) {
+    const size_t bb = lx_type_block_bytes(w_type), wrb = lx_row_bytes(w_type, n_in);
+    const int64_t nb = n_in / LX_QK, n_pad = (n_out + 7) / 8 * 8;
+    for (int64_t o = 0; o < n_pad; ++o)
+        for (int64_t b = 0; b < nb; ++b) {
+            uint8_t *d = (uint8_t *) dst + r8_at(bb, nb, o, b);
+            if (o < n_out) memcpy(d, (const uint8_t *) w + (size_t) o * wrb + (size_t) b * bb, bb);
+            else memset(d, 0, bb);
+        }
+}
+
+void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
+                            int64_t n_in) {
+    const size_t bb = lx_type_block_bytes(w_type), wrb = lx_row_bytes(w_type, n_in);
+    const int64_t nb = n_in / LX_QK;
+    for (int64_t i = 0; i < n_rows; ++i)
+        for (int64_t b = 0; b < nb; ++b)
+            memcpy((uint8_t *) dst + (size_t) i * wrb + (size_t) b * bb,
+                   (const uint8_t *) w + r8_at(bb, nb, rows[i], b), bb);
+}
+
+size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
+    const size_t g = lx_gemm_work_size(w_type, n_tok < LX_GEMM_SMALL ? n_tok : LX_GEMM_SMALL, n_in, n_threads);
+    const size_t p = (size_t) n_tok * lx_row_bytes(lx_gemm_dot_type(w_type), n_in) +
+                     (size_t) (n_threads > 0 ? n_threads : 1) * 8 * lx_row_bytes(w_type, n_in) + 128;
+    return g > p ? g : p;
+}
+
+/* portable: each group's 8 rows gathered back into GGUF rows, then the canonical dots */
+static void gemm_r8_portable(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                             int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const lx_type dt = lx_gemm_dot_type(wt);
+    const size_t xrb = lx_row_bytes(dt, n_in), wrb = lx_row_bytes(wt, n_in);
+    uint8_t *xq = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    uint8_t *rows = xq + (size_t) n_tok * xrb;
+    const int64_t n_groups = (n_out + 7) / 8;
+    (void) n_threads;
+    for (int64_t t = 0; t < n_tok; ++t) lx_quantize_row(dt, x + t * n_in, xq + t * xrb, n_in);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+#endif
+    for (int64_t g = 0; g < n_groups; ++g) {
+#ifdef _OPENMP
+        uint8_t *mine = rows + (size_t) omp_get_thread_num() * 8 * wrb;
+#else
+        uint8_t *mine = rows;
+#endif
+        int32_t ids[8];
+        for (int r = 0; r < 8; ++r) ids[r] = (int32_t) (8 * g + r);
+        lx_gemm_unpack_r8_rows(wt, w, ids, 8, mine, n_in);
+        for (int r = 0; r < 8 && 8 * g + r < n_out; ++r)
+            for (int64_t t = 0; t < n_tok; ++t)
+                y[t * n_out + 8 * g + r] = dot_any(wt, mine + (size_t) r * wrb, xq + t * xrb, n_in);
+    }
+}
+
+void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+                int64_t n_out, void *work, int n_threads) {
+    assert(lx_gemm_r8_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
+    if (n_tok <= 0 || n_out <= 0) return;
+#ifdef LX_GEMM_X86
+    if (lx_gemm_simd_level() >= 2) {   /* the few-token kernel, 8 tokens at a time (the same bits) */
+        for (int64_t t0 = 0; t0 < n_tok; t0 += LX_GEMM_SMALL) {
+            const int64_t k = n_tok - t0 < LX_GEMM_SMALL ? n_tok - t0 : LX_GEMM_SMALL;
+            gemm_small(w, w_type, x + t0 * n_in, y + t0 * n_out, k, n_in, n_out, work, n_threads, 1);
+        }
+        return;
+    }
+#endif
+    gemm_r8_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
 }
 
 #else /* LX_GEMM_PASS: the kernel section, compiled once per pass ----------------------------- */
@@ -827,7 +914,7 @@ static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
 
 static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                              const uint8_t *act, size_t ts, int64_t nb, float *y,
-                                             int64_t n_out, const int NT) {
+                                             int64_t n_out, const int NT, int r8) {
     const int64_t n_in = nb * LX_QK;
     const uint8_t *rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
@@ -837,7 +924,13 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
     for (int64_t b = 0; b < nb; ++b) {
         __m256i u[8];
         uint16_t dh[8], mh[8] = {0};
-        for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, rows[r], b, dh + r, mh + r);
+        if (r8) {   /* the group's 8 blocks b lie side by side (lx_gemm_pack_r8) */
+            const size_t bb = lx_type_block_bytes(wt);
+            const uint8_t *gb = w + (size_t) o0 * wrb + (size_t) b * 8 * bb;
+            for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, gb + r * bb, 0, dh + r, mh + r);
+        } else {
+            for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, rows[r], b, dh + r, mh + r);
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dh));
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) mh));
         for (int k = 0; k < NT; ++k) {
@@ -867,19 +960,20 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
 
 #define LX_GEMM_SMALL_NT(WT)                                                                  \
     switch (n_tok) {                                                                          \
-    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1); break;             \
-    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2); break;             \
-    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3); break;             \
-    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4); break;             \
-    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5); break;             \
-    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6); break;             \
-    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7); break;             \
-    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8); break;            \
+    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1, r8); break;             \
+    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2, r8); break;             \
+    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3, r8); break;             \
+    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4, r8); break;             \
+    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5, r8); break;             \
+    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6, r8); break;             \
+    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7, r8); break;             \
+    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8, r8); break;            \
     }
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
 static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
-                                  const uint8_t *act, int64_t n_tok, int64_t nb, float *y, int64_t n_out) {
+                                  const uint8_t *act, int64_t n_tok, int64_t nb, float *y, int64_t n_out,
+                                  int r8) {
     const size_t ts = (size_t) nb * (LX_QK + 12);
     switch (wt) {
     case LX_TYPE_Q4_0: LX_GEMM_SMALL_NT(LX_TYPE_Q4_0) break;

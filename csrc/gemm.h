@@ -153,6 +153,22 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                  int64_t n_in, int64_t n_out, void *work);
 
+/* The block-interleaved layout ("r8"), for decode: rows in groups of 8, each group block-major, so
+ * block b of row o sits at byte ((o / 8 * nb + b) * 8 + o % 8) * block_bytes (nb = n_in / 32),
+ * n_out rounded up to a multiple of 8 with zero rows. The same bytes as the GGUF rows, permuted: the
+ * few-token kernel then reads one contiguous stream (8 row streams of a GGUF Q8_0 matrix left it at
+ * ~1/2 of the bandwidth). Types q4_0, q4_1, q5_0, q8_0. lx_gemm_r8 gives lx_gemm's bits (any n_tok:
+ * 8 tokens per pass over W; meant for few tokens). */
+int lx_gemm_r8_supported(lx_type w_type);
+size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out);
+void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out);
+/* rows[i] of r8 W back as GGUF rows into dst [n_rows][lx_row_bytes] (the embedding's get_rows) */
+void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
+                            int64_t n_in);
+size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads);
+void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+                int64_t n_out, void *work, int n_threads);
+
 /* the path in use: 0 portable C, 2 AVX2+FMA, 3 AVX-512 (F, BW, VL, VNNI) */
 int lx_gemm_simd_level(void);
 

@@ -133,3 +133,48 @@ def test_errors():
         G.mul_mat(raw, t, x, out=x.reshape(-1)[:15].reshape(3, 5))
     with pytest.raises(ValueError):
         G.mul_mat(raw, t, x, n_threads=0)
+
+
+# ---- the block-interleaved layout (r8) --------------------------------------------------------
+
+@pytest.mark.parametrize("t", sorted(G.R8_TYPES))
+@pytest.mark.parametrize("n_out", [8, 13, 100])
+def test_r8_gives_the_gemm_bits(t, n_out):
+    """pack_r8 + mul_mat_r8 equals the reference bit for bit for any n_tok (8 tokens per pass) and
+    at every level; a ragged last group is padded and its rows dropped."""
+    rng = np.random.default_rng(n_out + t)
+    n_in = 96
+    raw = weights(t, n_out, n_in, rng)
+    packed = G.pack_r8(raw, t)
+    assert packed.shape == ((n_out + 7) // 8 * 8, raw.shape[1])
+    for n_tok in (1, 3, 8, 9, 20):
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        ref = G.mul_mat_ref(raw, t, x)
+        for level in (-1, 0):
+            G.set_simd_level(level)
+            try:
+                for nt in (1, 2):
+                    np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=nt), ref)
+            finally:
+                G.set_simd_level(-1)
+
+
+def test_r8_layout_and_rows():
+    """Block b of row o at ((o // 8 * nb + b) * 8 + o % 8) * block_bytes; rows_r8 gives GGUF rows back."""
+    rng = np.random.default_rng(5)
+    raw = weights(8, 20, 64, rng)
+    packed = G.pack_r8(raw, 8)
+    bb, nb = 34, 2
+    flat = packed.reshape(-1)
+    for o in (0, 7, 8, 19):
+        for b in range(nb):
+            at = ((o // 8 * nb + b) * 8 + o % 8) * bb
+            np.testing.assert_array_equal(flat[at:at + bb], raw[o, b * bb:(b + 1) * bb])
+    assert not flat[((2 * nb + 0) * 8 + 4) * bb:][:bb].any()   # row 20: padding
+    np.testing.assert_array_equal(G.rows_r8(packed, 8, [19, 0, 8, 8]), raw[[19, 0, 8, 8]])
+    with pytest.raises(ValueError, match="rows"):
+        G.rows_r8(packed, 8, [24])
+    with pytest.raises(ValueError, match="n_out"):
+        G.mul_mat_r8(packed, 8, 30, np.zeros((1, 64), np.float32))
+    with pytest.raises(ValueError, match="r8"):
+        G.pack_r8(weights(12, 8, 256, rng), 12)

@@ -168,3 +168,18 @@ def test_gated_activations():
         _layer.gated(gu, n_ff, "gelu_table")
     with pytest.raises(ValueError, match="gu must be"):
         _layer.gated(gu, n_ff + 1)
+
+
+def test_the_embedding_is_kept_block_interleaved(model):
+    """The Q8_0 embedding / tied output lives in the GEMM's r8 layout (one contiguous stream per 8
+    rows for the decode step's logits): its rows and its logits are those of the GGUF's own rows."""
+    from llamax._native import gemm, quants
+    E = model.tok_embd
+    assert E.r8 and E.raw.shape[0] % 8 == 0
+    raw = np.ascontiguousarray(model.gguf.raw("token_embd.weight"))
+    toks = np.array([0, 5, 1234, E.n_vocab - 1], np.int64)
+    np.testing.assert_array_equal(E.rows(toks), quants.dequantize(E.type, raw[toks], (4, E.n_embd)))
+    rng = np.random.default_rng(3)
+    for n in (1, 12):
+        x = rng.standard_normal((n, E.n_embd)).astype(np.float32)
+        np.testing.assert_array_equal(E.logits(x), gemm.mul_mat(raw, E.type, x))

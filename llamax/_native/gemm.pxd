@@ -1,5 +1,5 @@
 # gemm.pxd: mirrors csrc/gemm.h (declarations only).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 
 from llamax._native.quants cimport lx_type
 
@@ -20,3 +20,12 @@ cdef extern from "gemm.h" nogil:
 
     int lx_gemm_simd_level()
     void lx_gemm_set_simd_level(int level)
+
+    int lx_gemm_r8_supported(lx_type w_type)
+    size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out)
+    void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out)
+    void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
+                                int64_t n_in)
+    size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads)
+    void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+                    int64_t n_out, void *work, int n_threads)

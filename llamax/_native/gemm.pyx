@@ -11,9 +11,9 @@ import numpy as np
 
 cimport numpy as cnp
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 
-from llamax._native.quants cimport LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes, lx_type, lx_type_block_size
+from llamax._native.quants cimport LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes, lx_type, lx_type_block_bytes, lx_type_block_size
 
 # the declarations of csrc/gemm.h come from gemm.pxd (same module name)
 
@@ -154,4 +154,91 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
                 lx_gemm(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
     finally:
         PyMem_RawFree(work)
+    return out
+
+
+# ---- the block-interleaved layout (gemm.h's r8): one contiguous stream per 8 rows for decode ----
+
+R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0"}
+
+
+cdef lx_type _r8_type(object t) except *:
+    cdef lx_type wt = _w_type(t)
+    if not lx_gemm_r8_supported(wt):
+        raise ValueError(f"ggml_type {int(t)} has no r8 layout; known: {R8_TYPES}")
+    return wt
+
+
+def pack_r8(raw, ggml_type):
+    """W's GGUF rows uint8 [n_out, row_bytes] in the r8 layout: uint8 [ceil(n_out / 8) * 8, row_bytes]
+    (the same blocks, 8-row groups block-major, zero rows padding the last group)."""
+    cdef lx_type wt = _r8_type(ggml_type)
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
+        raise ValueError("raw must be a C-contiguous uint8 array [n_out, row_bytes]")
+    cdef int64_t bs = lx_type_block_size(wt), bb = lx_type_block_bytes(wt)
+    if raw.shape[1] == 0 or raw.shape[1] % bb:
+        raise ValueError(f"rows of {raw.shape[1]} bytes are not whole {R8_TYPES[<int> wt]} blocks")
+    cdef int64_t n_out = raw.shape[0], n_in = raw.shape[1] // bb * bs
+    out = np.empty(((n_out + 7) // 8 * 8, raw.shape[1]), dtype=np.uint8)
+    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> raw)
+    cdef void *op = cnp.PyArray_DATA(<cnp.ndarray> out)
+    with nogil:
+        lx_gemm_pack_r8(wt, wp, op, n_in, n_out)
+    return out
+
+
+cdef int64_t _r8_n_in(object packed, lx_type wt) except -1:
+    if not isinstance(packed, np.ndarray) or packed.dtype != np.uint8 or packed.ndim != 2 \
+            or not packed.flags.c_contiguous or packed.shape[0] % 8:
+        raise ValueError("packed must be pack_r8's C-contiguous uint8 [8k, row_bytes]")
+    cdef int64_t bb = lx_type_block_bytes(wt)
+    if packed.shape[1] == 0 or packed.shape[1] % bb:
+        raise ValueError("packed rows are not whole blocks of this type")
+    return packed.shape[1] // bb * lx_type_block_size(wt)
+
+
+def mul_mat_r8(packed, ggml_type, int64_t n_out, x, n_threads=None):
+    """mul_mat over pack_r8's layout: the same bits as mul_mat(raw, ...) for the first n_out rows.
+    W is read once per 8 tokens (a decode-step kernel)."""
+    cdef lx_type wt = _r8_type(ggml_type)
+    cdef int nth = resolve_n_threads(n_threads)
+    cdef int64_t n_in = _r8_n_in(packed, wt)
+    if not packed.shape[0] - 8 < n_out <= packed.shape[0]:
+        raise ValueError(f"n_out {n_out} does not fit {packed.shape[0]} packed rows")
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous \
+            or x.shape[1] != n_in:
+        raise ValueError(f"x must be a C-contiguous float32 array [n_tok, {n_in}]")
+    cdef int64_t n_tok = x.shape[0]
+    out = np.empty((n_tok, n_out), dtype=np.float32)
+    if n_tok == 0:
+        return out
+    cdef size_t ws = lx_gemm_r8_work_size(wt, n_tok, n_in, nth)
+    cdef void *work = PyMem_RawMalloc(ws)
+    if work == NULL:
+        raise MemoryError(f"gemm.mul_mat_r8: cannot allocate {ws} bytes of work")
+    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
+    cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    try:
+        with nogil:
+            lx_gemm_r8(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
+    finally:
+        PyMem_RawFree(work)
+    return out
+
+
+def rows_r8(packed, ggml_type, rows):
+    """GGUF rows uint8 [len(rows), row_bytes] of the r8-packed W (rows in [0, packed rows))."""
+    cdef lx_type wt = _r8_type(ggml_type)
+    cdef int64_t n_in = _r8_n_in(packed, wt)
+    ids = np.ascontiguousarray(rows, dtype=np.int32)
+    if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= packed.shape[0])):
+        raise ValueError(f"rows must be indices in [0, {packed.shape[0]})")
+    out = np.empty((ids.shape[0], packed.shape[1]), dtype=np.uint8)
+    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
+    cdef const int32_t *ip = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> ids)
+    cdef void *op = cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef int64_t n = ids.shape[0]
+    with nogil:
+        lx_gemm_unpack_r8_rows(wt, wp, ip, n, op, n_in)
     return out

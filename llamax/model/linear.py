@@ -74,18 +74,30 @@ class Linear:
 
 
 class Embedding:
-    """The token embedding [n_vocab, n_embd] kept as the GGUF's raw rows; also the tied output."""
+    """The token embedding [n_vocab, n_embd], also the tied output: the GGUF's blocks, kept in the GEMM's
+    block-interleaved layout (gemm.pack_r8: 8-row groups block-major) for the types it has (Q8_0 in
+    both registry models), so the logits of a decode step stream it once, contiguously; else its raw rows."""
 
     def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
         self.type = g.ggml_type(name)
-        self.raw = np.ascontiguousarray(g.raw(name))        # [n_vocab, row_bytes], a view of the mapping
         self.n_vocab, self.n_embd = g.shape(name)
         self.n_threads = n_threads
+        raw = np.ascontiguousarray(g.raw(name))             # [n_vocab, row_bytes], a view of the mapping
+        self.r8 = gemm.supported(self.type) and self.type in gemm.R8_TYPES
+        if self.r8:
+            self.raw = gemm.pack_r8(raw, self.type)         # a copy: the mapping's pages are not needed
+            g.release(name)
+        else:
+            self.raw = raw
 
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
-        return quants.dequantize(self.type, self.raw[tokens], (len(tokens), self.n_embd), self.n_threads)
+        raw = gemm.rows_r8(self.raw, self.type, tokens) if self.r8 else self.raw[tokens]
+        return quants.dequantize(self.type, raw, (len(tokens), self.n_embd), self.n_threads)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
-        """x @ E.T, float32 [n, n_vocab], from the raw rows (the GEMM for Q8_0: both registry models)."""
-        return _product(self.raw, self.type, np.ascontiguousarray(x, dtype=np.float32), self.n_threads)
+        """x @ E.T, float32 [n, n_vocab], from the blocks: the same bits in either layout (gemm.h)."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if self.r8:
+            return gemm.mul_mat_r8(self.raw, self.type, self.n_vocab, x, n_threads=self.n_threads)
+        return _product(self.raw, self.type, x, self.n_threads)
