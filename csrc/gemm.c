@@ -609,38 +609,43 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 
 /* ---- the block-interleaved layout (r8) ------------------------------------------------------ */
 
-int lx_gemm_r8_supported(lx_type w_type) {
-    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0;
-}
+int lx_gemm_r8_supported(lx_type w_type) { return w_type == LX_TYPE_Q8_0; }
 
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
     return (size_t) ((n_out + 7) / 8 * 8) * lx_row_bytes(w_type, n_in);
 }
 
-/* block b of row o in the r8 layout */
-static size_t r8_at(size_t bb, int64_t nb, int64_t o, int64_t b) {
-    return ((size_t) ((o / 8) * nb + b) * 8 + (size_t) (o % 8)) * bb;
+/* group-block (o / 8, b): 8 d, then byte j of row o % 8's quants at 16 + 32 (j / 4) + 4 (o % 8) + j % 4 */
+static uint8_t *r8_block(const void *w, int64_t nb, int64_t o, int64_t b) {
+    return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * sizeof(lx_block_q8_0);
 }
 
 void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out) {
-    const size_t bb = lx_type_block_bytes(w_type), wrb = lx_row_bytes(w_type, n_in);
+    const size_t wrb = lx_row_bytes(w_type, n_in);
     const int64_t nb = n_in / LX_QK, n_pad = (n_out + 7) / 8 * 8;
     for (int64_t o = 0; o < n_pad; ++o)
         for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *d = (uint8_t *) dst + r8_at(bb, nb, o, b);
-            if (o < n_out) memcpy(d, (const uint8_t *) w + (size_t) o * wrb + (size_t) b * bb, bb);
-            else memset(d, 0, bb);
+            uint8_t *g = r8_block(dst, nb, o, b);
+            const int r = (int) (o % 8);
+            lx_block_q8_0 zero = {0};
+            const lx_block_q8_0 *x = o < n_out ? (const lx_block_q8_0 *) ((const uint8_t *) w + (size_t) o * wrb) + b : &zero;
+            memcpy(g + 2 * r, &x->d, 2);
+            for (int c = 0; c < 8; ++c) memcpy(g + 16 + 32 * c + 4 * r, x->qs + 4 * c, 4);
         }
 }
 
 void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
                             int64_t n_in) {
-    const size_t bb = lx_type_block_bytes(w_type), wrb = lx_row_bytes(w_type, n_in);
+    const size_t wrb = lx_row_bytes(w_type, n_in);
     const int64_t nb = n_in / LX_QK;
     for (int64_t i = 0; i < n_rows; ++i)
-        for (int64_t b = 0; b < nb; ++b)
-            memcpy((uint8_t *) dst + (size_t) i * wrb + (size_t) b * bb,
-                   (const uint8_t *) w + r8_at(bb, nb, rows[i], b), bb);
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *g = r8_block(w, nb, rows[i], b);
+            const int r = (int) (rows[i] % 8);
+            lx_block_q8_0 *x = (lx_block_q8_0 *) ((uint8_t *) dst + (size_t) i * wrb) + b;
+            memcpy(&x->d, g + 2 * r, 2);
+            for (int c = 0; c < 8; ++c) memcpy(x->qs + 4 * c, g + 16 + 32 * c + 4 * r, 4);
+        }
 }
 
 size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
@@ -914,7 +919,7 @@ static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
 
 static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                              const uint8_t *act, size_t ts, int64_t nb, float *y,
-                                             int64_t n_out, const int NT, int r8) {
+                                             int64_t n_out, const int NT) {
     const int64_t n_in = nb * LX_QK;
     const uint8_t *rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
@@ -924,13 +929,7 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
     for (int64_t b = 0; b < nb; ++b) {
         __m256i u[8];
         uint16_t dh[8], mh[8] = {0};
-        if (r8) {   /* the group's 8 blocks b lie side by side (lx_gemm_pack_r8) */
-            const size_t bb = lx_type_block_bytes(wt);
-            const uint8_t *gb = w + (size_t) o0 * wrb + (size_t) b * 8 * bb;
-            for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, gb + r * bb, 0, dh + r, mh + r);
-        } else {
-            for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, rows[r], b, dh + r, mh + r);
-        }
+        for (int r = 0; r < 8; ++r) u[r] = SFX(block_u)(wt, rows[r], b, dh + r, mh + r);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) dh));
         const __m256 mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) mh));
         for (int k = 0; k < NT; ++k) {
@@ -958,16 +957,53 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
     }
 }
 
+/* q8_0 in the r8 layout (lx_gemm_pack_r8): per group-block the 8 rows' d, then 8 chunks of 32 bytes,
+ * chunk c holding bytes [4c, 4c + 4) of each row's quants, row after row. Each lane is one row from
+ * the start: the token's 4 bytes are broadcast, and after the 8 chunks lane r holds row r's exact
+ * block sum (no reduction across lanes); then gemm.h's one fma per block. */
+static LX_INLINE LX_TGT void SFX(small_tile_r8)(const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                                const uint8_t *act, size_t ts, int64_t nb, float *y,
+                                                int64_t n_out, const int NT) {
+    const uint8_t *grp = w + (size_t) o0 * wrb;
+    __m256 acc[8];
+    for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *gb = grp + (size_t) b * 8 * sizeof(lx_block_q8_0);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
+        __m256i is[8];
+        for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c) {
+            const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + 16 + 32 * c));
+            const __m256i aw = _mm256_abs_epi8(wv);
+            for (int k = 0; k < NT; ++k) {
+                const __m256i xb = _mm256_set1_epi32(ld32(act + k * ts + LX_QK * b + 4 * c));
+                is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv)), ones));
+            }
+        }
+        for (int k = 0; k < NT; ++k) {
+            const float *dx = (const float *) (act + k * ts + nb * LX_QK + 4 * nb);
+            const __m256 sv = _mm256_mul_ps(dw, _mm256_set1_ps(dx[b]));
+            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(is[k]), acc[k]);
+        }
+    }
+    for (int k = 0; k < NT; ++k) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
+    }
+}
+
 #define LX_GEMM_SMALL_NT(WT)                                                                  \
     switch (n_tok) {                                                                          \
-    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1, r8); break;             \
-    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2, r8); break;             \
-    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3, r8); break;             \
-    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4, r8); break;             \
-    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5, r8); break;             \
-    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6, r8); break;             \
-    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7, r8); break;             \
-    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8, r8); break;            \
+    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1); break;             \
+    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2); break;             \
+    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3); break;             \
+    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4); break;             \
+    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5); break;             \
+    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6); break;             \
+    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7); break;             \
+    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8); break;            \
     }
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
@@ -975,6 +1011,18 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
                                   const uint8_t *act, int64_t n_tok, int64_t nb, float *y, int64_t n_out,
                                   int r8) {
     const size_t ts = (size_t) nb * (LX_QK + 12);
+    if (r8) {
+        switch (n_tok) {
+        case 1: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 1); return;
+        case 2: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 2); return;
+        case 3: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 3); return;
+        case 4: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 4); return;
+        case 5: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 5); return;
+        case 6: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 6); return;
+        case 7: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 7); return;
+        default: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 8); return;
+        }
+    }
     switch (wt) {
     case LX_TYPE_Q4_0: LX_GEMM_SMALL_NT(LX_TYPE_Q4_0) break;
     case LX_TYPE_Q4_1: LX_GEMM_SMALL_NT(LX_TYPE_Q4_1) break;

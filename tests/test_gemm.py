@@ -160,21 +160,24 @@ def test_r8_gives_the_gemm_bits(t, n_out):
 
 
 def test_r8_layout_and_rows():
-    """Block b of row o at ((o // 8 * nb + b) * 8 + o % 8) * block_bytes; rows_r8 gives GGUF rows back."""
+    """Per 8-row group and block (272 bytes): the 8 rows' d, then chunk c = quants [4c, 4c + 4) of
+    rows 0..7; rows_r8 gives the GGUF rows back."""
     rng = np.random.default_rng(5)
     raw = weights(8, 20, 64, rng)
     packed = G.pack_r8(raw, 8)
-    bb, nb = 34, 2
-    flat = packed.reshape(-1)
+    flat, nb = packed.reshape(-1), 2
     for o in (0, 7, 8, 19):
         for b in range(nb):
-            at = ((o // 8 * nb + b) * 8 + o % 8) * bb
-            np.testing.assert_array_equal(flat[at:at + bb], raw[o, b * bb:(b + 1) * bb])
-    assert not flat[((2 * nb + 0) * 8 + 4) * bb:][:bb].any()   # row 20: padding
+            g = ((o // 8) * nb + b) * 272
+            blk = raw[o, b * 34:(b + 1) * 34]
+            np.testing.assert_array_equal(flat[g + 2 * (o % 8):][:2], blk[:2])
+            for c in range(8):
+                np.testing.assert_array_equal(flat[g + 16 + 32 * c + 4 * (o % 8):][:4], blk[2 + 4 * c:6 + 4 * c])
+    assert not flat[(2 * nb) * 272:].reshape(nb, 272)[:, 2 * 4:16].any()   # rows 20..23: zero padding
     np.testing.assert_array_equal(G.rows_r8(packed, 8, [19, 0, 8, 8]), raw[[19, 0, 8, 8]])
     with pytest.raises(ValueError, match="rows"):
         G.rows_r8(packed, 8, [24])
     with pytest.raises(ValueError, match="n_out"):
         G.mul_mat_r8(packed, 8, 30, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="r8"):
-        G.pack_r8(weights(12, 8, 256, rng), 12)
+        G.pack_r8(weights(3, 8, 64, rng), 3)

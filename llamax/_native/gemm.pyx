@@ -157,9 +157,9 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
     return out
 
 
-# ---- the block-interleaved layout (gemm.h's r8): one contiguous stream per 8 rows for decode ----
+# ---- the row-interleaved layout (gemm.h's r8, q8_0): one contiguous stream per 8 rows for decode ----
 
-R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0"}
+R8_TYPES = {8: "Q8_0"}
 
 
 cdef lx_type _r8_type(object t) except *:
@@ -171,7 +171,8 @@ cdef lx_type _r8_type(object t) except *:
 
 def pack_r8(raw, ggml_type):
     """W's GGUF rows uint8 [n_out, row_bytes] in the r8 layout: uint8 [ceil(n_out / 8) * 8, row_bytes]
-    (the same blocks, 8-row groups block-major, zero rows padding the last group)."""
+    (per 8-row group and block: the 8 d, then the rows' quants interleaved 4 bytes at a time; zero
+    rows pad the last group). See gemm.h."""
     cdef lx_type wt = _r8_type(ggml_type)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
         raise ValueError("raw must be a C-contiguous uint8 array [n_out, row_bytes]")

@@ -75,8 +75,8 @@ class Linear:
 
 class Embedding:
     """The token embedding [n_vocab, n_embd], also the tied output: the GGUF's blocks, kept in the GEMM's
-    block-interleaved layout (gemm.pack_r8: 8-row groups block-major) for the types it has (Q8_0 in
-    both registry models), so the logits of a decode step stream it once, contiguously; else its raw rows."""
+    row-interleaved layout (gemm.pack_r8: 8 rows interleaved 4 bytes at a time) when it is Q8_0 (both
+    registry models), so the logits of a decode step stream it once, contiguously; else its raw rows."""
 
     def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
         self.type = g.ggml_type(name)
