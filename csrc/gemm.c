@@ -893,9 +893,13 @@ static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int
         const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
         qs = x->qs, *dh = x->d;
     }
+    if (wt != LX_TYPE_Q5_0) {   /* nibbles: low ones in the low half, high ones in the high half (no shuffle) */
+        const __m256i q2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
+        return _mm256_and_si256(_mm256_srlv_epi64(q2, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
+    }
     const __m128i q = _mm_loadu_si128((const __m128i *) qs);
     __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    if (wt == LX_TYPE_Q5_0) {
+    {
         const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
         uint32_t qh;
         memcpy(&qh, x->qh, 4);
