@@ -998,17 +998,19 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(const uint8_t *w, size_t wrb, in
     }
 }
 
-#define LX_GEMM_SMALL_NT(WT)                                                                  \
+/* F(args..., NT) with NT = n_tok as a constant, 1..8 (each count gets its own unrolled tile) */
+#define LX_GEMM_BY_NT(F, ...)                                                                 \
     switch (n_tok) {                                                                          \
-    case 1: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 1); break;             \
-    case 2: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 2); break;             \
-    case 3: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 3); break;             \
-    case 4: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 4); break;             \
-    case 5: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 5); break;             \
-    case 6: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 6); break;             \
-    case 7: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 7); break;             \
-    default: SFX(small_tile)(WT, w, wrb, o0, nr, act, ts, nb, y, n_out, 8); break;            \
+    case 1: F(__VA_ARGS__, 1); break;                                                         \
+    case 2: F(__VA_ARGS__, 2); break;                                                         \
+    case 3: F(__VA_ARGS__, 3); break;                                                         \
+    case 4: F(__VA_ARGS__, 4); break;                                                         \
+    case 5: F(__VA_ARGS__, 5); break;                                                         \
+    case 6: F(__VA_ARGS__, 6); break;                                                         \
+    case 7: F(__VA_ARGS__, 7); break;                                                         \
+    default: F(__VA_ARGS__, 8); break;                                                        \
     }
+#define LX_GEMM_SMALL_NT(WT) LX_GEMM_BY_NT(SFX(small_tile), WT, w, wrb, o0, nr, act, ts, nb, y, n_out)
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
 static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
@@ -1016,16 +1018,8 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
                                   int r8) {
     const size_t ts = (size_t) nb * (LX_QK + 12);
     if (r8) {
-        switch (n_tok) {
-        case 1: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 1); return;
-        case 2: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 2); return;
-        case 3: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 3); return;
-        case 4: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 4); return;
-        case 5: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 5); return;
-        case 6: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 6); return;
-        case 7: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 7); return;
-        default: SFX(small_tile_r8)(w, wrb, o0, nr, act, ts, nb, y, n_out, 8); return;
-        }
+        LX_GEMM_BY_NT(SFX(small_tile_r8), w, wrb, o0, nr, act, ts, nb, y, n_out)
+        return;
     }
     switch (wt) {
     case LX_TYPE_Q4_0: LX_GEMM_SMALL_NT(LX_TYPE_Q4_0) break;
@@ -1273,17 +1267,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
     }
 }
 
-#define LX_GEMM_SMALL_NT(WT)                                                                  \
-    switch (n_tok) {                                                                          \
-    case 1: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 1); break;          \
-    case 2: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 2); break;          \
-    case 3: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 3); break;          \
-    case 4: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 4); break;          \
-    case 5: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 5); break;          \
-    case 6: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 6); break;          \
-    case 7: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 7); break;          \
-    default: SFX(small_tile_k)(WT, w, wrb, o0, nr, act, ts, nbk, y, n_out, 8); break;         \
-    }
+#define LX_GEMM_SMALL_NT(WT) LX_GEMM_BY_NT(SFX(small_tile_k), WT, w, wrb, o0, nr, act, ts, nbk, y, n_out)
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar K tokens at act */
 static LX_TGT void SFX(small_run_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,

@@ -124,22 +124,30 @@ def mul_mat(raw, ggml_type, x, out=None, n_threads=None):
     cdef lx_type wt = _w_type(ggml_type)
     cdef int nth = resolve_n_threads(n_threads)
     n_tok, n_in, n_out, out = _check(raw, wt, x, out)
-    return _run(raw, wt, x, out, n_tok, n_in, n_out, nth, False)
+    return _run(raw, wt, x, out, n_tok, n_in, n_out, nth, _FAST)
 
 
 def mul_mat_ref(raw, ggml_type, x):
     """mul_mat through the scalar reference (single-threaded, gemm.h's loop literally)."""
     cdef lx_type wt = _w_type(ggml_type)
     n_tok, n_in, n_out, out = _check(raw, wt, x, None)
-    return _run(raw, wt, x, out, n_tok, n_in, n_out, 1, True)
+    return _run(raw, wt, x, out, n_tok, n_in, n_out, 1, _REF)
+
+
+cdef enum:   # _run's paths
+    _FAST = 0
+    _REF = 1
+    _R8 = 2
 
 
 cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int64_t n_in,
-                 int64_t n_out, int nth, bint ref):
-    """Call the C product on validated operands (the work buffer lives for the call only)."""
+                 int64_t n_out, int nth, int path):
+    """Call the C product (path: _FAST, _REF, or _R8 over a packed W) on validated operands (the
+    work buffer lives for the call only)."""
     if n_tok == 0 or n_out == 0:
         return out
-    cdef size_t ws = lx_gemm_work_size(wt, n_tok, n_in, nth)
+    cdef size_t ws = lx_gemm_r8_work_size(wt, n_tok, n_in, nth) if path == _R8 else \
+        lx_gemm_work_size(wt, n_tok, n_in, nth)
     cdef void *work = PyMem_RawMalloc(ws)
     if work == NULL:
         raise MemoryError(f"gemm.mul_mat: cannot allocate {ws} bytes of work")
@@ -148,8 +156,10 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
     cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
     try:
         with nogil:
-            if ref:
+            if path == _REF:
                 lx_gemm_ref(wp, wt, xp, yp, n_tok, n_in, n_out, work)
+            elif path == _R8:
+                lx_gemm_r8(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
             else:
                 lx_gemm(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
     finally:
@@ -209,23 +219,8 @@ def mul_mat_r8(packed, ggml_type, int64_t n_out, x, n_threads=None):
     if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous \
             or x.shape[1] != n_in:
         raise ValueError(f"x must be a C-contiguous float32 array [n_tok, {n_in}]")
-    cdef int64_t n_tok = x.shape[0]
-    out = np.empty((n_tok, n_out), dtype=np.float32)
-    if n_tok == 0:
-        return out
-    cdef size_t ws = lx_gemm_r8_work_size(wt, n_tok, n_in, nth)
-    cdef void *work = PyMem_RawMalloc(ws)
-    if work == NULL:
-        raise MemoryError(f"gemm.mul_mat_r8: cannot allocate {ws} bytes of work")
-    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
-    cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
-    cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
-    try:
-        with nogil:
-            lx_gemm_r8(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
-    finally:
-        PyMem_RawFree(work)
-    return out
+    out = np.empty((x.shape[0], n_out), dtype=np.float32)
+    return _run(packed, wt, x, out, x.shape[0], n_in, n_out, nth, _R8)
 
 
 def rows_r8(packed, ggml_type, rows):

@@ -83,7 +83,7 @@ class Embedding:
         self.n_vocab, self.n_embd = g.shape(name)
         self.n_threads = n_threads
         raw = np.ascontiguousarray(g.raw(name))             # [n_vocab, row_bytes], a view of the mapping
-        self.r8 = gemm.supported(self.type) and self.type in gemm.R8_TYPES
+        self.r8 = self.type in gemm.R8_TYPES
         if self.r8:
             self.raw = gemm.pack_r8(raw, self.type)         # a copy: the mapping's pages are not needed
             g.release(name)
