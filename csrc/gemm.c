@@ -50,6 +50,11 @@ lx_type lx_gemm_dot_type(lx_type w_type) {
     return is_k(w_type) ? LX_TYPE_Q8_K : w_type == LX_TYPE_Q4_1 ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
 }
 
+/* r8 layout: a group-block's head, the 8 d (f16), then q4_1's 8 m (f16) or q5_0's 8 qh (u32) */
+static int r8_head(lx_type wt) {
+    return wt == LX_TYPE_Q4_1 ? 32 : wt == LX_TYPE_Q5_0 ? 48 : 16;
+}
+
 /* gemm.h's offset c of the stored quants (the canonical one) */
 static int canon_offset(lx_type wt) {
     return wt == LX_TYPE_Q4_0 ? 8 : wt == LX_TYPE_Q5_0 ? 16 : 0;
@@ -532,11 +537,14 @@ static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, in
  * over W's row tiles (W is re-unpacked per chunk; the arithmetic per output is unchanged) */
 #define LX_GEMM_CHUNK_BYTES (256 * 1024)
 
-void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
-             int64_t n_out, void *work, int n_threads) {
+static void r8_tile_rows(lx_type wt, const void *w, int64_t o0, int nr, int64_t n_in, uint8_t *dst);
+static void gemm_r8_portable(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                             int64_t n_in, int64_t n_out, void *work, int n_threads);
+
+/* lx_gemm over GGUF rows (r8 0) or the r8 layout (r8 1: lx_gemm_r8's work size) */
+static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, float *y, int64_t n_tok,
+                      int64_t n_in, int64_t n_out, void *work, int n_threads) {
     const int kq = is_k(w_type);
-    assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % (kq ? LX_QK_K : LX_QK) == 0 && n_threads >= 1);
-    if (n_tok <= 0 || n_out <= 0) return;
     const int level = lx_gemm_simd_level();
     run_fn run = NULL;
     int L = 8, u128 = 1, tmax = 1;
@@ -548,14 +556,15 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
     else if (level == 2) run = run_avx2, u128 = 0;
 #endif
     if (!run) {
-        gemm_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        if (r8) gemm_r8_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        else gemm_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
         return;
     }
     const lx_type dt = lx_gemm_dot_type(w_type);
 #ifdef LX_GEMM_X86
     if (n_tok <= LX_GEMM_SMALL) {
         if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
-        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, 0);
+        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
         return;
     }
 #endif
@@ -568,6 +577,7 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
     if (gc < 1) gc = 1;
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
+    uint8_t *rows = tiles + (size_t) n_threads * tile_bytes(n_in);   /* r8: each thread's R GGUF rows */
     const int64_t n_tiles = (n_out + LX_GEMM_R - 1) / LX_GEMM_R;
     (void) n_threads;
     (void) dt;
@@ -583,10 +593,11 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
             else quantize_token(dt, c, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
         }
 #ifdef _OPENMP
-        uint8_t *tile = tiles + (size_t) omp_get_thread_num() * tile_bytes(n_in);
+        const int me = omp_get_thread_num();
 #else
-        uint8_t *tile = tiles;
+        const int me = 0;
 #endif
+        uint8_t *tile = tiles + (size_t) me * tile_bytes(n_in), *mine = rows + (size_t) me * LX_GEMM_R * wrb;
         for (int64_t g0 = 0; g0 < n_groups; g0 += gc) {
             const int64_t ng = n_groups - g0 < gc ? n_groups - g0 : gc;
 #ifdef _OPENMP
@@ -595,11 +606,14 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
             for (int64_t i = 0; i < n_tiles; ++i) {
                 const int64_t o0 = i * LX_GEMM_R;
                 const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
+                const uint8_t *src = (const uint8_t *) w;
+                int64_t so = o0;
+                if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
 #ifdef LX_GEMM_X86
-                if (kq) unpack_tile_k_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, tile);
-                else unpack_tile_avx2(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+                if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile);
 #else
-                unpack_tile(w_type, (const uint8_t *) w, wrb, o0, nr, n_in, u128, tile);
+                unpack_tile(w_type, src, wrb, so, nr, n_in, u128, tile);
 #endif
                 run(w_type, tile, n_in, nr, act + g0 * gs, ng, y + g0 * L * n_out, n_tok - g0 * L, n_out, o0);
             }
@@ -607,51 +621,87 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
     }
 }
 
-/* ---- the block-interleaved layout (r8) ------------------------------------------------------ */
+void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
+             int64_t n_out, void *work, int n_threads) {
+    assert(lx_gemm_supported(w_type) && n_in > 0 && n_in % (is_k(w_type) ? LX_QK_K : LX_QK) == 0 && n_threads >= 1);
+    if (n_tok <= 0 || n_out <= 0) return;
+    gemm_main(w, w_type, 0, x, y, n_tok, n_in, n_out, work, n_threads);
+}
 
-int lx_gemm_r8_supported(lx_type w_type) { return w_type == LX_TYPE_Q8_0; }
+/* ---- the row-interleaved layout (r8) -------------------------------------------------------- */
+
+int lx_gemm_r8_supported(lx_type w_type) {
+    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0;
+}
 
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
     return (size_t) ((n_out + 7) / 8 * 8) * lx_row_bytes(w_type, n_in);
 }
 
-/* group-block (o / 8, b): 8 d, then byte j of row o % 8's quants at 16 + 32 (j / 4) + 4 (o % 8) + j % 4 */
-static uint8_t *r8_block(const void *w, int64_t nb, int64_t o, int64_t b) {
-    return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * sizeof(lx_block_q8_0);
+/* group-block (o / 8, b) of 8 blocks' bytes: the head, then chunk c (of 8 for q8_0, 4 for the
+ * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row */
+static uint8_t *r8_block(const void *w, lx_type wt, int64_t nb, int64_t o, int64_t b) {
+    return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * lx_type_block_bytes(wt);
+}
+
+/* one GGUF block's fields: d, m (q4_1), qh (q5_0), qs and its byte count */
+typedef struct { uint8_t *d, *m, *qh, *qs; int nqs; } block_fields;
+
+static block_fields fields(lx_type wt, uint8_t *blk) {
+    block_fields f = {blk, NULL, NULL, NULL, 16};
+    switch (wt) {
+    case LX_TYPE_Q4_0: f.qs = ((lx_block_q4_0 *) blk)->qs; break;
+    case LX_TYPE_Q4_1: f.m = (uint8_t *) &((lx_block_q4_1 *) blk)->m, f.qs = ((lx_block_q4_1 *) blk)->qs; break;
+    case LX_TYPE_Q5_0: f.qh = ((lx_block_q5_0 *) blk)->qh, f.qs = ((lx_block_q5_0 *) blk)->qs; break;
+    default: f.qs = (uint8_t *) ((lx_block_q8_0 *) blk)->qs, f.nqs = 32; break;
+    }
+    return f;
+}
+
+/* block <-> its place in group-block g, as row r (to_r8: block into g; else g into block) */
+static void r8_move(lx_type wt, uint8_t *blk, uint8_t *g, int r, int to_r8) {
+    const block_fields f = fields(wt, blk);
+#define MOVE(a, b, n) (to_r8 ? memcpy(b, a, n) : memcpy(a, b, n))
+    MOVE(f.d, g + 2 * r, 2);
+    if (f.m) MOVE(f.m, g + 16 + 2 * r, 2);
+    if (f.qh) MOVE(f.qh, g + 16 + 4 * r, 4);
+    for (int c = 0; c < f.nqs / 4; ++c) MOVE(f.qs + 4 * c, g + r8_head(wt) + 32 * c + 4 * r, 4);
+#undef MOVE
 }
 
 void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out) {
-    const size_t wrb = lx_row_bytes(w_type, n_in);
+    const size_t wrb = lx_row_bytes(w_type, n_in), bb = lx_type_block_bytes(w_type);
     const int64_t nb = n_in / LX_QK, n_pad = (n_out + 7) / 8 * 8;
+    uint8_t zero[64] = {0};
     for (int64_t o = 0; o < n_pad; ++o)
         for (int64_t b = 0; b < nb; ++b) {
-            uint8_t *g = r8_block(dst, nb, o, b);
-            const int r = (int) (o % 8);
-            lx_block_q8_0 zero = {0};
-            const lx_block_q8_0 *x = o < n_out ? (const lx_block_q8_0 *) ((const uint8_t *) w + (size_t) o * wrb) + b : &zero;
-            memcpy(g + 2 * r, &x->d, 2);
-            for (int c = 0; c < 8; ++c) memcpy(g + 16 + 32 * c + 4 * r, x->qs + 4 * c, 4);
+            uint8_t blk[64];
+            memcpy(blk, o < n_out ? (const uint8_t *) w + (size_t) o * wrb + b * bb : zero, bb);
+            r8_move(w_type, blk, r8_block(dst, w_type, nb, o, b), (int) (o % 8), 1);
         }
 }
 
 void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
                             int64_t n_in) {
-    const size_t wrb = lx_row_bytes(w_type, n_in);
+    const size_t wrb = lx_row_bytes(w_type, n_in), bb = lx_type_block_bytes(w_type);
     const int64_t nb = n_in / LX_QK;
     for (int64_t i = 0; i < n_rows; ++i)
-        for (int64_t b = 0; b < nb; ++b) {
-            const uint8_t *g = r8_block(w, nb, rows[i], b);
-            const int r = (int) (rows[i] % 8);
-            lx_block_q8_0 *x = (lx_block_q8_0 *) ((uint8_t *) dst + (size_t) i * wrb) + b;
-            memcpy(&x->d, g + 2 * r, 2);
-            for (int c = 0; c < 8; ++c) memcpy(x->qs + 4 * c, g + 16 + 32 * c + 4 * r, 4);
-        }
+        for (int64_t b = 0; b < nb; ++b)
+            r8_move(w_type, (uint8_t *) dst + (size_t) i * wrb + b * bb, r8_block(w, w_type, nb, rows[i], b),
+                    (int) (rows[i] % 8), 0);
+}
+
+/* rows [o0, o0 + nr) of r8 W as GGUF rows into dst (a row tile of the tokens-in-lanes path) */
+static void r8_tile_rows(lx_type wt, const void *w, int64_t o0, int nr, int64_t n_in, uint8_t *dst) {
+    int32_t ids[LX_GEMM_R];
+    for (int r = 0; r < nr; ++r) ids[r] = (int32_t) (o0 + r);
+    lx_gemm_unpack_r8_rows(wt, w, ids, nr, dst, n_in);
 }
 
 size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
-    const size_t g = lx_gemm_work_size(w_type, n_tok < LX_GEMM_SMALL ? n_tok : LX_GEMM_SMALL, n_in, n_threads);
-    const size_t p = (size_t) n_tok * lx_row_bytes(lx_gemm_dot_type(w_type), n_in) +
-                     (size_t) (n_threads > 0 ? n_threads : 1) * 8 * lx_row_bytes(w_type, n_in) + 128;
+    const size_t nt = (size_t) (n_threads > 0 ? n_threads : 1), wrb = lx_row_bytes(w_type, n_in);
+    const size_t g = lx_gemm_work_size(w_type, n_tok, n_in, n_threads) + nt * LX_GEMM_R * wrb;
+    const size_t p = (size_t) n_tok * lx_row_bytes(lx_gemm_dot_type(w_type), n_in) + nt * 8 * wrb + 128;
     return g > p ? g : p;
 }
 
@@ -687,16 +737,7 @@ void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t
                 int64_t n_out, void *work, int n_threads) {
     assert(lx_gemm_r8_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
     if (n_tok <= 0 || n_out <= 0) return;
-#ifdef LX_GEMM_X86
-    if (lx_gemm_simd_level() >= 2) {   /* the few-token kernel, 8 tokens at a time (the same bits) */
-        for (int64_t t0 = 0; t0 < n_tok; t0 += LX_GEMM_SMALL) {
-            const int64_t k = n_tok - t0 < LX_GEMM_SMALL ? n_tok - t0 : LX_GEMM_SMALL;
-            gemm_small(w, w_type, x + t0 * n_in, y + t0 * n_out, k, n_in, n_out, work, n_threads, 1);
-        }
-        return;
-    }
-#endif
-    gemm_r8_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+    gemm_main(w, w_type, 1, x, y, n_tok, n_in, n_out, work, n_threads);
 }
 
 #else /* LX_GEMM_PASS: the kernel section, compiled once per pass ----------------------------- */
@@ -961,34 +1002,84 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
     }
 }
 
-/* q8_0 in the r8 layout (lx_gemm_pack_r8): per group-block the 8 rows' d, then 8 chunks of 32 bytes,
- * chunk c holding bytes [4c, 4c + 4) of each row's quants, row after row. Each lane is one row from
- * the start: the token's 4 bytes are broadcast, and after the 8 chunks lane r holds row r's exact
- * block sum (no reduction across lanes); then gemm.h's one fma per block. */
-static LX_INLINE LX_TGT void SFX(small_tile_r8)(const uint8_t *w, size_t wrb, int64_t o0, int nr,
+/* W in the r8 layout (lx_gemm_pack_r8): per group-block the head (8 d; q4_1's 8 m; q5_0's 8 qh),
+ * then chunks of 32 bytes, chunk c holding bytes [4c, 4c + 4) of each row's qs, row after row.
+ * Each lane is one row from the start: the token's 4 bytes are broadcast (for the nibble types the
+ * low nibbles meet values 4c.., the high ones 16 + 4c..), and lane r ends with row r's exact block
+ * sum (no reduction across lanes); then gemm.h's one fma per block (and q4_1's min term). int16
+ * pair sums are added before one madd where they cannot overflow: 8 maddubs of nibbles
+ * (<= 8 * 2 * 15 * 127), 4 of q5_0's 5-bit values (<= 4 * 2 * 31 * 127); q8_0 takes one each. */
+static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                                 const uint8_t *act, size_t ts, int64_t nb, float *y,
                                                 int64_t n_out, const int NT) {
     const uint8_t *grp = w + (size_t) o0 * wrb;
+    const size_t gbb = wrb / (size_t) nb * 8;   /* a group-block: 8 blocks' bytes */
+    const int head = r8_head(wt);
+    const int64_t n_in = nb * LX_QK;
     __m256 acc[8];
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), h5 = _mm256_set1_epi8(0x10);
+    /* q5_0: byte k of lane r <- byte j of row r's qh (shuffle), tested against bit 4 (c % 2) + k */
+    const __m256i sel0 = _mm256_set1_epi32(0), sel1 = _mm256_set1_epi32(0x01010101);
+    const __m256i sel2 = _mm256_set1_epi32(0x02020202), sel3 = _mm256_set1_epi32(0x03030303);
+    const __m256i base_idx = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0,
+                                              0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+    const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32((int) 0x80402010);
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *gb = grp + (size_t) b * 8 * sizeof(lx_block_q8_0);
+        const uint8_t *gb = grp + (size_t) b * gbb;
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[8];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; ++c) {
-            const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + 16 + 32 * c));
-            const __m256i aw = _mm256_abs_epi8(wv);
-            for (int k = 0; k < NT; ++k) {
-                const __m256i xb = _mm256_set1_epi32(ld32(act + k * ts + LX_QK * b + 4 * c));
-                is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv)), ones));
+        if (wt == LX_TYPE_Q8_0) {
+            for (int c = 0; c < 8; ++c) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + head + 32 * c));
+                const __m256i aw = _mm256_abs_epi8(wv);
+                for (int k = 0; k < NT; ++k) {
+                    const __m256i xb = _mm256_set1_epi32(ld32(act + k * ts + LX_QK * b + 4 * c));
+                    is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xb, wv)), ones));
+                }
             }
+        } else {
+            __m256i p16[8];
+            for (int k = 0; k < NT; ++k) p16[k] = _mm256_setzero_si256();
+            const __m256i qh = wt == LX_TYPE_Q5_0 ? _mm256_loadu_si256((const __m256i *) (gb + 16)) : ones;
+            for (int c = 0; c < 4; ++c) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + head + 32 * c));
+                __m256i lo = _mm256_and_si256(wv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                if (wt == LX_TYPE_Q5_0) {
+                    const __m256i bit = c & 1 ? bit_hi : bit_lo;
+                    const __m256i sl = _mm256_add_epi8(base_idx, c < 2 ? sel0 : sel1);
+                    const __m256i sh = _mm256_add_epi8(base_idx, c < 2 ? sel2 : sel3);
+                    const __m256i bl = _mm256_and_si256(_mm256_shuffle_epi8(qh, sl), bit);
+                    const __m256i bh = _mm256_and_si256(_mm256_shuffle_epi8(qh, sh), bit);
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(bl, bit), h5));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(bh, bit), h5));
+                }
+                for (int k = 0; k < NT; ++k) {
+                    const uint8_t *xk = act + k * ts + LX_QK * b + 4 * c;
+                    const __m256i xl = _mm256_set1_epi32(ld32(xk)), xh = _mm256_set1_epi32(ld32(xk + 16));
+                    p16[k] = _mm256_add_epi16(p16[k], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl),
+                                                                       _mm256_maddubs_epi16(hi, xh)));
+                }
+                if (wt == LX_TYPE_Q5_0 && (c & 1)) {
+                    for (int k = 0; k < NT; ++k) {
+                        is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(p16[k], ones));
+                        p16[k] = _mm256_setzero_si256();
+                    }
+                }
+            }
+            if (wt != LX_TYPE_Q5_0)
+                for (int k = 0; k < NT; ++k) is[k] = _mm256_madd_epi16(p16[k], ones);
         }
+        const __m256 mw = wt == LX_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (gb + 16)))
+                                             : _mm256_setzero_ps();
         for (int k = 0; k < NT; ++k) {
-            const float *dx = (const float *) (act + k * ts + nb * LX_QK + 4 * nb);
+            const int32_t *corr = (const int32_t *) (act + k * ts + n_in);
+            const float *dx = (const float *) (corr + nb), *sx = dx + nb;
+            const __m256i isv = _mm256_add_epi32(is[k], _mm256_set1_epi32(corr[b]));
             const __m256 sv = _mm256_mul_ps(dw, _mm256_set1_ps(dx[b]));
-            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(is[k]), acc[k]);
+            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(isv), acc[k]);
+            if (wt == LX_TYPE_Q4_1) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc[k]);
         }
     }
     for (int k = 0; k < NT; ++k) {
@@ -1011,6 +1102,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(const uint8_t *w, size_t wrb, in
     default: F(__VA_ARGS__, 8); break;                                                        \
     }
 #define LX_GEMM_SMALL_NT(WT) LX_GEMM_BY_NT(SFX(small_tile), WT, w, wrb, o0, nr, act, ts, nb, y, n_out)
+#define LX_GEMM_SMALL_R8_NT(WT) LX_GEMM_BY_NT(SFX(small_tile_r8), WT, w, wrb, o0, nr, act, ts, nb, y, n_out)
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
 static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
@@ -1018,7 +1110,12 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
                                   int r8) {
     const size_t ts = (size_t) nb * (LX_QK + 12);
     if (r8) {
-        LX_GEMM_BY_NT(SFX(small_tile_r8), w, wrb, o0, nr, act, ts, nb, y, n_out)
+        switch (wt) {
+        case LX_TYPE_Q4_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_0) break;
+        case LX_TYPE_Q4_1: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_1) break;
+        case LX_TYPE_Q5_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q5_0) break;
+        default: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q8_0) break;
+        }
         return;
     }
     switch (wt) {
@@ -1029,6 +1126,7 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
     }
 }
 #undef LX_GEMM_SMALL_NT
+#undef LX_GEMM_SMALL_R8_NT
 
 /* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels, which level 3 runs too) ------------------------
  *

@@ -35,6 +35,7 @@ static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
     int64_t rows = 0;
     for (int i = 0; i < l->n_parts; ++i) {
         if (!l->w[i] || l->rows[i] < 1 || !lx_mm_supported(l->type[i])) return 0;
+        if (l->r8[i] && !lx_gemm_r8_supported(l->type[i])) return 0;
         if (n_in % lx_type_block_size(l->type[i])) return 0;
         rows += l->rows[i];
     }
@@ -44,8 +45,10 @@ static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
 static size_t linear_work(const lx_linear *l, int64_t n, int n_threads, int64_t *widest) {
     size_t b = 0;
     for (int i = 0; i < l->n_parts; ++i) {
-        const size_t s = lx_gemm_supported(l->type[i]) ? lx_gemm_work_size(l->type[i], n, l->n_in, n_threads)
-                                                       : lx_mm_work_size(l->type[i], n, l->n_in, LX_MM_ACT_Q8);
+        const lx_type t = l->type[i];
+        const size_t s = l->r8[i] ? lx_gemm_r8_work_size(t, n, l->n_in, n_threads)
+                         : lx_gemm_supported(t) ? lx_gemm_work_size(t, n, l->n_in, n_threads)
+                                                : lx_mm_work_size(t, n, l->n_in, LX_MM_ACT_Q8);
         if (s > b) b = s;
         if (l->n_parts > 1 && l->rows[i] > *widest) *widest = l->rows[i];
     }
@@ -172,23 +175,27 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
     }
 }
 
-/* one part: the GEMM for its types (batch-invariant), else ggml's mat-vec (f16, f32, q2_K, q3_K) */
-static void part_product(const void *w, lx_type t, const float *x, float *y, int64_t n, int64_t n_in,
-                         int64_t n_out, void *gw, int nt) {
-    if (lx_gemm_supported(t)) lx_gemm(w, t, x, y, n, n_in, n_out, gw, nt);
-    else lx_mul_mat(w, t, x, y, n, n_in, n_out, LX_MM_ACT_Q8, gw, nt);
+/* one part: the GEMM for its types (batch-invariant; on r8 or GGUF rows), else ggml's mat-vec
+ * (f16, f32, q2_K, q3_K) */
+static void part_product(const lx_linear *l, int i, const float *x, float *y, int64_t n, int64_t n_out,
+                         void *gw, int nt) {
+    const void *w = l->w[i];
+    const lx_type t = l->type[i];
+    if (l->r8[i]) lx_gemm_r8(w, t, x, y, n, l->n_in, n_out, gw, nt);
+    else if (lx_gemm_supported(t)) lx_gemm(w, t, x, y, n, l->n_in, n_out, gw, nt);
+    else lx_mul_mat(w, t, x, y, n, l->n_in, n_out, LX_MM_ACT_Q8, gw, nt);
 }
 
 /* y = x W^T over W's parts (joined by columns through tmp when there are several) */
 static void product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw, int nt) {
     if (l->n_parts == 1) {
-        part_product(l->w[0], l->type[0], x, y, n, l->n_in, l->n_out, gw, nt);
+        part_product(l, 0, x, y, n, l->n_out, gw, nt);
         return;
     }
     int64_t c0 = 0;
     for (int i = 0; i < l->n_parts; ++i) {
         const int64_t r = l->rows[i];
-        part_product(l->w[i], l->type[i], x, tmp, n, l->n_in, r, gw, nt);
+        part_product(l, i, x, tmp, n, r, gw, nt);
         for (int64_t t = 0; t < n; ++t) memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float));
         c0 += r;
     }

@@ -34,12 +34,14 @@
 
 #define LX_LINEAR_MAX_PARTS 4
 
-/* W [n_out, n_in] as runs of one ggml type stacked along n_out (each a gemm.h or matmul.h type) */
+/* W [n_out, n_in] as runs of one ggml type stacked along n_out (each a gemm.h or matmul.h type);
+ * a part is GGUF rows, or gemm.h's r8 layout (r8 1: a lx_gemm_r8_supported type, rows padded to 8) */
 typedef struct {
     int n_parts;
     const void *w[LX_LINEAR_MAX_PARTS];
     lx_type type[LX_LINEAR_MAX_PARTS];
     int64_t rows[LX_LINEAR_MAX_PARTS];
+    int r8[LX_LINEAR_MAX_PARTS];
     int64_t n_in, n_out;
 } lx_linear;
 

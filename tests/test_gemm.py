@@ -135,28 +135,47 @@ def test_errors():
         G.mul_mat(raw, t, x, n_threads=0)
 
 
-# ---- the block-interleaved layout (r8) --------------------------------------------------------
+# ---- the row-interleaved layout (r8) ----------------------------------------------------------
 
-@pytest.mark.parametrize("t", sorted(G.R8_TYPES))
+@pytest.mark.parametrize("t", sorted(G.R8_TYPES), ids=name)
 @pytest.mark.parametrize("n_out", [8, 13, 100])
 def test_r8_gives_the_gemm_bits(t, n_out):
-    """pack_r8 + mul_mat_r8 equals the reference bit for bit for any n_tok (8 tokens per pass) and
-    at every level; a ragged last group is padded and its rows dropped."""
-    rng = np.random.default_rng(n_out + t)
-    n_in = 96
-    raw = weights(t, n_out, n_in, rng)
+    """pack_r8 + mul_mat_r8 equals the reference bit for bit for any n_tok (the rows-in-lanes kernel
+    up to 8, tokens in lanes past it) and at every level; a ragged last group is padded and its rows
+    dropped."""
+    n_in = 576 if n_out == 100 else 96
+    raw, x = case(t, n_in, n_out, 130, n_out + t)
     packed = G.pack_r8(raw, t)
     assert packed.shape == ((n_out + 7) // 8 * 8, raw.shape[1])
-    for n_tok in (1, 3, 8, 9, 20):
-        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-        ref = G.mul_mat_ref(raw, t, x)
-        for level in (-1, 0):
+    for n_tok in (1, 3, 8, 9, 20, 130):
+        ref = G.mul_mat_ref(raw, t, x[:n_tok])
+        for level in LEVELS:
             G.set_simd_level(level)
-            try:
-                for nt in (1, 2):
-                    np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=nt), ref)
-            finally:
-                G.set_simd_level(-1)
+            for nt in (1, 2):
+                np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x[:n_tok], n_threads=nt), ref)
+
+
+@pytest.mark.parametrize("t", sorted(G.R8_TYPES), ids=name)
+def test_r8_extreme_quants(t):
+    """The largest integer sums the kernels form (every quant at its top, every activation at 127 or
+    -127): the int16 pair sums added before each madd stay exact."""
+    n_in, n_out = 256, 16
+    raw = weights(t, n_out, n_in, np.random.default_rng(1))
+    bb, rb = Q.block_bytes(t), raw.shape[1]
+    blocks = raw.reshape(n_out, rb // bb, bb)
+    head = {Q.TYPE_Q4_0: 2, Q.TYPE_Q4_1: 4, Q.TYPE_Q5_0: 2, Q.TYPE_Q8_0: 2}[t]
+    blocks[:, :, head:] = 0x81 if t == Q.TYPE_Q8_0 else 0xFF       # q8_0: -127; nibbles 15 (q5_0: qh all set)
+    blocks[8:, :, head:] = 0x7F if t == Q.TYPE_Q8_0 else 0xFF
+    packed = G.pack_r8(raw, t)
+    for sign in (1, -1):
+        x = np.full((3, n_in), sign, np.float32)
+        x[1] = -x[1]
+        ref = G.mul_mat_ref(raw, t, x)
+        assert np.all(np.isfinite(ref))
+        for level in LEVELS:
+            G.set_simd_level(level)
+            np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=2), ref)
+            np.testing.assert_array_equal(G.mul_mat(raw, t, x, n_threads=2), ref)
 
 
 def test_r8_layout_and_rows():
@@ -180,4 +199,31 @@ def test_r8_layout_and_rows():
     with pytest.raises(ValueError, match="n_out"):
         G.mul_mat_r8(packed, 8, 30, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="r8"):
-        G.pack_r8(weights(3, 8, 64, rng), 3)
+        G.pack_r8(weights(Q.TYPE_Q4_K, 8, 256, rng), Q.TYPE_Q4_K)
+
+
+@pytest.mark.parametrize("t,head", [(Q.TYPE_Q4_0, "d"), (Q.TYPE_Q4_1, "dm"), (Q.TYPE_Q5_0, "dqh")],
+                         ids=["q4_0", "q4_1", "q5_0"])
+def test_r8_layout_of_the_nibble_types(t, head):
+    """A group-block: the 8 d, then q4_1's 8 m or q5_0's 8 qh, then 4 chunks of 32 bytes, chunk c
+    holding qs bytes [4c, 4c + 4) of rows 0..7; rows_r8 gives the GGUF rows back."""
+    rng = np.random.default_rng(t)
+    raw = weights(t, 20, 64, rng)
+    bb = Q.block_bytes(t)
+    packed = G.pack_r8(raw, t)
+    flat, nb, gbb = packed.reshape(-1), 2, 8 * bb
+    hb = {"d": 16, "dm": 32, "dqh": 48}[head]
+    for o in (0, 5, 8, 19):
+        r = o % 8
+        for b in range(nb):
+            g = ((o // 8) * nb + b) * gbb
+            blk = raw[o, b * bb:(b + 1) * bb]
+            np.testing.assert_array_equal(flat[g + 2 * r:][:2], blk[:2])
+            if head == "dm":
+                np.testing.assert_array_equal(flat[g + 16 + 2 * r:][:2], blk[2:4])
+            if head == "dqh":
+                np.testing.assert_array_equal(flat[g + 16 + 4 * r:][:4], blk[2:6])
+            qs = blk[bb - 16:]
+            for c in range(4):
+                np.testing.assert_array_equal(flat[g + hb + 32 * c + 4 * r:][:4], qs[4 * c:4 * c + 4])
+    np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])

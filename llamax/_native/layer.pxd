@@ -19,6 +19,7 @@ cdef extern from "layer.h" nogil:
         const void *w[4]
         lx_type type[4]
         int64_t rows[4]
+        int r8[4]
         int64_t n_in
         int64_t n_out
 

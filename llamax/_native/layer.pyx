@@ -3,8 +3,9 @@
 projections, RoPE, the K/V stores into the cells the memory chose, attention over the cache,
 the gated FFN and the residuals, with the GIL released for the whole stack.
 
-Stack(layers) takes, per layer, its constants and its weights (float32 norms, and the raw GGUF
-rows of each product as (uint8 [rows, row_bytes], ggml type) parts); Stack.forward(x, pos, views,
+Stack(layers) takes, per layer, its constants and its weights (float32 norms, and each product's
+parts: (uint8 [rows, row_bytes] GGUF rows, ggml type), or (uint8 packed, ggml type, rows, True) for
+gemm.pack_r8's layout of `rows` rows); Stack.forward(x, pos, views,
 out_rows) runs every layer over one ubatch, views[il] being the memory's LayerView of layer il
 (llamax.memory.LayerView: its K/V buffers from the ubatch's first stream, the cell of every
 token, the KQ mask).
@@ -15,6 +16,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport calloc, free
 
+from llamax._native.gemm cimport lx_gemm_r8_supported
 from llamax._native.matmul cimport lx_mm_supported
 from llamax._native.quants cimport lx_row_bytes, lx_type
 from llamax._native.rope cimport LX_ROPE_NEOX, LX_ROPE_NORM, lx_pos, lx_rope_kind
@@ -84,21 +86,31 @@ cdef int _linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str wh
     l.n_parts = len(parts)
     l.n_in, l.n_out = n_in, n_out
     cdef int64_t rows = 0
-    for i, (raw, t) in enumerate(parts):
+    for i, part in enumerate(parts):
+        if len(part) not in (2, 4):
+            raise ValueError(f"{what}: a part is (raw, type) or (packed, type, rows, r8)")
+        raw, t = part[0], part[1]
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < 64 \
                 or not lx_mm_supported(<lx_type> <int> int(t)):
             raise ValueError(f"{what}: ggml type {t} has no native product")
         if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
             raise ValueError(f"{what}: a part must be C-contiguous uint8 [rows, row_bytes]")
-        rb = lx_row_bytes(<lx_type> <int> int(t), n_in)
+        ti = int(t)
+        rb = lx_row_bytes(<lx_type> <int> ti, n_in)
         if raw.shape[1] != rb:
             raise ValueError(f"{what}: rows of {raw.shape[1]} bytes, expected {rb}")
+        n_rows, r8 = (raw.shape[0], False) if len(part) == 2 else (part[2], bool(part[3]))
+        if r8 and (not lx_gemm_r8_supported(<lx_type> <int> ti) or raw.shape[0] % 8
+                   or not raw.shape[0] - 8 < n_rows <= raw.shape[0]):
+            raise ValueError(f"{what}: not an r8 layout of {n_rows} rows of type {ti}")
+        if not r8 and n_rows != raw.shape[0]:
+            raise ValueError(f"{what}: {n_rows} rows given for {raw.shape[0]} GGUF rows")
         keep.append(raw)
         l.w[i] = cnp.PyArray_DATA(<cnp.ndarray> raw)
-        ti = int(t)
         l.type[i] = <lx_type> <int> ti
-        l.rows[i] = raw.shape[0]
-        rows += raw.shape[0]
+        l.rows[i] = n_rows
+        l.r8[i] = 1 if r8 else 0
+        rows += n_rows
     if rows != n_out:
         raise ValueError(f"{what}: {rows} rows in all, expected {n_out}")
     return 0
@@ -127,7 +139,8 @@ cdef class Stack:
             rope: (n_rot, freq_base, freq_scale, kind 0 norm / 2 neox),
             q_scale, kq_scale, softcap, act ("silu" | "gelu_table"), gelu_table (float32 [65536] or None),
             attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffw_norm (float32 or None),
-            wqkv, wo, w_gate_up, w_down: lists of (raw uint8 [rows, row_bytes], ggml type)."""
+            wqkv, wo, w_gate_up, w_down: lists of parts, (raw uint8 [rows, row_bytes], ggml type)
+                or (packed r8 uint8, ggml type, rows, True)."""
         self.n_layer = len(layers)
         if self.n_layer < 1:
             raise ValueError("a stack needs at least one layer")

@@ -11,6 +11,8 @@ same terms but sums them in an order that depends on the number of tokens.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from llamax._native import gemm, matmul, quants
@@ -31,15 +33,39 @@ def _product(raw: np.ndarray, t: int, x: np.ndarray, n_threads: int) -> np.ndarr
     return matmul.mul_mat(raw, t, x, n_threads=n_threads)
 
 
+class Part(NamedTuple):
+    """Rows of W of one ggml type: the GGUF's rows, or (r8) the GEMM's row-interleaved layout of
+    them (gemm.pack_r8: 8 rows interleaved 4 bytes at a time, padded to a multiple of 8), which the
+    decode step streams best."""
+
+    raw: np.ndarray   # uint8 [rows, row_bytes], or [ceil(rows / 8) * 8, row_bytes] when r8
+    type: int
+    rows: int
+    r8: bool
+
+    @classmethod
+    def of(cls, raw: np.ndarray, t: int) -> "Part":
+        """W's GGUF rows as a Part: repacked to r8 (a copy) when the type has that layout."""
+        if t in gemm.R8_TYPES:
+            return cls(gemm.pack_r8(raw, t), t, raw.shape[0], True)
+        return cls(np.ascontiguousarray(raw), t, raw.shape[0], False)
+
+    def product(self, x: np.ndarray, n_threads: int) -> np.ndarray:
+        if self.r8:
+            return gemm.mul_mat_r8(self.raw, self.type, self.rows, x, n_threads=n_threads)
+        return _product(self.raw, self.type, x, n_threads)
+
+
 class Linear:
     """y = x @ W.T, for W one tensor or several stacked along n_out.
 
-    W's raw blocks are kept as runs of consecutive tensors of one type (Q/K/V of a layer may mix
-    Q5_0 and Q8_0): the product runs once per run and the columns are joined.
+    W is kept as runs of consecutive tensors of one type (Q/K/V of a layer may mix Q5_0 and Q8_0),
+    each one Part: the product runs once per run and the columns are joined. Parts of the r8 types
+    (q4_0, q4_1, q5_0, q8_0) are repacked at load, and the mapping's pages of their tensors released.
     """
 
-    def __init__(self, parts: list[tuple[np.ndarray, int]], n_in: int, n_threads: int) -> None:
-        self.parts = parts        # [(raw [rows, row_bytes] uint8, ggml type)], rows summing to n_out
+    def __init__(self, parts: list[Part], n_in: int, n_threads: int) -> None:
+        self.parts = parts        # rows summing to n_out
         self.n_in = n_in
         self.n_threads = n_threads
 
@@ -59,24 +85,23 @@ class Linear:
                 runs.append(([n], t))
         parts = []
         for run, t in runs:
-            if len(run) == 1:
-                parts.append((np.ascontiguousarray(g.raw(run[0])), t))   # a view of the mapping
-                continue
-            parts.append((np.concatenate([g.raw(n) for n in run], axis=0), t))
-            for n in run:   # copied into the stacked part: the mapping's pages are not needed
-                g.release(n)
+            raw = g.raw(run[0]) if len(run) == 1 else np.concatenate([g.raw(n) for n in run], axis=0)
+            parts.append(Part.of(raw, t))
+            if len(run) > 1 or parts[-1].r8:   # copied: the mapping's pages are not needed
+                for n in run:
+                    g.release(n)
         return cls(parts, g.shape(names[0])[1], n_threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        ys = [_product(raw, t, x, self.n_threads) for raw, t in self.parts]
+        ys = [p.product(x, self.n_threads) for p in self.parts]
         return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
 
 
 class Embedding:
     """The token embedding [n_vocab, n_embd], also the tied output: the GGUF's blocks, kept in the GEMM's
-    row-interleaved layout (gemm.pack_r8: 8 rows interleaved 4 bytes at a time) when it is Q8_0 (both
-    registry models), so the logits of a decode step stream it once, contiguously; else its raw rows."""
+    row-interleaved layout (gemm.pack_r8: 8 rows interleaved 4 bytes at a time) when the type has it
+    (q4_0, q4_1, q5_0, q8_0; both registry models' Q8_0), so the logits of a decode step stream it once, contiguously; else its raw rows."""
 
     def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
         self.type = g.ggml_type(name)
