@@ -559,11 +559,12 @@ static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_cells(const attn_ctx *c, const fl
     for (int h = 0; h < NH; ++h)
         for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
     for (int64_t e = 0; e < d8; e += 8) {
-        __m256 kv[4];
-        for (int x = 0; x < NC; ++x) kv[x] = ld8(k, KF16, off[x] + e);
-        for (int h = 0; h < NH; ++h) {
-            const __m256 qv = _mm256_loadu_ps(q + h * d + e);
-            for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_fmadd_ps(kv[x], qv, acc[h][x]);
+        /* NH query vectors, then one K vector at a time: NH NC + NH + 1 ymm (16 at NH 3, NC 4) */
+        __m256 qv[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) qv[h] = _mm256_loadu_ps(q + h * d + e);
+        for (int x = 0; x < NC; ++x) {
+            const __m256 kv = ld8(k, KF16, off[x] + e);
+            for (int h = 0; h < NH; ++h) acc[h][x] = _mm256_fmadd_ps(kv, qv[h], acc[h][x]);
         }
     }
     for (int h = 0; h < NH; ++h) {

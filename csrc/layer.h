@@ -88,10 +88,14 @@ typedef struct {
  * float squares in double / n), rows of n (y may be x); */
 void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads);
 
-/* act[r] = f(gate[r]) * up[r] for gu rows [gate (n_ff) | up (n_ff)]: silu(g) = g / (1 + expf(-g)),
- * or the f16 GELU table (0 at or below -10, g at or above 10) */
+/* act[r] = f(gate[r]) * up[r] for gu rows [gate (n_ff) | up (n_ff)]: silu(g) = g / (1 + e^-g), e^-g
+ * from layer.c's fixed float sequence (within 2 ulp of expf; the AVX2 lanes and the scalar twin give
+ * the same bits), or the f16 GELU table (0 at or below -10, g at or above 10) */
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
               int64_t n_ff, int n_threads);
+/* the scalar reference of lx_gated (single-threaded): the same bits */
+void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
+                  int64_t n_ff);
 
 /* bytes of work lx_layer_forward needs for n_tokens rows */
 size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,

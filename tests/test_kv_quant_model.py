@@ -7,7 +7,9 @@ measured with the activations rounded per block to q8 as ggml does (the GEMM): q
 0.0024-0.0052 -> bound 0.01 (with float32 activations it was 0.0007: rounding the activations turns
 the cache's tiny differences into whole rounding steps of some blocks); q4_0 rotated 0.021-0.025 ->
 bound 0.1, unrotated 0.11-0.16: rotation must lower it. q8_0 keeps the f16 cache's top-1 wherever
-f16's top-1/top-2 gap exceeds NEAR_TIE (the one flip seen sits at a gap of 0.044 nats). A broken
+f16's top-1/top-2 gap exceeds NEAR_TIE: on these prompts the q8_0 cache moves that gap by up to 0.43
+nats (0.32-0.42 before the polynomial silu of csrc/layer.c, 0.39-0.43 after; 0.7 over 500 tokens of
+long_1k3), so 0.5 is the gap it cannot close (flips seen at gaps 0.011, 0.013, 0.304). A broken
 block (wrong scale, wrong nibble order, a missed rotation of q or of the output) moves KL to whole nats.
 """
 import json
@@ -21,7 +23,7 @@ from llamax import Batch
 from llamax.context import Context
 
 PROMPTS = ["chat", "code"]
-NEAR_TIE = 0.2  # nats
+NEAR_TIE = 0.5  # nats
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,7 @@ def test_quantized_caches_stay_close_to_f16(model, tokens):
         assert mean_kl(base, q8) < 0.01
         top2 = np.sort(base, axis=1)[:, -2:]
         clear = top2[:, 1] - top2[:, 0] > NEAR_TIE
-        assert clear.mean() > 0.8
+        assert clear.mean() > 0.7
         assert np.array_equal(q8.argmax(1)[clear], base.argmax(1)[clear])
         assert mean_kl(base, q4) < 0.1
         assert mean_kl(base, q4) < mean_kl(base, q4_plain)

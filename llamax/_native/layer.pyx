@@ -47,8 +47,9 @@ def rms_norm(x, w, float eps, n_threads=1):
     return y
 
 
-def gated(gu, int64_t n_ff, str act="silu", gelu_table=None, n_threads=1):
-    """act(gate) * up for gu = [gate | up] rows [n, 2 n_ff]: a new float32 [n, n_ff] (csrc/layer.h)."""
+def gated(gu, int64_t n_ff, str act="silu", gelu_table=None, n_threads=1, ref=False):
+    """act(gate) * up for gu = [gate | up] rows [n, 2 n_ff]: a new float32 [n, n_ff] (csrc/layer.h);
+    ref: through the scalar reference (the same bits)."""
     cdef int nt = resolve_n_threads(n_threads)
     if act not in ACTS:
         raise ValueError(f"activation {act!r}, known: {sorted(ACTS)}")
@@ -64,9 +65,13 @@ def gated(gu, int64_t n_ff, str act="silu", gelu_table=None, n_threads=1):
     cdef lx_layer_act k = ACTS[act]
     cdef const float *gp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> gu)
     cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> y)
+    cdef bint r = ref
     if n:
         with nogil:
-            lx_gated(k, tp, gp, yp, n, n_ff, nt)
+            if r:
+                lx_gated_ref(k, tp, gp, yp, n, n_ff)
+            else:
+                lx_gated(k, tp, gp, yp, n, n_ff, nt)
     return y
 
 
