@@ -86,7 +86,7 @@ def _view_of(model, **change):
     ub = next(iter(mem.plan(Batch(model.tokenize("Hello there")))))
     views = [mem.layer_view(il, ub) for il in range(model.hparams.n_layer)]
     if change:
-        views[3] = LayerView(**{**views[3].__dict__, **change})
+        views[3] = views[3]._replace(**change)
     return mem, ub, views
 
 
@@ -110,7 +110,7 @@ def test_a_cell_outside_the_cache_is_refused_by_the_layer(model):
     mem, ub, views = _view_of(model)
     bad = views[0].idxs.copy()
     bad[0] = 1 << 20
-    views[0] = LayerView(**{**views[0].__dict__, "idxs": bad})
+    views[0] = views[0]._replace(idxs=bad)
     with pytest.raises(ValueError, match="layer 0"):
         model.stack.forward(model.tok_embd.rows(ub.token), ub.pos, views, n_threads=1)
 
@@ -194,3 +194,27 @@ def test_the_embedding_is_kept_block_interleaved(model):
     for n in (1, 12):
         x = rng.standard_normal((n, E.n_embd)).astype(np.float32)
         np.testing.assert_array_equal(E.logits(x), gemm.mul_mat(raw, E.type, x))
+
+
+@pytest.mark.parametrize("which", ["model", "gemma"])
+def test_layer_views_are_the_layer_views(which, request):
+    """memory.layer_views (one check and one mask per ubatch, what the decode step uses) gives every
+    layer the view layer_view gives it, for the KV cache and the iSWA cache; both refuse a stale plan."""
+    from llamax import StalePlanError
+    m = request.getfixturevalue(which)
+    ctx = Context(m, n_ctx=512, n_threads=2)
+    mem = ctx.memory
+    ub = next(iter(mem.plan(Batch(m.tokenize(TEXT)))))
+    views = mem.layer_views(ub)
+    assert sorted(views) == list(range(m.hparams.n_layer))
+    for il, v in views.items():
+        one = mem.layer_view(il, ub)
+        assert isinstance(v, LayerView) and v._fields == one._fields
+        for a, b in zip(v, one):
+            if isinstance(a, np.ndarray):
+                assert a.shape == b.shape and np.shares_memory(a, b) and np.array_equal(a, b)
+            else:
+                assert a == b
+    mem.seq_rm(0, -1, -1)
+    with pytest.raises(StalePlanError):
+        mem.layer_views(ub)

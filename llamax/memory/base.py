@@ -27,7 +27,7 @@ import abc
 import dataclasses
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
@@ -39,11 +39,10 @@ if TYPE_CHECKING:
     from llamax.state import StateReader, StateWriter
 
 
-@dataclasses.dataclass(frozen=True)
-class LayerView:
+class LayerView(NamedTuple):
     """Layer il of a memory for the ubatch being applied, as a native layer step reads it
     (csrc/layer.h's lx_kv_layer): the memory chose every cell; the step writes K/V rows into them
-    and attends with the mask built for the ubatch."""
+    and attends with the mask built for the ubatch. (A tuple: a decode step makes one per layer.)"""
 
     k: np.ndarray        # the layer's K buffer from the ubatch's first stream (its streams, consecutive)
     v: np.ndarray        # V likewise (V^T [n_stream, n_head_kv, d_v, kv_size] when v_trans)
@@ -210,6 +209,10 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def layer_view(self, il: int, ubatch) -> LayerView:
         """Layer il's buffers, cells and mask for the ubatch being applied (a native layer step)."""
+
+    @abc.abstractmethod
+    def layer_views(self, ubatch) -> dict[int, LayerView]:
+        """layer_view of every layer, by layer number (one check and one mask for all of them)."""
 
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     @abc.abstractmethod

@@ -256,6 +256,10 @@ class KVCacheISWA(Memory):
     def layer_view(self, il: int, ubatch):
         return self.cache_of(il).layer_view(il, ubatch)
 
+    @locked
+    def layer_views(self, ubatch):
+        return {**self.base.layer_views(ubatch), **self.swa.layer_views(ubatch)}
+
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     @locked
     def state_write(self, w, seq_id: int = -1) -> None:

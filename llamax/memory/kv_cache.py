@@ -501,12 +501,20 @@ class KVCache(Memory):
         """What a native layer step needs of layer il for the ubatch being applied: the buffers of
         its streams, each token's cell and the (causal) mask. Same checks as store / attend."""
         act, li = self._active_for(il, ubatch)
+        return self._views(act, ubatch, [(il, li)])[il]
+
+    @locked
+    def layer_views(self, ubatch: UBatch) -> dict[int, LayerView]:
+        """layer_view of every layer stored here, by layer number (the checks and the mask once)."""
+        return self._views(self._active_ubatch(ubatch), ubatch, self._layer.items())
+
+    def _views(self, act: _Active, ubatch: UBatch, layers) -> dict[int, LayerView]:
         s0, s1 = int(act.strm[0]), int(act.strm[-1])
         if s1 - s0 + 1 != len(act.strm):
             raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
-        return LayerView(self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], _quants.type_id(self.type_k),
-                         _quants.type_id(self.type_v), self.v_trans, self.mask(ubatch), act.idxs,
-                         self.rot_k, self.rot_v)
+        mask, tk, tv = self.mask(ubatch), _quants.type_id(self.type_k), _quants.type_id(self.type_v)
+        return {il: LayerView(self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], tk, tv, self.v_trans, mask, act.idxs,
+                              self.rot_k, self.rot_v) for il, li in layers}
 
     # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
     def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:

@@ -108,7 +108,8 @@ class Model:
         of the rows that want logits (ubatch order), K/V stored into the memory's cells."""
         rows = np.flatnonzero(ubatch.output)
         with memory.lock:   # the cells stay as the views show them until the stack is done
-            views = [memory.layer_view(il, ubatch) for il in range(self.hparams.n_layer)]
+            views = memory.layer_views(ubatch)
+            views = [views[il] for il in range(self.hparams.n_layer)]
             return self.stack.forward(x, ubatch.pos, views, out_rows=rows, n_threads=self.n_threads)
 
     def forward(self, memory: Memory, ubatch: UBatch) -> np.ndarray:
