@@ -213,6 +213,27 @@ __attribute__((target("avx2,fma"))) static void silu_mul_avx2(const float *g, co
 }
 #endif
 
+#ifdef LX_LAYER_X86
+/* the f16 GELU table's lanes: the gate rounded to f16 (F16C, nearest even as lx_fp32_to_fp16), gathered */
+__attribute__((target("avx2,fma,f16c"))) static void gelu_mul_avx2(const float *table, const float *g, const float *u,
+                                                                     float *y, int64_t f) {
+    const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
+    int64_t i = 0;
+    for (; i + 8 <= f; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256i idx = _mm256_cvtepu16_epi32(_mm256_cvtps_ph(gv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        __m256 a = _mm256_i32gather_ps(table, idx, 4);
+        a = _mm256_blendv_ps(a, gv, _mm256_cmp_ps(gv, hi, _CMP_GE_OQ));
+        a = _mm256_andnot_ps(_mm256_cmp_ps(gv, lo, _CMP_LE_OQ), a);
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < f; ++i) {
+        const float a = g[i] <= -10.0f ? 0.0f : g[i] >= 10.0f ? g[i] : table[lx_fp32_to_fp16(g[i])];
+        y[i] = a * u[i];
+    }
+}
+#endif
+
 void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
                   int64_t f) {
     for (int64_t r = 0; r < n_rows; ++r) {
@@ -233,7 +254,7 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
               int64_t f, int nt) {
     (void) nt;
 #ifdef LX_LAYER_X86
-    const int simd = kind == LX_ACT_SILU && (lx_cpu_features() & LX_CPU_AVX2);
+    const int simd = (lx_cpu_features() & LX_CPU_AVX2) != 0;
 #endif
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * f >= 65536)
@@ -241,7 +262,9 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
     for (int64_t r = 0; r < n_rows; ++r) {
 #ifdef LX_LAYER_X86
         if (simd) {
-            silu_mul_avx2(gu + r * 2 * f, gu + r * 2 * f + f, act + r * f, f);
+            const float *g = gu + r * 2 * f;
+            if (kind == LX_ACT_SILU) silu_mul_avx2(g, g + f, act + r * f, f);
+            else gelu_mul_avx2(gelu_table, g, g + f, act + r * f, f);
             continue;
         }
 #endif

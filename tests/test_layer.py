@@ -171,6 +171,9 @@ def test_gated_activations():
     from llamax.model.gemma3 import _gelu_table
     t = _gelu_table()
     gelu = _layer.gated(gu, n_ff, "gelu_table", t)
+    for n_threads in (1, 2):   # the gathered lanes and the scalar reference: the same bits
+        np.testing.assert_array_equal(_layer.gated(gu, n_ff, "gelu_table", t, n_threads=n_threads),
+                                      _layer.gated(gu, n_ff, "gelu_table", t, ref=True))
     g32 = gu[:, :n_ff]
     with np.errstate(over="ignore"):   # the extreme gates of row 0 (the table is not read there)
         a = np.where(g32 >= 10, g32, np.where(g32 <= -10, 0, t[g32.astype(np.float16).view(np.uint16)]))
