@@ -962,10 +962,30 @@ static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
+/* gemm.h's chain, lane-wise over 8 rows, for block b of planar token tk: acc += (dw dx_b) isum
+ * (isum = is + corr_b), then q4_1's acc += mw sx_b */
+static LX_INLINE LX_TGT __m256 SFX(chain_step)(lx_type wt, __m256 acc, __m256i is, __m256 dw, __m256 mw,
+                                               const uint8_t *tk, int64_t nb, int64_t b) {
+    const int32_t *corr = (const int32_t *) (tk + nb * LX_QK);
+    const float *dx = (const float *) (corr + nb), *sx = dx + nb;
+    const __m256i isv = _mm256_add_epi32(is, _mm256_set1_epi32(corr[b]));
+    acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx[b])), _mm256_cvtepi32_ps(isv), acc);
+    return wt == LX_TYPE_Q4_1 ? _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc) : acc;
+}
+
+/* the NT tokens' lanes 0..nr-1 into y[k][o0 + r] */
+static LX_INLINE LX_TGT void SFX(store_tile)(const __m256 *acc, int NT, int nr, float *y, int64_t n_out,
+                                             int64_t o0) {
+    for (int k = 0; k < NT; ++k) {
+        float out[8];
+        _mm256_storeu_ps(out, acc[k]);
+        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
+    }
+}
+
 static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                              const uint8_t *act, size_t ts, int64_t nb, float *y,
                                              int64_t n_out, const int NT) {
-    const int64_t n_in = nb * LX_QK;
     const uint8_t *rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
     __m256 acc[8];
@@ -987,19 +1007,10 @@ static LX_INLINE LX_TGT void SFX(small_tile)(lx_type wt, const uint8_t *w, size_
                     : _mm256_maddubs_epi16(u[r], yv);
                 v[r] = _mm256_madd_epi16(p, ones);
             }
-            const int32_t *corr = (const int32_t *) (tk + n_in);
-            const float *dx = (const float *) (corr + nb), *sx = dx + nb;
-            const __m256i is = _mm256_add_epi32(SFX(hsum8x8)(v), _mm256_set1_epi32(corr[b]));
-            const __m256 sv = _mm256_mul_ps(dw, _mm256_set1_ps(dx[b]));
-            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(is), acc[k]);
-            if (wt == LX_TYPE_Q4_1) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc[k]);
+            acc[k] = SFX(chain_step)(wt, acc[k], SFX(hsum8x8)(v), dw, mw, tk, nb, b);
         }
     }
-    for (int k = 0; k < NT; ++k) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[k]);
-        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
-    }
+    SFX(store_tile)(acc, NT, nr, y, n_out, o0);
 }
 
 /* W in the r8 layout (lx_gemm_pack_r8): per group-block the head (8 d; q4_1's 8 m; q5_0's 8 qh),
@@ -1015,14 +1026,12 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
     const uint8_t *grp = w + (size_t) o0 * wrb;
     const size_t gbb = wrb / (size_t) nb * 8;   /* a group-block: 8 blocks' bytes */
     const int head = r8_head(wt);
-    const int64_t n_in = nb * LX_QK;
     __m256 acc[8];
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), h5 = _mm256_set1_epi8(0x10);
-    /* q5_0: byte k of lane r <- byte j of row r's qh (shuffle), tested against bit 4 (c % 2) + k */
-    const __m256i sel0 = _mm256_set1_epi32(0), sel1 = _mm256_set1_epi32(0x01010101);
-    const __m256i sel2 = _mm256_set1_epi32(0x02020202), sel3 = _mm256_set1_epi32(0x03030303);
-    const __m256i base_idx = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0,
+    /* q5_0: byte k of lane r <- byte j of row r's qh (shuffle index 4 r + j), tested against bit
+     * 4 (c % 2) + k; chunk c's low nibbles take qh byte c / 2, its high ones byte 2 + c / 2 */
+    const __m256i lane_idx = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0,
                                               0x0c0c0c0c, 0x08080808, 0x04040404, 0);
     const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32((int) 0x80402010);
     for (int64_t b = 0; b < nb; ++b) {
@@ -1042,14 +1051,15 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
         } else {
             __m256i p16[8];
             for (int k = 0; k < NT; ++k) p16[k] = _mm256_setzero_si256();
-            const __m256i qh = wt == LX_TYPE_Q5_0 ? _mm256_loadu_si256((const __m256i *) (gb + 16)) : ones;
+            const __m256i qh = wt == LX_TYPE_Q5_0 ? _mm256_loadu_si256((const __m256i *) (gb + 16))
+                                                  : _mm256_setzero_si256();
             for (int c = 0; c < 4; ++c) {
                 const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + head + 32 * c));
                 __m256i lo = _mm256_and_si256(wv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
                 if (wt == LX_TYPE_Q5_0) {
                     const __m256i bit = c & 1 ? bit_hi : bit_lo;
-                    const __m256i sl = _mm256_add_epi8(base_idx, c < 2 ? sel0 : sel1);
-                    const __m256i sh = _mm256_add_epi8(base_idx, c < 2 ? sel2 : sel3);
+                    const __m256i sl = _mm256_add_epi8(lane_idx, _mm256_set1_epi8((char) (c / 2)));
+                    const __m256i sh = _mm256_add_epi8(lane_idx, _mm256_set1_epi8((char) (2 + c / 2)));
                     const __m256i bl = _mm256_and_si256(_mm256_shuffle_epi8(qh, sl), bit);
                     const __m256i bh = _mm256_and_si256(_mm256_shuffle_epi8(qh, sh), bit);
                     lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(bl, bit), h5));
@@ -1073,20 +1083,9 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
         }
         const __m256 mw = wt == LX_TYPE_Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (gb + 16)))
                                              : _mm256_setzero_ps();
-        for (int k = 0; k < NT; ++k) {
-            const int32_t *corr = (const int32_t *) (act + k * ts + n_in);
-            const float *dx = (const float *) (corr + nb), *sx = dx + nb;
-            const __m256i isv = _mm256_add_epi32(is[k], _mm256_set1_epi32(corr[b]));
-            const __m256 sv = _mm256_mul_ps(dw, _mm256_set1_ps(dx[b]));
-            acc[k] = _mm256_fmadd_ps(sv, _mm256_cvtepi32_ps(isv), acc[k]);
-            if (wt == LX_TYPE_Q4_1) acc[k] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc[k]);
-        }
+        for (int k = 0; k < NT; ++k) acc[k] = SFX(chain_step)(wt, acc[k], is[k], dw, mw, act + k * ts, nb, b);
     }
-    for (int k = 0; k < NT; ++k) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[k]);
-        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
-    }
+    SFX(store_tile)(acc, NT, nr, y, n_out, o0);
 }
 
 /* F(args..., NT) with NT = n_tok as a constant, 1..8 (each count gets its own unrolled tile) */
@@ -1358,11 +1357,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
             }
         }
     }
-    for (int k = 0; k < NT; ++k) {
-        float out[8];
-        _mm256_storeu_ps(out, acc[k]);
-        for (int r = 0; r < nr; ++r) y[k * n_out + o0 + r] = out[r];
-    }
+    SFX(store_tile)(acc, NT, nr, y, n_out, o0);
 }
 
 #define LX_GEMM_SMALL_NT(WT) LX_GEMM_BY_NT(SFX(small_tile_k), WT, w, wrb, o0, nr, act, ts, nbk, y, n_out)
