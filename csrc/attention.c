@@ -43,6 +43,7 @@
  */
 #include "attention.h"
 #include "cpu.h"
+#include "vexp.h"
 
 #include <assert.h>
 #include <math.h>
@@ -517,29 +518,6 @@ static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
-/* exp(x) for x <= 0 (Cephes expf: Cody-Waite reduction, degree-5 polynomial;
- * within 2 ulp of expf for x >= -87.3, 0 below, including -inf) */
-static LX_ALWAYS_INLINE LX_AVX2 __m256 exp8(__m256 x) {
-    const __m256 lo = _mm256_set1_ps(-87.33654f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-    return _mm256_andnot_ps(under, y);
-}
-
 /* [sum a, sum b, ., .] */
 static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x2(__m256 a, __m256 b) {
     __m256 t = _mm256_hadd_ps(a, b);
@@ -940,7 +918,7 @@ static LX_AVX2 void expsum_avx2(float *S, int n, int nh, const float *m, float *
         const __m256 mv = _mm256_set1_ps(m[h]);
         __m256 sum = _mm256_setzero_ps();
         for (int j = 0; j < n8; j += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
+            const __m256 e = lx_exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
             _mm256_storeu_ps(row + j, e);
             sum = _mm256_add_ps(sum, e);
         }
@@ -1096,27 +1074,6 @@ static LX_ALWAYS_INLINE LX_AVX512 float hsum16(__m512 a) {
     return _mm_cvtss_f32(x);
 }
 
-/* exp8's algorithm on 16 lanes (same constants, same rounding) */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 exp16(__m512 x) {
-    const __m512 lo = _mm512_set1_ps(-87.33654f);
-    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    x = _mm512_max_ps(x, lo);
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
-}
-
 static LX_AVX512 void expsum_avx512(float *S, int n, int nh, const float *m, float *l) {
     const int n16 = (n + 15) & ~15;
     for (int h = 0; h < nh; ++h) {
@@ -1125,7 +1082,7 @@ static LX_AVX512 void expsum_avx512(float *S, int n, int nh, const float *m, flo
         const __m512 mv = _mm512_set1_ps(m[h]);
         __m512 sum = _mm512_setzero_ps();
         for (int j = 0; j < n16; j += 16) {
-            const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
+            const __m512 e = lx_exp16_avx512(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
             _mm512_storeu_ps(row + j, e);
             sum = _mm512_add_ps(sum, e);
         }

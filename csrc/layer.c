@@ -10,6 +10,7 @@
 #include "gemm.h"
 #include "hadamard.h"
 #include "matmul.h"
+#include "vexp.h"
 
 #include <math.h>
 #include <string.h>
@@ -158,63 +159,34 @@ static void add_rows(float *x, const float *d, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += d[i];
 }
 
-/* silu(g) = g / (1 + e^-g) with e^-g from one fixed sequence of float operations (so the AVX2
- * lanes and the scalar twin give the same bits): t = -g clamped to [-87, 88] (above 88 e^t is taken
- * as +inf, so silu is -0 there), n = nearest(t log2 e),
- * r = t - n ln2 (two fmas, Cody-Waite), e^r by a degree-6 Horner polynomial in fmas (Taylor
- * coefficients: < 2 ulp on |r| <= ln2 / 2), times 2^n through the exponent bits. */
-#define SILU_LO -87.0f
-#define SILU_HI 88.0f
-#define SILU_LOG2E 1.44269504088896341f
-#define SILU_LN2_HI 0.693145751953125f
-#define SILU_LN2_LO 1.42860682030941723e-06f
-static const float silu_c[7] = {1.0f, 1.0f, 0.5f, 1.66666672e-01f, 4.16666679e-02f, 8.33333377e-03f,
-                                1.38888892e-03f};
+/* silu(g) = g / (1 + e^-g), e^-g from vexp.h (lane and scalar twin: the same bits); where -g passes
+ * SILU_INF, e^-g is taken as +inf (vexp.h clamps there), so silu is -0 */
+#define SILU_INF 88.0f
 
 static float silu_scalar(float g) {
-    const float t0 = -g;
-    const float t = t0 < SILU_LO ? SILU_LO : t0 > SILU_HI ? SILU_HI : t0;
-    const float n = nearbyintf(t * SILU_LOG2E);
-    float r = fmaf(n, -SILU_LN2_HI, t);
-    r = fmaf(n, -SILU_LN2_LO, r);
-    float p = silu_c[6];
-    for (int i = 5; i >= 0; --i) p = fmaf(p, r, silu_c[i]);
-    uint32_t bits;
-    memcpy(&bits, &p, 4);
-    bits += (uint32_t) ((int32_t) n << 23);
-    float e;
-    memcpy(&e, &bits, 4);
-    if (t0 > SILU_HI) e = INFINITY;
+    const float e = -g > SILU_INF ? INFINITY : lx_exp_ref(-g);
     return g / (1.0f + e);
+}
+
+/* the f16 GELU table at the gate's f16 rounding (0 at or below -10, g at or above 10) */
+static float gelu_scalar(const float *table, float g) {
+    return g <= -10.0f ? 0.0f : g >= 10.0f ? g : table[lx_fp32_to_fp16(g)];
 }
 
 #ifdef LX_LAYER_X86
 __attribute__((target("avx2,fma"))) static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t f) {
-    const __m256 lo = _mm256_set1_ps(SILU_LO), hi = _mm256_set1_ps(SILU_HI), inf = _mm256_set1_ps(INFINITY);
-    const __m256 l2e = _mm256_set1_ps(SILU_LOG2E), c_hi = _mm256_set1_ps(-SILU_LN2_HI);
-    const __m256 c_lo = _mm256_set1_ps(-SILU_LN2_LO), one = _mm256_set1_ps(1.0f);
+    const __m256 hi = _mm256_set1_ps(SILU_INF), inf = _mm256_set1_ps(INFINITY), one = _mm256_set1_ps(1.0f);
     int64_t i = 0;
     for (; i + 8 <= f; i += 8) {
         const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 t0 = _mm256_xor_ps(gv, _mm256_set1_ps(-0.0f));   /* -g */
-        const __m256 t = _mm256_min_ps(_mm256_max_ps(t0, lo), hi);
-        const __m256 n = _mm256_round_ps(_mm256_mul_ps(t, l2e), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        __m256 r = _mm256_fmadd_ps(n, c_hi, t);
-        r = _mm256_fmadd_ps(n, c_lo, r);
-        __m256 p = _mm256_set1_ps(silu_c[6]);
-        for (int k = 5; k >= 0; --k) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(silu_c[k]));
-        const __m256i sh = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-        __m256 e = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), sh));
-        e = _mm256_blendv_ps(e, inf, _mm256_cmp_ps(t0, hi, _CMP_GT_OQ));
-        const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+        const __m256 t = _mm256_xor_ps(gv, _mm256_set1_ps(-0.0f));   /* -g */
+        const __m256 e = _mm256_blendv_ps(lx_exp8_avx2(t), inf, _mm256_cmp_ps(t, hi, _CMP_GT_OQ));
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
     }
     for (; i < f; ++i) y[i] = silu_scalar(g[i]) * u[i];
 }
-#endif
 
-#ifdef LX_LAYER_X86
-/* the f16 GELU table's lanes: the gate rounded to f16 (F16C, nearest even as lx_fp32_to_fp16), gathered */
+/* the GELU table's lanes: the gate rounded to f16 (F16C, nearest even as lx_fp32_to_fp16), gathered */
 __attribute__((target("avx2,fma,f16c"))) static void gelu_mul_avx2(const float *table, const float *g, const float *u,
                                                                      float *y, int64_t f) {
     const __m256 lo = _mm256_set1_ps(-10.0f), hi = _mm256_set1_ps(10.0f);
@@ -227,10 +199,7 @@ __attribute__((target("avx2,fma,f16c"))) static void gelu_mul_avx2(const float *
         a = _mm256_andnot_ps(_mm256_cmp_ps(gv, lo, _CMP_LE_OQ), a);
         _mm256_storeu_ps(y + i, _mm256_mul_ps(a, _mm256_loadu_ps(u + i)));
     }
-    for (; i < f; ++i) {
-        const float a = g[i] <= -10.0f ? 0.0f : g[i] >= 10.0f ? g[i] : table[lx_fp32_to_fp16(g[i])];
-        y[i] = a * u[i];
-    }
+    for (; i < f; ++i) y[i] = gelu_scalar(table, g[i]) * u[i];
 }
 #endif
 
@@ -239,14 +208,8 @@ void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, f
     for (int64_t r = 0; r < n_rows; ++r) {
         const float *g = gu + r * 2 * f, *u = g + f;
         float *y = act + r * f;
-        for (int64_t i = 0; i < f; ++i) {
-            float a;
-            if (kind == LX_ACT_SILU) a = silu_scalar(g[i]);
-            else if (g[i] <= -10.0f) a = 0.0f;
-            else if (g[i] >= 10.0f) a = g[i];
-            else a = gelu_table[lx_fp32_to_fp16(g[i])];
-            y[i] = a * u[i];
-        }
+        for (int64_t i = 0; i < f; ++i)
+            y[i] = (kind == LX_ACT_SILU ? silu_scalar(g[i]) : gelu_scalar(gelu_table, g[i])) * u[i];
     }
 }
 

@@ -13,7 +13,8 @@
  * ggml's f16 table); llama: SiLU gate. Every product is lx_gemm (gemm.h), so a row's result does
  * not depend on the other rows, the number of rows or n_threads; every other step is per row in a
  * fixed order. Numerics follow ggml's CPU ops: rms_norm sums x*x in double (ggml_float), scale =
- * 1/sqrtf(mean + eps), then times the weight; silu = x / (1 + expf(-x)); geglu looks the gate's
+ * 1/sqrtf(mean + eps), then times the weight; silu = x / (1 + exp(-x)) (vexp.h's exp, within 2 ulp
+ * of expf); geglu looks the gate's
  * f16 rounding up in the table (0 at or below -10, the gate itself at or above 10).
  *
  * The memory owns the cells: the caller passes the layer's K/V buffers from the first stream the
@@ -89,8 +90,8 @@ typedef struct {
 void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads);
 
 /* act[r] = f(gate[r]) * up[r] for gu rows [gate (n_ff) | up (n_ff)]: silu(g) = g / (1 + e^-g), e^-g
- * from layer.c's fixed float sequence (within 2 ulp of expf; the AVX2 lanes and the scalar twin give
- * the same bits), or the f16 GELU table (0 at or below -10, g at or above 10) */
+ * from vexp.h (within 2 ulp of expf; the AVX2 lanes and the scalar twin give the same bits), or the
+ * f16 GELU table (0 at or below -10, g at or above 10) */
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
               int64_t n_ff, int n_threads);
 /* the scalar reference of lx_gated (single-threaded): the same bits */

@@ -8,8 +8,9 @@ measured with the activations rounded per block to q8 as ggml does (the GEMM): q
 the cache's tiny differences into whole rounding steps of some blocks); q4_0 rotated 0.021-0.025 ->
 bound 0.1, unrotated 0.11-0.16: rotation must lower it. q8_0 keeps the f16 cache's top-1 wherever
 f16's top-1/top-2 gap exceeds NEAR_TIE: on these prompts the q8_0 cache moves that gap by up to 0.43
-nats (0.32-0.42 before the polynomial silu of csrc/layer.c, 0.39-0.43 after; 0.7 over 500 tokens of
-long_1k3), so 0.5 is the gap it cannot close (flips seen at gaps 0.011, 0.013, 0.304). A broken
+nats (0.32-0.42 with the SiLU on expf and on csrc/vexp.h's exp, 0.39-0.43 with another polynomial
+tried; 0.66-0.7 over 500 tokens of long_1k3), so 0.5 is the gap it cannot close (flips seen at gaps
+0.011, 0.013, 0.304). A broken
 block (wrong scale, wrong nibble order, a missed rotation of q or of the output) moves KL to whole nats.
 """
 import json

@@ -1,0 +1,91 @@
+/* vexp.h: the exp of the SIMD kernels (Cephes expf: Cody-Waite reduction, degree-5 polynomial),
+ * within 2 ulp of expf for x in [-87.3, 88.3]; 0 below (and at -inf), x clamped to 88.376 above.
+ * lx_exp8_avx2 takes 8 lanes (lx_exp16_avx512 16); lx_exp_ref is its scalar twin, the same float operations in the same
+ * order (fmaf for each fused step), so the two give the same bits: a kernel may run its tail
+ * elements through the twin. Used by attention's softmax and the layer's SiLU. */
+#ifndef LX_VEXP_H
+#define LX_VEXP_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LX_EXP_LO -87.33654f
+#define LX_EXP_HI 88.3762626647949f
+#define LX_EXP_LOG2E 1.44269504088896341f
+#define LX_EXP_C1 0.693359375f       /* ln 2 = C1 + C2 (Cody-Waite) */
+#define LX_EXP_C2 -2.12194440e-4f
+#define LX_EXP_P0 1.9875691500e-4f
+#define LX_EXP_P1 1.3981999507e-3f
+#define LX_EXP_P2 8.3334519073e-3f
+#define LX_EXP_P3 4.1665795894e-2f
+#define LX_EXP_P4 1.6666665459e-1f
+#define LX_EXP_P5 5.0000001201e-1f
+
+static inline float lx_exp_ref(float x) {
+    const int under = x < LX_EXP_LO;
+    x = x < LX_EXP_LO ? LX_EXP_LO : x;
+    x = x > LX_EXP_HI ? LX_EXP_HI : x;
+    const float n = nearbyintf(x * LX_EXP_LOG2E);
+    float r = fmaf(-n, LX_EXP_C1, x);
+    r = fmaf(-n, LX_EXP_C2, r);
+    float y = LX_EXP_P0;
+    y = fmaf(y, r, LX_EXP_P1);
+    y = fmaf(y, r, LX_EXP_P2);
+    y = fmaf(y, r, LX_EXP_P3);
+    y = fmaf(y, r, LX_EXP_P4);
+    y = fmaf(y, r, LX_EXP_P5);
+    y = fmaf(y, r * r, r + 1.0f);
+    const uint32_t bits = (uint32_t) ((int32_t) n + 127) << 23;
+    float p2;
+    memcpy(&p2, &bits, sizeof p2);
+    return under ? 0.0f : y * p2;
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 lx_exp8_avx2(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(LX_EXP_LO);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    x = _mm256_min_ps(x, _mm256_set1_ps(LX_EXP_HI));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LX_EXP_LOG2E)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LX_EXP_C1), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LX_EXP_C2), r);
+    __m256 y = _mm256_set1_ps(LX_EXP_P0);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P1));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P2));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P3));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P4));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P5));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+/* the same on 16 lanes */
+static inline __attribute__((always_inline, target("avx512f,avx2,fma"))) __m512 lx_exp16_avx512(__m512 x) {
+    const __m512 lo = _mm512_set1_ps(LX_EXP_LO);
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+    x = _mm512_max_ps(x, lo);
+    x = _mm512_min_ps(x, _mm512_set1_ps(LX_EXP_HI));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LX_EXP_LOG2E)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LX_EXP_C1), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LX_EXP_C2), r);
+    __m512 y = _mm512_set1_ps(LX_EXP_P0);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P1));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P2));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P3));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P4));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P5));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
+}
+#endif
+
+#endif /* LX_VEXP_H */
