@@ -181,8 +181,8 @@ cdef lx_type _r8_type(object t) except *:
 
 def pack_r8(raw, ggml_type):
     """W's GGUF rows uint8 [n_out, row_bytes] in the r8 layout: uint8 [ceil(n_out / 8) * 8, row_bytes]
-    (per 8-row group and block: the 8 d, then the rows' quants interleaved 4 bytes at a time; zero
-    rows pad the last group). See gemm.h."""
+    (per 8-row group and block: the 8 d, q4_1's 8 m or q5_0's 8 qh, then the rows' qs interleaved
+    4 bytes at a time; zero rows pad the last group). See gemm.h."""
     cdef lx_type wt = _r8_type(ggml_type)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
         raise ValueError("raw must be a C-contiguous uint8 array [n_out, row_bytes]")

@@ -44,11 +44,18 @@ class Part(NamedTuple):
     r8: bool
 
     @classmethod
-    def of(cls, raw: np.ndarray, t: int) -> "Part":
-        """W's GGUF rows as a Part: repacked to r8 (a copy) when the type has that layout."""
+    def load(cls, g: GGUFFile, names: list[str], t: int) -> "Part":
+        """Tensors of type t stacked along n_out as one Part: repacked to r8 when the type has that
+        layout; whenever the Part holds a copy, the mapping's pages of the tensors are released."""
+        raw = g.raw(names[0]) if len(names) == 1 else np.concatenate([g.raw(n) for n in names], axis=0)
         if t in gemm.R8_TYPES:
-            return cls(gemm.pack_r8(raw, t), t, raw.shape[0], True)
-        return cls(np.ascontiguousarray(raw), t, raw.shape[0], False)
+            part = cls(gemm.pack_r8(np.ascontiguousarray(raw), t), t, raw.shape[0], True)
+        else:
+            part = cls(np.ascontiguousarray(raw), t, raw.shape[0], False)
+        if part.r8 or len(names) > 1:   # a copy: the mapping's pages are not needed
+            for n in names:
+                g.release(n)
+        return part
 
     def product(self, x: np.ndarray, n_threads: int) -> np.ndarray:
         if self.r8:
@@ -83,14 +90,7 @@ class Linear:
                 runs[-1][0].append(n)
             else:
                 runs.append(([n], t))
-        parts = []
-        for run, t in runs:
-            raw = g.raw(run[0]) if len(run) == 1 else np.concatenate([g.raw(n) for n in run], axis=0)
-            parts.append(Part.of(raw, t))
-            if len(run) > 1 or parts[-1].r8:   # copied: the mapping's pages are not needed
-                for n in run:
-                    g.release(n)
-        return cls(parts, g.shape(names[0])[1], n_threads)
+        return cls([Part.load(g, run, t) for run, t in runs], g.shape(names[0])[1], n_threads)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
@@ -99,21 +99,23 @@ class Linear:
 
 
 class Embedding:
-    """The token embedding [n_vocab, n_embd], also the tied output: the GGUF's blocks, kept in the GEMM's
-    row-interleaved layout (gemm.pack_r8: 8 rows interleaved 4 bytes at a time) when the type has it
-    (q4_0, q4_1, q5_0, q8_0; both registry models' Q8_0), so the logits of a decode step stream it once, contiguously; else its raw rows."""
+    """The token embedding [n_vocab, n_embd], also the tied output: one Part (the r8 layout for q4_0,
+    q4_1, q5_0, q8_0: both registry models' Q8_0, so a decode step's logits stream it once,
+    contiguously; else the GGUF's rows)."""
 
     def __init__(self, g: GGUFFile, name: str, n_threads: int) -> None:
         self.type = g.ggml_type(name)
         self.n_vocab, self.n_embd = g.shape(name)
         self.n_threads = n_threads
-        raw = np.ascontiguousarray(g.raw(name))             # [n_vocab, row_bytes], a view of the mapping
-        self.r8 = self.type in gemm.R8_TYPES
-        if self.r8:
-            self.raw = gemm.pack_r8(raw, self.type)         # a copy: the mapping's pages are not needed
-            g.release(name)
-        else:
-            self.raw = raw
+        self.part = Part.load(g, [name], self.type)
+
+    @property
+    def r8(self) -> bool:
+        return self.part.r8
+
+    @property
+    def raw(self) -> np.ndarray:
+        return self.part.raw
 
     def rows(self, tokens: np.ndarray) -> np.ndarray:
         """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
@@ -122,7 +124,4 @@ class Embedding:
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """x @ E.T, float32 [n, n_vocab], from the blocks: the same bits in either layout (gemm.h)."""
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        if self.r8:
-            return gemm.mul_mat_r8(self.raw, self.type, self.n_vocab, x, n_threads=self.n_threads)
-        return _product(self.raw, self.type, x, self.n_threads)
+        return self.part.product(np.ascontiguousarray(x, dtype=np.float32), self.n_threads)
