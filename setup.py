@@ -1,4 +1,5 @@
-"""Build of llamax's native core: one Cython extension per concept over csrc/.
+"""Build of llamax's native core: libllamax (every csrc unit, compiled once) and one Cython
+extension per concept over it.
 
 Flags: a portable baseline (no -march) with runtime dispatch inside the kernels;
 LLAMAX_NATIVE=1 adds -march=native for a local build; LLAMAX_NO_OPENMP=1 builds
@@ -13,21 +14,16 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-# (module, sources): listed explicitly, one per wrapped concept.
-EXTENSIONS = [
-    ("llamax._native.cells", ["llamax/_native/cells.pyx", "csrc/kv_cells.c", "csrc/slot_finder.c"]),
-    ("llamax._native.kq_mask", ["llamax/_native/kq_mask.pyx", "csrc/kq_mask.c"]),
-    ("llamax._native.rope", ["llamax/_native/rope.pyx", "csrc/rope.c", "csrc/quants.c", "csrc/hadamard.c"]),
-    ("llamax._native.hadamard", ["llamax/_native/hadamard.pyx", "csrc/hadamard.c"]),
-    ("llamax._native.attention", ["llamax/_native/attention.pyx", "csrc/attention.c", "csrc/quants.c"]),
-    ("llamax._native.quants", ["llamax/_native/quants.pyx", "csrc/quants.c"]),
-    ("llamax._native.matmul", ["llamax/_native/matmul.pyx", "csrc/matmul.c", "csrc/quants.c"]),
-    ("llamax._native.gemm", ["llamax/_native/gemm.pyx", "csrc/gemm.c", "csrc/quants.c"]),
-    ("llamax._native.layer", ["llamax/_native/layer.pyx", "csrc/layer.c", "csrc/gemm.c", "csrc/matmul.c", "csrc/attention.c",
-                              "csrc/rope.c", "csrc/hadamard.c", "csrc/quants.c"]),
-    ("llamax._native.buffers", ["llamax/_native/buffers.pyx", "csrc/buffers.c"]),
-    ("llamax._native.sampling", ["llamax/_native/sampling.pyx", "csrc/sampling.c"]),
-]
+# The native library: every csrc unit compiled once into libllamax (one CPU probe, one level cap),
+# which the Cython extensions link at run time from their own directory.
+CORE_SOURCES = ["csrc/cpu.c", "csrc/quants.c", "csrc/hadamard.c", "csrc/kv_cells.c", "csrc/slot_finder.c",
+                "csrc/kq_mask.c", "csrc/rope.c", "csrc/matmul.c", "csrc/gemm.c", "csrc/attention.c",
+                "csrc/layer.c", "csrc/buffers.c", "csrc/sampling.c"]
+CORE_PACKAGE = "llamax._native"
+
+# one Cython extension per wrapped concept
+EXTENSIONS = ["cpu", "cells", "kq_mask", "rope", "hadamard", "attention", "quants", "matmul", "gemm",
+              "layer", "buffers", "sampling"]
 
 
 def _compiler_accepts(compiler, flag: str) -> bool:
@@ -46,39 +42,90 @@ def _compiler_accepts(compiler, flag: str) -> bool:
 
 
 class BuildExt(build_ext):
-    """Per-compiler flags; OpenMP only when the compiler has it."""
+    """Per-compiler flags (OpenMP only when the compiler has it); libllamax built before the
+    extensions, into the package directory beside them."""
 
-    def build_extensions(self):
-        ctype = self.compiler.compiler_type
-        if ctype == "msvc":
+    def _flags(self):
+        if self.compiler.compiler_type == "msvc":
             cflags, lflags = ["/O2"], []
             if os.environ.get("LLAMAX_NO_OPENMP") != "1":
                 cflags.append("/openmp")
+            return cflags, lflags
+        cflags = ["-O3", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
+        lflags = []
+        if os.environ.get("LLAMAX_NATIVE") == "1":
+            cflags.append("-march=native")
+        if os.environ.get("LLAMAX_NO_OPENMP") != "1" and _compiler_accepts(self.compiler, "-fopenmp"):
+            cflags.append("-fopenmp")
+            lflags.append("-fopenmp")
+        elif os.environ.get("LLAMAX_NO_OPENMP") != "1":
+            print("llamax: the compiler has no OpenMP; building single-threaded kernels", file=sys.stderr)
+        return cflags, lflags
+
+    def _core_path(self, inplace: bool) -> str:
+        """libllamax's path in the build tree, or in the source tree when inplace."""
+        name = "libllamax.dylib" if sys.platform == "darwin" else "libllamax.so"
+        if inplace:
+            pkg_dir = self.get_finalized_command("build_py").get_package_dir(CORE_PACKAGE)
         else:
-            cflags = ["-O3", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-unused-function",
-                      "-Wno-unknown-pragmas"]
-            lflags = []
-            if os.environ.get("LLAMAX_NATIVE") == "1":
-                cflags.append("-march=native")
-            if os.environ.get("LLAMAX_NO_OPENMP") != "1" and _compiler_accepts(self.compiler, "-fopenmp"):
-                cflags.append("-fopenmp")
-                lflags.append("-fopenmp")
-            elif os.environ.get("LLAMAX_NO_OPENMP") != "1":
-                print("llamax: the compiler has no OpenMP; building single-threaded kernels", file=sys.stderr)
+            pkg_dir = os.path.join(self.build_lib, *CORE_PACKAGE.split("."))
+        return os.path.join(pkg_dir, name)
+
+    def _build_core(self, cflags, lflags):
+        """Compile csrc once; link it as libllamax (ELF / Mach-O) or return the objects (MSVC)."""
+        objects = self.compiler.compile(CORE_SOURCES, output_dir=self.build_temp, include_dirs=["csrc"],
+                                        extra_postargs=cflags, depends=[os.path.join("csrc", h) for h in
+                                                                        os.listdir("csrc") if h.endswith(".h")])
+        if self.compiler.compiler_type == "msvc":
+            # no DLL exports are declared: each extension links the objects (one copy per module)
+            return objects, []
+        lib = self._core_path(False)
+        os.makedirs(os.path.dirname(lib), exist_ok=True)
+        name = os.path.basename(lib)
+        if sys.platform == "darwin":
+            self.compiler.spawn(self.compiler.linker_so[:1] + ["-dynamiclib", "-install_name", "@rpath/" + name]
+                                + objects + lflags + ["-o", lib])
+            rpath = "-Wl,-rpath,@loader_path"
+        else:
+            self.compiler.link_shared_object(objects, lib, extra_postargs=lflags + ["-Wl,-soname," + name])
+            rpath = "-Wl,-rpath,$ORIGIN"
+        return [], ["-L" + os.path.dirname(lib), "-lllamax", rpath]
+
+    def build_extensions(self):
+        cflags, lflags = self._flags()
+        objects, core_link = self._build_core(cflags, lflags)
         # Cython's generated C is not C11-clean with -Wall; keep our flags for csrc only where it matters.
         for ext in self.extensions:
             ext.extra_compile_args = list(cflags)
-            ext.extra_link_args = list(lflags)
+            ext.extra_objects = list(objects)
+            ext.extra_link_args = list(lflags) + core_link
         super().build_extensions()
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        if os.path.exists(self._core_path(False)):
+            self.copy_file(self._core_path(False), self._core_path(True), level=self.verbose)
+
+    def get_outputs(self):
+        outs = super().get_outputs()
+        if self.inplace:
+            return outs
+        return sorted(outs + [self._core_path(False)])
+
+    def get_output_mapping(self):
+        mapping = super().get_output_mapping()
+        if self.inplace:
+            mapping[self._core_path(False)] = self._core_path(True)
+        return mapping
 
 
 def _extensions():
     only = os.environ.get("LLAMAX_EXTENSIONS")  # dev aid: build a subset, e.g. "cells,kq_mask"
     exts = []
-    for name, sources in EXTENSIONS:
-        if only and name.rsplit(".", 1)[1] not in only.split(","):
+    for name in EXTENSIONS:
+        if only and name not in only.split(","):
             continue
-        exts.append(Extension(name, sources, include_dirs=["csrc", np.get_include()],
+        exts.append(Extension(f"{CORE_PACKAGE}.{name}", [f"llamax/_native/{name}.pyx"], include_dirs=["csrc", np.get_include()],
                               define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]))
     return cythonize(exts, language_level=3, compiler_directives={
         "boundscheck": False, "wraparound": False, "cdivision": True, "initializedcheck": False,

@@ -39,6 +39,7 @@ import numpy as np
 from timing import median_time
 
 from llamax._native import attention as A
+from llamax._native import cpu
 from llamax._native import quants as Q
 
 
@@ -249,7 +250,7 @@ def main() -> None:
     args = ap.parse_args()
     rep_fast, rep_slow = (5, 5) if args.quick else (31, 9)
     rng = np.random.default_rng(0)
-    print(f"llamax attention benchmark: SIMD level {A.simd_level()}, LX_ATTN_CHUNK {A.CHUNK}; "
+    print(f"llamax attention benchmark: SIMD level {cpu.LEVEL_NAMES[cpu.simd_level()]}, LX_ATTN_CHUNK {A.CHUNK}; "
           f"medians of {rep_fast} (decode) / {rep_slow} (prefill) runs")
     print(f"load average before the run: {' '.join(f'{x:.2f}' for x in os.getloadavg())} "
           f"(other processes on these {os.cpu_count()} cores slow the 2-thread figures most)")

@@ -14,7 +14,7 @@ import os
 import numpy as np
 from timing import median_time
 
-from llamax._native import gemm, matmul
+from llamax._native import cpu, gemm, matmul
 from llamax.model import Model
 
 TENSORS = {
@@ -35,7 +35,7 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", str(nth))
     ntoks = [int(v) for v in args.ntok.split(",")]
     rng = np.random.default_rng(0)
-    print(f"threads {nth}, gemm simd level {gemm.simd_level()}, median of {args.runs} runs")
+    print(f"threads {nth}, gemm simd level {cpu.LEVEL_NAMES[cpu.simd_level()]}, median of {args.runs} runs")
     print(f"{'tensor':34s} {'type':5s} {'n_tok':>5s} | {'gemm ms':>8s} {'GF':>6s} | "
           f"{'mul_mat ms':>10s} {'GF':>6s} | {'BLAS ms':>8s} {'GF':>6s}")
     for model, names in TENSORS.items():

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 from timing import median_time
 
+from llamax._native import cpu
 from llamax._native import matmul as M
 from llamax._native import quants as Q
 
@@ -167,7 +168,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--gguf", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
     args = ap.parse_args()
-    print(f"simd level {M.simd_level()} (0 portable, 2 AVX2, 3 AVX-512 VNNI); "
+    print(f"simd level {cpu.LEVEL_NAMES[cpu.simd_level()]}; "
           f"OpenBLAS threads {'set per row' if SET_BLAS_THREADS else 'not settable (its default)'}")
     print(f"memory copy (np.copyto 256 MiB, read + write): {memcpy_gbs():.1f} GB/s\n")
     import gguf

@@ -1496,36 +1496,18 @@ static void vtacc_avx512(const attn_ctx *c, const float *S, int64_t vt_base, con
     vtacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
 }
 
-/* level 3: a quantized K takes the AVX2 integer dots (maddubs); level 4 the VNNI ones */
+/* LX_SIMD_AVX512: a quantized K takes the AVX2 integer dots (maddubs); LX_SIMD_VNNI512 the VNNI ones */
 static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, expsum_avx512, vacc_avx512, vtacc_avx512 };
 static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, expsum_avx512, vacc_avx512, vtacc_avx512 };
 #endif /* LX_X86 */
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 
-/* 4: AVX-512 + VNNI, 3: AVX-512, 2: AVX2 + FMA + F16C, 0: portable C */
-static int cpu_level(void) {
-    const int f = lx_cpu_features();
-    return (f & LX_CPU_VNNI512) ? 4 : (f & LX_CPU_AVX512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
-}
-
-static int level_cap = -1;
-
-int lx_attn_simd_level(void) {
-    const int lv = cpu_level();
-    const int cap = __atomic_load_n(&level_cap, __ATOMIC_RELAXED);
-    return cap >= 0 && cap < lv ? cap : lv;
-}
-
-void lx_attn_set_simd_level(int level) {
-    __atomic_store_n(&level_cap, level, __ATOMIC_RELAXED);
-}
-
 static const kernel_set *kernels_for(int level) {
 #ifdef LX_X86
-    if (level >= 4) return &kernels_avx512_vnni;
-    if (level >= 3) return &kernels_avx512;
-    if (level >= 2) return &kernels_avx2;
+    if (level >= LX_SIMD_VNNI512) return &kernels_avx512_vnni;
+    if (level >= LX_SIMD_AVX512) return &kernels_avx512;
+    if (level >= LX_SIMD_AVX2) return &kernels_avx2;
 #endif
     (void) level;
     return &kernels_c;
@@ -1827,7 +1809,7 @@ static attn_ctx make_ctx(const lx_attn_params *p, const float *q, const void *k,
     c.kb_cell = c.kb_head * p->n_head_kv;
     c.vb_head = (int64_t) lx_row_bytes(p->type_v, p->d_v);
     c.vb_cell = c.vb_head * p->n_head_kv;
-    c.level = lx_attn_simd_level();
+    c.level = lx_simd_level();
     return c;
 }
 

@@ -207,15 +207,10 @@ void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, cons
 void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                         const float *mask, float *out);
 
-/* Fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (F+BW+VL+DQ),
- * 4 AVX-512 with VNNI (differs from 3 only in the quantized-K dots: 3 takes
- * the AVX2 integer dots, 4 vpdpbusd over two blocks at once; like every level
- * it is within LX_ATTN_MAX_ERR of the oracle and bit-stable over n_threads). */
-int lx_attn_simd_level(void);
-
-/* Testing hook: cap the fast path at `level` (0 forces the portable C, -1
- * restores the CPU's best). Process-wide; not for use while kernels run. */
-void lx_attn_set_simd_level(int level);
+/* Paths by lx_simd_level() (cpu.h): portable C, AVX2+FMA+F16C, AVX-512 (F+BW+VL+DQ), and AVX-512
+ * with VNNI, which differs from AVX-512 only in the quantized-K dots (AVX-512 takes the AVX2 integer
+ * dots, VNNI vpdpbusd over two blocks at once). Like every level it is within LX_ATTN_MAX_ERR of the
+ * oracle and bit-stable over n_threads. */
 
 /* Testing hook: the kernels wake no more threads than 1 + (n_tokens * n_head *
  * n_kv * (d_k + d_v)) / macs (default 2^18 multiply-adds per thread, so a tiny

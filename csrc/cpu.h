@@ -1,38 +1,29 @@
-/* cpu.h: what this CPU can run, read once (runtime dispatch of the fast kernel paths).
+/* cpu.h: the SIMD level the kernels run at: one probe of this CPU, one numbering for every unit.
  *
- * Builds use a portable baseline; each unit picks its AVX2 / AVX-512 path from these flags.
+ * Builds use a portable baseline; every unit of the native library picks its fast path from
+ * lx_simd_level() at each call, so a cap set for testing (lx_set_simd_level) reaches all of them.
+ * A unit with no path at some level runs the next lower one it has (the GEMM and the quantized
+ * products have no AVX-512 path without VNNI: they run AVX2 at LX_SIMD_AVX512).
  */
 #ifndef LX_CPU_H
 #define LX_CPU_H
 
 enum {
-    LX_CPU_AVX2    = 1 << 0,   /* avx2 + fma + f16c              */
-    LX_CPU_AVX512  = 1 << 1,   /* avx512 f + bw + vl + dq         */
-    LX_CPU_VNNI512 = 1 << 2,   /* avx512 vnni (with LX_CPU_AVX512) */
+    LX_SIMD_PORTABLE = 0,   /* C only (any CPU)                               */
+    LX_SIMD_AVX2     = 1,   /* avx2 + fma + f16c                              */
+    LX_SIMD_AVX512   = 2,   /* + avx512 f, bw, vl, dq                         */
+    LX_SIMD_VNNI512  = 3,   /* + avx512 vnni                                  */
+    LX_SIMD_N_LEVELS = 4,
 };
 
-/* the LX_CPU_* flags of this CPU (0 off x86-64); computed once, safe from any thread */
-static inline int lx_cpu_features(void) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    static int cached = -1;
-    int f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (f < 0) {
-        __builtin_cpu_init();
-        f = 0;
-        if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-            f |= LX_CPU_AVX2;
-            if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
-                f |= LX_CPU_AVX512;
-                if (__builtin_cpu_supports("avx512vnni")) f |= LX_CPU_VNNI512;
-            }
-        }
-        __atomic_store_n(&cached, f, __ATOMIC_RELAXED);
-    }
-    return f;
-#else
-    return 0;
-#endif
-}
+/* the best level this CPU runs (LX_SIMD_PORTABLE off x86-64); probed once, safe from any thread */
+int lx_cpu_simd_level(void);
+
+/* the level the kernels run at: the CPU's best, or the cap when one is set and lower */
+int lx_simd_level(void);
+
+/* testing hook: cap every kernel at `level` (LX_SIMD_*); -1 lifts the cap. Meant to be set between
+ * calls: a kernel running in another thread may finish at the old level. */
+void lx_set_simd_level(int level);
 
 #endif /* LX_CPU_H */

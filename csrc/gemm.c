@@ -7,7 +7,7 @@
  *
  * The SIMD kernels are written once and compiled three times by including this file into itself
  * (LX_GEMM_PASS): 1 AVX2+FMA (8 lanes, maddubs + madd), 2 AVX-512 VNNI on ymm (8 lanes,
- * vpdpbusd; level 3 for n_tok <= 8), 3 AVX-512 VNNI on zmm (16 lanes). Each pass computes the
+ * vpdpbusd; LX_SIMD_VNNI512 for n_tok <= 8), 3 AVX-512 VNNI on zmm (16 lanes). Each pass computes the
  * canonical arithmetic of gemm.h; they differ only in how the exact integer sums are formed.
  */
 #ifndef LX_GEMM_PASS
@@ -418,23 +418,7 @@ typedef void (*run_fn)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, co
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
-static int g_level_cap = -1;
 
-static int best_level(void) {
-    const int f = lx_cpu_features();
-    if (f & LX_CPU_VNNI512) return 3;
-    if (f & LX_CPU_AVX2) return 2;
-    return 0;
-}
-
-int lx_gemm_simd_level(void) {
-    const int best = best_level();
-    const int cap = __atomic_load_n(&g_level_cap, __ATOMIC_RELAXED);
-    if (cap < 0 || cap >= best) return best;
-    return cap >= 2 ? 2 : 0;
-}
-
-void lx_gemm_set_simd_level(int level) { __atomic_store_n(&g_level_cap, level, __ATOMIC_RELAXED); }
 
 static void gemm_portable(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
                           int64_t n_in, int64_t n_out, void *work, int n_threads) {
@@ -545,15 +529,15 @@ static void gemm_r8_portable(const void *w, lx_type wt, const float *x, float *y
 static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, float *y, int64_t n_tok,
                       int64_t n_in, int64_t n_out, void *work, int n_threads) {
     const int kq = is_k(w_type);
-    const int level = lx_gemm_simd_level();
+    const int level = lx_simd_level();
     run_fn run = NULL;
     int L = 8, u128 = 1, tmax = 1;
 #ifdef LX_GEMM_X86
     if (kq) {
-        if (level >= 2) run = run_k_avx2, u128 = 0;   /* level 3: the AVX2 K kernels */
-    } else if (level == 3 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
-    else if (level == 3) run = run_vnni256;
-    else if (level == 2) run = run_avx2, u128 = 0;
+        if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
+    } else if (level >= LX_SIMD_VNNI512 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
+    else if (level >= LX_SIMD_VNNI512) run = run_vnni256;
+    else if (level >= LX_SIMD_AVX2) run = run_avx2, u128 = 0;
 #endif
     if (!run) {
         if (r8) gemm_r8_portable(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
@@ -1127,7 +1111,7 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
 #undef LX_GEMM_SMALL_NT
 #undef LX_GEMM_SMALL_R8_NT
 
-/* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels, which level 3 runs too) ------------------------
+/* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels, which LX_SIMD_VNNI512 runs too) ------------------------
  *
  * Integer sums per super-block, all exact: the maddubs int16 pair sums of a sub-block are taken
  * by one madd against its scale broadcast as int16 (sc * (pair + pair') in int32), so the scale

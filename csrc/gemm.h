@@ -63,7 +63,7 @@
  *   exactly (hadd tree) to the 8 isums; then the same chain, lane-wise over rows. The bits are
  *   the same as the token-lane kernels' (test (b): a token alone vs in a batch of 130).
  *
- * Paths (lx_gemm_simd_level): 3 AVX-512 VNNI (16-lane zmm kernel, vpdpbusd), 2 AVX2+FMA+F16C
+ * Paths (lx_simd_level, cpu.h): VNNI512 (16-lane zmm kernel, vpdpbusd), AVX2 and AVX512 AVX2+FMA+F16C
  * (8 lanes, maddubs + madd; q8_0 keeps signed bytes and uses the sign trick, |q| <= 128), 0
  * portable C (the reference loop per output, OpenMP over rows; fmaf is the C library's,
  * correctly rounded like the hardware FMA). F16C converts the W scales: a NaN scale keeps its
@@ -100,7 +100,7 @@
  * the one round-to-nearest-even int32 -> float conversion (C's cast, cvtdq2ps), a function of the
  * exact integer, hence the same on every path. fmaf(-m, v, acc) is vfnmadd(m, v, acc) bit for bit.
  *
- * AVX2 kernels (level 3 runs these too: there is no AVX-512 K kernel yet): token lanes for
+ * AVX2 kernels (the AVX-512 levels run these too: there is no AVX-512 K kernel yet): token lanes for
  * n_tok > 8 (R = 4 rows x 8 tokens per tile), 8 rows in lanes for n_tok <= 8, as above. The
  * sub-block scale costs nothing: the maddubs int16 pair sums of a sub-block (q4_K: 8 steps,
  * <= 30480; q5_K: 4 steps, <= 31496) go through one madd against sc_j broadcast as int16, which
@@ -172,10 +172,5 @@ size_t lx_gemm_r8_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_t
 void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
                 int64_t n_out, void *work, int n_threads);
 
-/* the path in use: 0 portable C, 2 AVX2+FMA, 3 AVX-512 (F, BW, VL, VNNI) */
-int lx_gemm_simd_level(void);
-
-/* testing hook: cap the path at `level` (0 portable, 2 AVX2, 3 AVX-512; -1 = the CPU's best) */
-void lx_gemm_set_simd_level(int level);
 
 #endif /* LX_GEMM_H */

@@ -143,7 +143,7 @@ typedef void (*fwht_fn)(float *, int, float);
 
 static fwht_fn pick_fwht(int block) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (block >= 8 && (lx_cpu_features() & LX_CPU_AVX2)) return fwht_block_avx2;
+    if (block >= 8 && lx_simd_level() >= LX_SIMD_AVX2) return fwht_block_avx2;
 #endif
     (void) block;
     return fwht_block_c;

@@ -31,6 +31,7 @@
  *    written with non-temporal stores.
  */
 #include "kq_mask.h"
+#include "cpu.h"
 
 #include <assert.h>
 #include <math.h>
@@ -281,7 +282,7 @@ static kq_kernels kq_pick(bool alibi, bool stream) {
     k.full_col = alibi ? kq_full_alibi_col : kq_full_plain_col;
     k.copy     = kq_copy_plain;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2")) {
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
         if (stream) {
             k.full_seq = alibi ? kq_full_alibi_seq_stream : kq_full_plain_seq_stream;
             k.full_col = alibi ? kq_full_alibi_col_stream : kq_full_plain_col_stream;

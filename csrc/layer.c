@@ -217,7 +217,7 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
               int64_t f, int nt) {
     (void) nt;
 #ifdef LX_LAYER_X86
-    const int simd = (lx_cpu_features() & LX_CPU_AVX2) != 0;
+    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
 #endif
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * f >= 65536)

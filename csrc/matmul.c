@@ -17,9 +17,9 @@
  * quants side by side (one 64-byte load for two 32-blocks).
  *
  * The 256-bit kernels are written once and compiled twice by including this
- * file into itself (LX_MM_KERNEL_PASS): for AVX2+FMA+F16C (level 2), and with
+ * file into itself (LX_MM_KERNEL_PASS): for AVX2+FMA+F16C (LX_SIMD_AVX2), and with
  * AVX-512 VNNI (vpdpbusd / vpdpwssd in place of maddubs + madd + add), whose
- * functions serve the 512-bit kernels of level 3 (their odd last block, the
+ * functions serve the 512-bit kernels of LX_SIMD_VNNI512 (their odd last block, the
  * horizontal sums, the float path).
  */
 #ifndef LX_MM_KERNEL_PASS
@@ -703,25 +703,11 @@ LX_MM_ENTRY512(q6_K_512, LX_Z_Q6_K)
 
 /* ---- run-time dispatch --------------------------------------------------------------- */
 
-static int mm_cap = -1;    /* testing hook; -1: no cap */
 
-/* 3: AVX-512 with VNNI, 2: AVX2 + FMA + F16C, 0: portable C */
-static int mm_cpu_level(void) {
-    const int f = lx_cpu_features();
-    return (f & LX_CPU_VNNI512) ? 3 : (f & LX_CPU_AVX2) ? 2 : 0;
-}
-
-int lx_mm_simd_level(void) {
-    const int best = mm_cpu_level();
-    const int cap = __atomic_load_n(&mm_cap, __ATOMIC_RELAXED);
-    return cap >= 0 && cap < best ? cap : best;
-}
-
-void lx_mm_set_simd_level(int level) { __atomic_store_n(&mm_cap, level, __ATOMIC_RELAXED); }
 
 static q8_tile_fn pick_q8(lx_type wt, int level) {
 #ifdef LX_MM_X86
-    if (level >= 3) {
+    if (level >= LX_SIMD_VNNI512) {
         switch (wt) {
         case LX_TYPE_Q4_0: return q4_0_512;
         case LX_TYPE_Q5_0: return q5_0_512;
@@ -734,7 +720,7 @@ static q8_tile_fn pick_q8(lx_type wt, int level) {
         default: break;
         }
     }
-    if (level >= 2) {
+    if (level >= LX_SIMD_AVX2) {
         switch (wt) {
         case LX_TYPE_Q4_0: return q4_0_avx2;
         case LX_TYPE_Q5_0: return q5_0_avx2;
@@ -754,8 +740,8 @@ static q8_tile_fn pick_q8(lx_type wt, int level) {
 
 static f32_dots_fn pick_f32(int level) {
 #ifdef LX_MM_X86
-    if (level >= 3) return f32_dots_vnni;
-    if (level >= 2) return f32_dots_avx2;
+    if (level >= LX_SIMD_VNNI512) return f32_dots_vnni;
+    if (level >= LX_SIMD_AVX2) return f32_dots_avx2;
 #endif
     (void) level;
     return f32_dots_portable;
@@ -859,7 +845,7 @@ void lx_mul_mat(const void *w, lx_type w_type, const float *x, float *y, int64_t
         memset(y, 0, (size_t) (n_tok * n_out) * sizeof(float));
         return;
     }
-    const int level = lx_mm_simd_level();
+    const int level = lx_simd_level();
     mm_ctx c = {
         .w = w, .wt = w_type, .wrb = lx_row_bytes(w_type, n_in), .x = x,
         .dt = lx_mm_dot_type(w_type, act), .xq = work, .y = y,
@@ -1178,7 +1164,7 @@ static LX_INLINE LX_TGT void SFX(f32_dots_impl)(const float *w, const float *x, 
     }
 }
 
-/* -- entry points (the AVX2 pass; level 3 has its 512-bit ones): one instantiation per tile
+/* -- entry points (the AVX2 pass; LX_SIMD_VNNI512 has its 512-bit ones): one instantiation per tile
  * shape, so that R and NT are constants -- */
 #if LX_MM_KERNEL_PASS == 1
 

@@ -106,10 +106,6 @@ void lx_mul_mat(const void *w, lx_type w_type, const float *x, float *y, int64_t
 void lx_mul_mat_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                     int64_t n_in, int64_t n_out, lx_mm_act act, void *work);
 
-/* the fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (F, BW, VL, VNNI) */
-int lx_mm_simd_level(void);
-
-/* testing hook: cap the fast path at `level` (0 portable, 2 AVX2; -1 = the CPU's best) */
-void lx_mm_set_simd_level(int level);
+/* paths by lx_simd_level() (cpu.h): portable C, AVX2+FMA+F16C (at AVX512 too), VNNI512 */
 
 #endif /* LX_MATMUL_H */

@@ -2,6 +2,7 @@
  * See quants.h for the rounding contract. */
 #include "quants.h"
 #include "quants_simd.h"
+#include "cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LX_X86_DISPATCH 1
@@ -59,33 +60,18 @@ static void fp16_to_fp32_row_f16c(const uint16_t *x, float *y, int64_t n) {
 }
 #endif
 
-int lx_quants_have_f16c(void) {
-#ifdef LX_X86_DISPATCH
-    static int cached = -1;     /* every thread computes the same value */
-    int have = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
-        __atomic_store_n(&cached, have, __ATOMIC_RELAXED);
-    }
-    return have;
-#else
-    return 0;
-#endif
-}
-
 /* ---- dispatch -------------------------------------------------------------- */
 
 void lx_fp32_to_fp16_row(const float *x, uint16_t *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_f16c()) { fp32_to_fp16_row_f16c(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { fp32_to_fp16_row_f16c(x, y, n); return; }
 #endif
     lx_fp32_to_fp16_row_ref(x, y, n);
 }
 
 void lx_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_f16c()) { fp16_to_fp32_row_f16c(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { fp16_to_fp32_row_f16c(x, y, n); return; }
 #endif
     lx_fp16_to_fp32_row_ref(x, y, n);
 }
@@ -741,27 +727,11 @@ static LX_AVX2 void quantize_row_q8_K_avx2(const float *x, lx_block_q8_K *y, int
 }
 #endif /* LX_X86_DISPATCH */
 
-int lx_quants_have_avx2(void) {
-#ifdef LX_X86_DISPATCH
-    static int cached = -1;     /* every thread computes the same value */
-    int have = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
-        __atomic_store_n(&cached, have, __ATOMIC_RELAXED);
-    }
-    return have;
-#else
-    return 0;
-#endif
-}
-
 /* ---- dispatch ------------------------------------------------------------------ */
 
 void lx_dequantize_row(lx_type t, const void *x, float *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_avx2()) {
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
         switch (t) {
         case LX_TYPE_Q4_0: dequantize_row_q4_0_avx2(x, y, n); return;
         case LX_TYPE_Q4_1: dequantize_row_q4_1_avx2(x, y, n); return;
@@ -793,28 +763,28 @@ void lx_dequantize_rows(lx_type t, const void *x, float *y, int64_t n_rows, int6
 
 void lx_quantize_row_q8_0(const float *x, lx_block_q8_0 *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_avx2()) { quantize_row_q8_0_avx2(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { quantize_row_q8_0_avx2(x, y, n); return; }
 #endif
     lx_quantize_row_q8_0_ref(x, y, n);
 }
 
 void lx_quantize_row_q8_1(const float *x, lx_block_q8_1 *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_avx2()) { quantize_row_q8_1_avx2(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { quantize_row_q8_1_avx2(x, y, n); return; }
 #endif
     lx_quantize_row_q8_1_ref(x, y, n);
 }
 
 void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_avx2()) { quantize_row_q8_K_avx2(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { quantize_row_q8_K_avx2(x, y, n); return; }
 #endif
     lx_quantize_row_q8_K_ref(x, y, n);
 }
 
 void lx_quantize_row_q4_0(const float *x, lx_block_q4_0 *y, int64_t n) {
 #ifdef LX_X86_DISPATCH
-    if (lx_quants_have_avx2()) { quantize_row_q4_0_avx2(x, y, n); return; }
+    if (lx_simd_level() >= LX_SIMD_AVX2) { quantize_row_q4_0_avx2(x, y, n); return; }
 #endif
     lx_quantize_row_q4_0_ref(x, y, n);
 }

@@ -114,9 +114,6 @@ void lx_fp32_to_fp16_row_ref(const float *x, uint16_t *y, int64_t n);
 void lx_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n);
 void lx_fp16_to_fp32_row_ref(const uint16_t *x, float *y, int64_t n);
 
-/* 1 if the fast f16 rows use F16C on this CPU, 0 for the portable path */
-int lx_quants_have_f16c(void);
-
 /* ---- ggml blocks --------------------------------------------------------- *
  *
  * The byte layouts of ggml's quantized types (ggml-common.h), so that a GGUF
@@ -315,8 +312,5 @@ lx_status lx_set_rows(lx_type t, const float *src, void *dst, const uint32_t *id
                       int64_t n_per_row, int n_threads);
 lx_status lx_set_rows_ref(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
                           int64_t n_per_row);
-
-/* 1 if the fast block rows (dequantize, quantize) use AVX2 on this CPU */
-int lx_quants_have_avx2(void);
 
 #endif /* LX_QUANTS_H */

@@ -9,6 +9,7 @@
  * contraction (ISO C mode for GCC; the pragma below for clang), so the bits agree.
  */
 #include "rope.h"
+#include "cpu.h"
 
 #include <assert.h>
 #include <math.h>
@@ -182,7 +183,7 @@ static void rope_row_neox_avx2(float *row, const float *c, const float *s, int64
 static rope_row_fn rope_pick_row(lx_rope_kind kind) {
     const bool neox = kind == LX_ROPE_NEOX;
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (__builtin_cpu_supports("avx2")) return neox ? rope_row_neox_avx2 : rope_row_norm_avx2;
+    if (lx_simd_level() >= LX_SIMD_AVX2) return neox ? rope_row_neox_avx2 : rope_row_norm_avx2;
 #endif
     return neox ? rope_row_neox : rope_row_norm;
 }

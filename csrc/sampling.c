@@ -194,7 +194,7 @@ static int64_t scan_gt_base(const float *x, int64_t i, int64_t n, float t) { ret
 __attribute__((target("avx2"))) static int64_t scan_gt_avx2(const float *x, int64_t i, int64_t n, float t) {
     return scan_gt_body(x, i, n, t);
 }
-static scan_fn scan_gt(void) { return (lx_cpu_features() & LX_CPU_AVX2) ? scan_gt_avx2 : scan_gt_base; }
+static scan_fn scan_gt(void) { return lx_simd_level() >= LX_SIMD_AVX2 ? scan_gt_avx2 : scan_gt_base; }
 #else
 static scan_fn scan_gt(void) { return scan_gt_base; }
 #endif

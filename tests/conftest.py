@@ -2,7 +2,18 @@
 import pytest
 
 from llamax import models
+from llamax._native import cpu
 from llamax.model import Model
+
+
+@pytest.fixture(params=cpu.levels(), ids=lambda lv: cpu.LEVEL_NAMES[lv])
+def every_simd_level(request):
+    """Runs a test once per SIMD level this CPU has (the cap of csrc/cpu.h on every kernel), so that
+    each fast path is held against its scalar reference; a module opts in with
+    `pytestmark = pytest.mark.usefixtures("every_simd_level")`."""
+    cpu.set_simd_level(request.param)
+    yield request.param
+    cpu.set_simd_level(-1)
 
 
 @pytest.fixture(scope="session")

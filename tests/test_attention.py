@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from llamax._native import attention as A
+from llamax._native import cpu
 
 MAX_ERR = A.MAX_ERR
 # the references against float64 numpy: float32 rounding only, same budget
 RTOL_REF = {np.float32: MAX_ERR, np.float16: MAX_ERR}
-LEVELS = sorted({0, 2, 3} & set(range(A.simd_level() + 1)))
+LEVELS = [lv for lv in cpu.levels() if lv <= cpu.AVX512]  # VNNI differs in the quantized K only
 
 
 @pytest.fixture(autouse=True)
@@ -25,11 +26,11 @@ def every_thread_works():
     A._set_min_work(-1)
 
 
-@pytest.fixture(params=LEVELS, ids=lambda lv: f"simd{lv}")
+@pytest.fixture(params=LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 def level(request):
-    A._set_simd_level(request.param)
+    cpu.set_simd_level(request.param)
     yield request.param
-    A._set_simd_level(-1)
+    cpu.set_simd_level(-1)
 
 
 # ---- numpy oracle ---------------------------------------------------------------------------
@@ -355,14 +356,14 @@ def test_argument_errors():
 from llamax._native import quants as Q  # noqa: E402
 
 QTYPES = ["f32", "f16", "q8_0", "q4_0"]
-LEVELS_Q = sorted({0, 2, 3, 4} & set(range(A.simd_level() + 1)))
+LEVELS_Q = cpu.levels()
 
 
-@pytest.fixture(params=LEVELS_Q, ids=lambda lv: f"simd{lv}")
+@pytest.fixture(params=LEVELS_Q, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 def qlevel(request):
-    A._set_simd_level(request.param)
+    cpu.set_simd_level(request.param)
     yield request.param
-    A._set_simd_level(-1)
+    cpu.set_simd_level(-1)
 
 
 def encode(t, x):

@@ -21,9 +21,10 @@ import pytest
 
 from llamax import Batch, KVCache
 from llamax._native import attention as A
+from llamax._native import cpu
 from llamax._native import quants as Q
 
-LEVELS = sorted({0, 2, 3, 4} & set(range(A.simd_level() + 1)))
+LEVELS = cpu.levels()
 L = 700            # the sequence's cells: three chunks, the last one partial
 KV_SIZE = 2048
 D = 64             # head size (a multiple of 32, for the quantized types)
@@ -39,7 +40,7 @@ def every_thread_works():
     A._set_min_work(1)
     yield
     A._set_min_work(-1)
-    A._set_simd_level(-1)
+    cpu.set_simd_level(-1)
 
 
 # ---- building caches ------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def attend(case, built, tk, tv, v_trans, softcap, *, batch, n_threads, use_scrat
 
 
 def check_invariant(case, tk, tv, v_trans, softcap, level):
-    A._set_simd_level(level)
+    cpu.set_simd_level(level)
     builds = {layout: case.build(layout, tk, tv, v_trans, np.random.default_rng(i))
               for i, layout in enumerate(["contiguous"] + LAYOUTS)}
     want = attend(case, builds["contiguous"], tk, tv, v_trans, softcap, batch=False, n_threads=1, use_scratch=True)
@@ -177,7 +178,7 @@ def check_invariant(case, tk, tv, v_trans, softcap, level):
 MODES = [("causal", 0.0), ("alibi", 1.5), ("swa", 0.0), ("swa", 1.5)]
 
 
-@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: f"simd{lv}")
+@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 @pytest.mark.parametrize("mode,softcap", MODES, ids=lambda x: str(x))
 @pytest.mark.parametrize("n_head,n_head_kv", [(6, 2), (12, 1)], ids=["gqa3", "gqa12"])
 @pytest.mark.parametrize("tk,tv", FLASH_TYPES, ids=lambda t: str(t))
@@ -186,7 +187,7 @@ def test_flash_placement_invariant(level, mode, softcap, n_head, n_head_kv, tk, 
     check_invariant(case, tk, tv, False, softcap, level)
 
 
-@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: f"simd{lv}")
+@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 @pytest.mark.parametrize("mode,softcap", MODES, ids=lambda x: str(x))
 @pytest.mark.parametrize("n_head,n_head_kv", [(6, 2), (12, 1)], ids=["gqa3", "gqa12"])
 @pytest.mark.parametrize("tk,tv", VTRANS_TYPES, ids=lambda t: str(t))
@@ -195,12 +196,12 @@ def test_vtrans_placement_invariant(level, mode, softcap, n_head, n_head_kv, tk,
     check_invariant(case, tk, tv, True, softcap, level)
 
 
-@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: f"simd{lv}")
+@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 @pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
 def test_stream_and_other_streams_do_not_matter(level, v_trans):
     """The sequence in stream 1 of 2 (the other stream full of another sequence's tokens and cells)
     gives the bits of the single-stream call."""
-    A._set_simd_level(level)
+    cpu.set_simd_level(level)
     rng = np.random.default_rng(21)
     case = Case(rng, 6, 2, "causal")
     built = case.build("contiguous", "f16", "f16", v_trans, np.random.default_rng(0))

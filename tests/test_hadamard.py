@@ -10,6 +10,9 @@ import pytest
 
 from llamax._native import hadamard as H
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 
 def ggml_gen_hadamard(n: int) -> np.ndarray:
     """src/llama-kv-cache.cpp's ggml_gen_hadamard, step by step."""

@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from llamax._native import kq_mask as km
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 SEQ_IDS = [0, 1, 2, 63, 64, 100, 255]  # ids in every word of the 256-bit set, and its edges
 
 

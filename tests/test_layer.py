@@ -11,6 +11,9 @@ from llamax._native import layer as _layer
 from llamax._native.layer import Stack
 from llamax.memory import LayerView
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 TEXT = "The capital of France is Paris, and the capital of Germany is Berlin. Water boils at"
 
 CONFIGS = [

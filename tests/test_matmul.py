@@ -27,6 +27,7 @@ from test_quants_blocks import (
     random_blocks,
 )
 
+from llamax._native import cpu
 from llamax._native import matmul as M
 from llamax._native import quants as Q
 
@@ -34,7 +35,7 @@ INT_TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q5_1, Q.TYPE_Q8_0, Q.
              Q.TYPE_Q6_K]
 FLOAT_ONLY = [Q.TYPE_F32, Q.TYPE_F16, Q.TYPE_BF16, Q.TYPE_Q2_K, Q.TYPE_Q3_K]
 ALL_TYPES = INT_TYPES + FLOAT_ONLY
-LEVELS = sorted({0, 2, 3} & set(range(M.simd_level() + 1)))
+LEVELS = [lv for lv in cpu.levels() if lv != cpu.AVX512]  # AVX512 without VNNI runs AVX2
 U = 2.0 ** -24
 
 
@@ -42,11 +43,11 @@ def name(t: int) -> str:
     return Q.TYPE_NAMES[t]
 
 
-@pytest.fixture(params=LEVELS, ids=lambda lv: f"simd{lv}")
+@pytest.fixture(params=LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
 def level(request):
-    M._set_simd_level(request.param)
+    cpu.set_simd_level(request.param)
     yield request.param
-    M._set_simd_level(-1)
+    cpu.set_simd_level(-1)
 
 
 def weights(t: int, n_out: int, n_in: int, rng: np.random.Generator) -> np.ndarray:

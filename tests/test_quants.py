@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 
 from llamax._native import attention as A
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 TO_HALF = [A.fp32_to_fp16, A.fp32_to_fp16_ref]
 TO_FLOAT = [A.fp16_to_fp32, A.fp16_to_fp32_ref]
 

@@ -21,6 +21,9 @@ from llamax._native import quants as Q
 gguf = pytest.importorskip("gguf")
 from gguf import quants as gq  # noqa: E402
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 QK, QK_K = 32, 256
 WEIGHT_TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q5_1, Q.TYPE_Q8_0, Q.TYPE_Q2_K,
                 Q.TYPE_Q3_K, Q.TYPE_Q4_K, Q.TYPE_Q5_K, Q.TYPE_Q6_K]

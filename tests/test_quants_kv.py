@@ -13,6 +13,9 @@ from hypothesis import strategies as st
 
 from llamax._native import quants as Q
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 QK = 32
 
 

@@ -21,6 +21,9 @@ import pytest
 
 from llamax._native import rope as R
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 KINDS = [R.ROPE_NORM, R.ROPE_NEOX]
 
 

@@ -11,6 +11,9 @@ from hypothesis import strategies as st
 from llamax._native import sampling as native
 from llamax.sampling import Sampler
 
+# every fast path against its scalar reference, at each SIMD level of this CPU
+pytestmark = pytest.mark.usefixtures("every_simd_level")
+
 
 
 def old_numpy_sample(s: Sampler, logits: np.ndarray) -> int:

@@ -47,6 +47,4 @@ cdef extern from "attention.h" nogil:
     void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                             const float *mask, float *out)
 
-    int lx_attn_simd_level()
-    void lx_attn_set_simd_level(int level)
     void lx_attn_set_min_work(int64_t macs)

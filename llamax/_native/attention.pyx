@@ -47,16 +47,6 @@ MAX_GROUP = LX_ATTN_MAX_GROUP
 MAX_ERR = float(LX_ATTN_MAX_ERR)
 
 
-def simd_level() -> int:
-    """The fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512."""
-    return lx_attn_simd_level()
-
-
-def _set_simd_level(int level) -> None:
-    """Testing hook: cap the fast path (0 = portable C, -1 = the CPU's best)."""
-    lx_attn_set_simd_level(level)
-
-
 def _set_min_work(int64_t macs) -> None:
     """Testing hook: multiply-adds per woken thread (1 = use every thread, -1 = default)."""
     lx_attn_set_min_work(macs)

@@ -18,8 +18,6 @@ cdef extern from "gemm.h" nogil:
     void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                      int64_t n_in, int64_t n_out, void *work)
 
-    int lx_gemm_simd_level()
-    void lx_gemm_set_simd_level(int level)
 
     int lx_gemm_r8_supported(lx_type w_type)
     size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out)

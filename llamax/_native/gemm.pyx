@@ -25,16 +25,6 @@ from llamax.threads import resolve_n_threads  # the one place n_threads is resol
 W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
-def simd_level() -> int:
-    """The path in use: 0 portable C, 2 AVX2+FMA, 3 AVX-512 (VNNI)."""
-    return lx_gemm_simd_level()
-
-
-def set_simd_level(int level) -> None:
-    """Testing hook: cap the path (0 portable C, 2 AVX2, 3 AVX-512, -1 the CPU's best)."""
-    lx_gemm_set_simd_level(level)
-
-
 def supported(w_type) -> bool:
     """True if mul_mat takes w_type (a ggml type number) as a weight type."""
     return not isinstance(w_type, bool) and isinstance(w_type, (int, np.integer)) and int(w_type) in W_TYPES

@@ -26,5 +26,3 @@ cdef extern from "matmul.h" nogil:
     void lx_mul_mat_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                         int64_t n_in, int64_t n_out, lx_mm_act act, void *work)
 
-    int lx_mm_simd_level()
-    void lx_mm_set_simd_level(int level)

@@ -35,16 +35,6 @@ _PLAIN = {0: (np.dtype(np.float32),), 1: (np.dtype(np.float16), np.dtype(np.uint
           30: (np.dtype(np.uint16),)}
 
 
-def simd_level() -> int:
-    """The fast path in use: 0 portable C, 2 AVX2+FMA+F16C, 3 AVX-512 (VNNI)."""
-    return lx_mm_simd_level()
-
-
-def _set_simd_level(int level) -> None:
-    """Testing hook: cap the fast path (0 = portable C, 2 = AVX2, -1 = the CPU's best)."""
-    lx_mm_set_simd_level(level)
-
-
 cdef lx_type _w_type(object t) except *:
     if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or int(t) not in _W_TYPES:
         raise ValueError(f"w_type {t!r} is not a weight type; known: {sorted(_W_TYPES)} (ggml numbers)")

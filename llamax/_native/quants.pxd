@@ -30,7 +30,6 @@ cdef extern from "quants.h" nogil:
     void lx_fp16_to_fp32_row(const uint16_t *x, float *y, int64_t n)
     void lx_fp16_to_fp32_row_ref(const uint16_t *x, float *y, int64_t n)
 
-    int lx_quants_have_f16c()
 
     # ---- ggml blocks
     int LX_QK
@@ -135,4 +134,3 @@ cdef extern from "quants.h" nogil:
     lx_status lx_set_rows_ref(lx_type t, const float *src, void *dst, const uint32_t *idxs, int64_t n,
                               int64_t n_per_row)
 
-    int lx_quants_have_avx2()

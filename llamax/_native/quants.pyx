@@ -112,11 +112,6 @@ def can_dequantize(t) -> bool:
     return bool(lx_type_can_dequantize(_check_type(t)))
 
 
-def have_avx2() -> bool:
-    """True if the fast block rows use AVX2 on this CPU."""
-    return bool(lx_quants_have_avx2())
-
-
 cdef tuple _rows_of(lx_type t, object raw, object shape):
     """(n_rows, n_cols, bytes as a 1-D uint8 array) of a tensor of `shape` stored in raw."""
     if not isinstance(raw, np.ndarray):

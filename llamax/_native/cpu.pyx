@@ -1,0 +1,36 @@
+# cython: language_level=3
+"""The SIMD level of the native library (csrc/cpu.h): one probe of this CPU, one numbering.
+
+Every kernel (quants, matmul, gemm, attention, rope, kq_mask, layer, sampling, hadamard) picks its
+path from `simd_level()` at each call; `set_simd_level` caps them all at once, for the tests that
+hold each fast path against its scalar reference.
+"""
+# the declarations of csrc/cpu.h come from cpu.pxd (same module name)
+
+PORTABLE = LX_SIMD_PORTABLE
+AVX2 = LX_SIMD_AVX2          # avx2 + fma + f16c
+AVX512 = LX_SIMD_AVX512      # + avx512 f, bw, vl, dq
+VNNI512 = LX_SIMD_VNNI512    # + avx512 vnni
+LEVEL_NAMES = ("portable", "avx2", "avx512", "avx512-vnni")
+
+
+def cpu_level() -> int:
+    """The best level this CPU runs."""
+    return lx_cpu_simd_level()
+
+
+def simd_level() -> int:
+    """The level the kernels run at: the CPU's best, or the cap when a lower one is set."""
+    return lx_simd_level()
+
+
+def set_simd_level(int level) -> None:
+    """Testing hook: cap every kernel at `level` (PORTABLE .. VNNI512); -1 lifts the cap."""
+    if level < -1 or level >= LX_SIMD_N_LEVELS:
+        raise ValueError(f"SIMD level {level} is not in -1 .. {LX_SIMD_N_LEVELS - 1}")
+    lx_set_simd_level(level)
+
+
+def levels() -> tuple:
+    """The levels this CPU can run, lowest first (what a test sweeps)."""
+    return tuple(range(lx_cpu_simd_level() + 1))

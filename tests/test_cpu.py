@@ -1,0 +1,72 @@
+"""The one native library: one CPU probe, one level numbering, one cap that reaches every kernel."""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from llamax._native import cpu
+
+MODULES = ["cpu", "cells", "kq_mask", "rope", "hadamard", "attention", "quants", "matmul", "gemm", "layer",
+           "buffers", "sampling"]
+
+
+@pytest.fixture(autouse=True)
+def _lift_cap():
+    yield
+    cpu.set_simd_level(-1)
+
+
+def test_levels_and_cap():
+    best = cpu.cpu_level()
+    assert cpu.levels() == tuple(range(best + 1))
+    assert cpu.simd_level() == best
+    assert len(cpu.LEVEL_NAMES) == cpu.VNNI512 + 1
+    cpu.set_simd_level(cpu.PORTABLE)
+    assert cpu.simd_level() == cpu.PORTABLE
+    cpu.set_simd_level(cpu.VNNI512)          # a cap above the CPU's best is the CPU's best
+    assert cpu.simd_level() == best
+    cpu.set_simd_level(-1)
+    assert cpu.simd_level() == best
+    for bad in (-2, cpu.VNNI512 + 1):
+        with pytest.raises(ValueError, match="SIMD level"):
+            cpu.set_simd_level(bad)
+    assert cpu.simd_level() == best
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps (ELF builds)")
+def test_one_library_mapped_once():
+    """Every extension links the same libllamax: one file mapped, none of csrc inside an extension."""
+    mods = [importlib.import_module(f"llamax._native.{m}") for m in MODULES]
+    with open("/proc/self/maps") as f:
+        libs = {line.split()[-1] for line in f if line.rstrip().endswith("libllamax.so")}
+    assert len(libs) == 1, libs
+    (lib,) = libs
+    assert os.path.dirname(lib) == os.path.dirname(mods[0].__file__)
+    for m in mods:   # the probe is defined in the library only
+        with open(m.__file__, "rb") as f:
+            assert b"lx_cpu_simd_level" not in f.read() or m.__name__.endswith(".cpu"), m.__name__
+
+
+@pytest.mark.skipif(cpu.cpu_level() < cpu.AVX2, reason="needs a CPU with a fast path to cap")
+def test_cap_reaches_the_kernels_of_other_modules():
+    """The cap set here changes the path of attention (another extension): its portable C rounds
+    differently from its AVX2 lanes, and each level repeats its own bits."""
+    from llamax._native import attention as A
+    rng = np.random.default_rng(3)
+    q = rng.uniform(-1, 1, (4, 4, 64)).astype(np.float32)
+    k = rng.uniform(-1, 1, (1, 300, 2, 64)).astype(np.float32)
+    v = rng.uniform(-1, 1, (1, 300, 2, 64)).astype(np.float32)
+    mask = np.zeros((1, 4, 300), np.float32)
+    kw = dict(n_kv=300, scale=0.125, n_threads=1)
+    best = A.attn(q, k, v, mask, **kw)
+    cpu.set_simd_level(cpu.PORTABLE)
+    portable = A.attn(q, k, v, mask, **kw)
+    assert np.array_equal(portable, A.attn(q, k, v, mask, **kw))
+    cpu.set_simd_level(-1)
+    assert np.array_equal(best, A.attn(q, k, v, mask, **kw))
+    assert not np.array_equal(best, portable)
+    np.testing.assert_allclose(best, portable, rtol=0, atol=1e-5)
