@@ -32,7 +32,8 @@
  * prefetchers follow poorly), V is accumulated in tiles of rows (a row stride
  * that is a large power of two maps all rows to the same L1 sets), and the
  * chunk-major split reads each page of the cache once for all kv heads.
- * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512, AVX-512 + VNNI; chosen once per call.
+ * Kernel sets: portable C, AVX2+FMA+F16C, AVX-512, AVX-512 + VNNI; chosen once per call. The
+ * float kernels of AVX2 and AVX-512 are one LX_W-lane text compiled twice (LX_ATTN_PASS).
  *
  * Quantized cache (attention.h): a chunk with a quantized K first quantizes its query heads to
  * q8_0 (q8_heads); the dots are then exact integer block dots (portable: the oracle's loop;
@@ -41,8 +42,11 @@
  * P * d of every block are formed once, then each quant is converted and FMA'd as an f16 value
  * would be. Rows are addressed in bytes (elt_ptr / qrow): a head's row is d / 32 whole blocks.
  */
+#ifndef LX_ATTN_PASS
+
 #include "attention.h"
 #include "cpu.h"
+#include "simd.h"
 #include "vexp.h"
 
 #include <assert.h>
@@ -458,10 +462,19 @@ static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
 
 static const kernel_set kernels_c = { dots_c, dots_q_c, expsum_c, vacc_c, vtacc_c };
 
-/* -- AVX2 + FMA + F16C -- */
+/* -- x86-64: AVX2 + FMA + F16C, AVX-512, AVX-512 + VNNI -- *
+ *
+ * The float kernels (dots, expsum, V and V^T accumulation) are written once over LX_W-lane
+ * vectors at the end of this file and compiled twice by including the file into itself
+ * (LX_ATTN_PASS): 8 lanes for AVX2, 16 for AVX-512, whose tails take masked loads where AVX2 adds
+ * a scalar tail (LX_MASKED). The quantized-K dots have their own kernels: maddubs on one block per
+ * ymm (AVX2, AVX-512) and vpdpbusd on two blocks per zmm (VNNI).
+ */
 
 #ifdef LX_X86
 #define LX_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define LX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define LX_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
 /* the f16 scale at p as float (F16C; a NaN scale stays a NaN) */
 static LX_ALWAYS_INLINE LX_AVX2 float ld_d(const uint8_t *p) {
@@ -479,91 +492,6 @@ static LX_ALWAYS_INLINE int64_t qbytes(const int VT, int64_t n) {
 /* the first byte of the quantized row at element off (off >= 0, a multiple of 32) */
 static LX_ALWAYS_INLINE const uint8_t *qrow(const void *base, const int VT, int64_t off) {
     return (const uint8_t *) base + qbytes(VT, off);
-}
-
-/* 8 values of a cache tensor of kernel type VT (CT_*) from element off (quantized: off % 8 == 0,
- * each value (float) q * d as ggml dequantizes it) */
-/* the quants of values e .. e + 7 (e % 8 == 0) of the quantized row at row, as floats (q4_0:
- * nibble - 8), without the block scale */
-static LX_ALWAYS_INLINE LX_AVX2 __m256 qvals8(const uint8_t *row, int64_t e, const int VT) {
-    const int w = (int) (e & (LX_QK - 1));
-    const uint8_t *b = qrow(row, VT, e - w);
-    __m128i q;
-    if (VT == CT_Q8) {
-        q = _mm_loadl_epi64((const __m128i *) (b + 2 + w));
-    } else {
-        q = _mm_loadl_epi64((const __m128i *) (b + 2 + (w & 15)));
-        if (w & 16) q = _mm_srli_epi16(q, 4);
-        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
-    }
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-}
-
-/* 8 values of an f32 / f16 cache tensor (kernel type VT) from element off */
-static LX_ALWAYS_INLINE LX_AVX2 __m256 ld8(const void *base, const int VT, int64_t off) {
-    if (VT == CT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const uint16_t *) base + off)));
-    return _mm256_loadu_ps((const float *) base + off);
-}
-
-static LX_ALWAYS_INLINE LX_AVX2 float hsum8(__m256 a) {
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-/* [sum a, sum b, sum c, sum d] */
-static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-/* [sum a, sum b, ., .] */
-static LX_ALWAYS_INLINE LX_AVX2 __m128 hsum8x2(__m256 a, __m256 b) {
-    __m256 t = _mm256_hadd_ps(a, b);
-    t = _mm256_hadd_ps(t, t);
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-/* S[h][j .. j + NC) for NC cells and NH heads: NH*NC accumulators (<= 12 ymm) */
-static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_cells(const attn_ctx *c, const float *q, int64_t k_base,
-                                                     int64_t k_stride, const vis_list *vl, int j, float *S,
-                                                     const int NH, const int NC, const int KF16) {
-    const int64_t d = c->p->d_k, d8 = d & ~(int64_t) 7;
-    const void *k = c->k;
-    int64_t off[4];
-    for (int x = 0; x < NC; ++x) off[x] = k_base + (int64_t) vl->idx[j + x] * k_stride;
-    __m256 acc[LX_ATTN_MAX_GROUP][4];
-    for (int h = 0; h < NH; ++h)
-        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
-    for (int64_t e = 0; e < d8; e += 8) {
-        /* NH query vectors, then one K vector at a time: NH NC + NH + 1 ymm (16 at NH 3, NC 4) */
-        __m256 qv[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) qv[h] = _mm256_loadu_ps(q + h * d + e);
-        for (int x = 0; x < NC; ++x) {
-            const __m256 kv = ld8(k, KF16, off[x] + e);
-            for (int h = 0; h < NH; ++h) acc[h][x] = _mm256_fmadd_ps(kv, qv[h], acc[h][x]);
-        }
-    }
-    for (int h = 0; h < NH; ++h) {
-        float r[4];
-        if (NC == 4) {
-            _mm_storeu_ps(r, hsum8x4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
-        } else if (NC == 2) {
-            _mm_storeu_ps(r, hsum8x2(acc[h][0], acc[h][1]));
-        } else {
-            r[0] = hsum8(acc[h][0]);
-        }
-        for (int x = 0; x < NC; ++x) {
-            float sum = r[x];
-            if (d8 < d) {
-                float tail = 0.0f;
-                for (int64_t e = d8; e < d; ++e) tail += q[h * d + e] * cache_at(k, c->p->type_k, off[x] + e);
-                sum += tail;
-            }
-            S[h * LDS + j + x] = sum;
-        }
-    }
 }
 
 /* Software prefetch of the rows of visible cells [j, j + n): K into L1 (read
@@ -601,153 +529,10 @@ static LX_ALWAYS_INLINE void prefetch_rows(const attn_ctx *c, const pf_rows *pf,
     }
 }
 
-static LX_ALWAYS_INLINE LX_AVX2 void dots_avx2_impl(const attn_ctx *c, const float *q, int64_t k_base,
-                                                    int64_t k_stride, const vis_list *vl, float *S,
-                                                    const int NH, const int KF16) {
-    const int NC = NH <= 3 ? 4 : NH <= 6 ? 2 : 1;
-    const pf_rows pf = pf_at(c, k_base, k_stride);
-    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
-    int j = 0;
-    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
-        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
-    }
-    if (NC == 2) for (; j + 2 <= vl->n; j += 2) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
-        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
-    }
-    for (; j < vl->n; ++j) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
-        dots_avx2_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
-    }
-}
-
-/* -- quantized K (AVX2): integer block dots as ggml's mul_sum_i8_pairs: |k| (unsigned) times q
- * with k's sign, maddubs to int16 pairs (|k| <= 128, |q| <= 127: no saturation), madd to int32
- * lanes of 4 products, exact; then float lanes scaled by d_q * d_k accumulated with FMA. */
-
-/* the 32 values of the K block at kb as int8 (q4_0: nibble - 8) */
-static LX_ALWAYS_INLINE LX_AVX2 __m256i kblock32(const uint8_t *kb, const int KT) {
-    if (KT == CT_Q8) return _mm256_loadu_si256((const __m256i *) (kb + 2));
-    const __m128i b = _mm_loadu_si128((const __m128i *) (kb + 2));
-    const __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-    return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-}
-
-/* S[h][j .. j + NC) of NH heads from a quantized K */
-static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_cells(const attn_ctx *c, const q8_heads *qh, const char *k0,
-                                                       const vis_list *vl, int j, float *S,
-                                                       const int NH, const int NC, const int KT) {
-    const int64_t nb = c->p->d_k / LX_QK;
-    const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
-    const uint8_t *kr[4];
-    for (int x = 0; x < NC; ++x) kr[x] = (const uint8_t *) k0 + (int64_t) vl->idx[j + x] * c->kb_cell;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[LX_ATTN_MAX_GROUP][4];
-    for (int h = 0; h < NH; ++h)
-        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-        __m256i kv[4], ax[4];
-        __m256 dk[4];
-        for (int x = 0; x < NC; ++x) {
-            const uint8_t *kb = kr[x] + b * bb;
-            kv[x] = kblock32(kb, KT);
-            ax[x] = _mm256_sign_epi8(kv[x], kv[x]);
-            dk[x] = _mm256_set1_ps(ld_d(kb));
-        }
-        for (int h = 0; h < NH; ++h) {
-            const __m256i qv = _mm256_load_si256((const __m256i *) (qh->qs[h] + b * LX_QK));
-            const __m256 dq = _mm256_set1_ps(qh->d[h][b]);
-            for (int x = 0; x < NC; ++x) {
-                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[x], _mm256_sign_epi8(qv, kv[x])), ones);
-                acc[h][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dq, dk[x]), acc[h][x]);
-            }
-        }
-    }
-    for (int h = 0; h < NH; ++h) {
-        if (NC == 4) {
-            _mm_storeu_ps(S + h * LDS + j, hsum8x4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
-        } else if (NC == 2) {
-            float r[4];
-            _mm_storeu_ps(r, hsum8x2(acc[h][0], acc[h][1]));
-            S[h * LDS + j] = r[0];
-            S[h * LDS + j + 1] = r[1];
-        } else {
-            S[h * LDS + j] = hsum8(acc[h][0]);
-        }
-    }
-}
-
-static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
-                                                      int64_t k_stride, const vis_list *vl, float *S,
-                                                      const int NH, const int KT) {
-    const int NC = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
-    const pf_rows pf = pf_at(c, k_base, k_stride);
-    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
-    int j = 0;
-    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
-        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 4, KT);
-    }
-    if (NC >= 2) for (; j + 2 <= vl->n; j += 2) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
-        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 2, KT);
-    }
-    for (; j < vl->n; ++j) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
-        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 1, KT);
-    }
-}
-
 /* Rows per tile of the V accumulation: the tile's rows are consumed whole before
  * the next tile, so they stay in L1 even when the row stride is a large power of
  * two (n_head_kv * d_v * 2 bytes) that maps every row to the same cache sets. */
 enum { VACC_TILE = 16 };
-
-/* acc[h][e0 .. e0 + 8R) += sum_{j in [j0, j1)} P[h][j] * V(j)[e0 ..]  (= when first) */
-static LX_ALWAYS_INLINE LX_AVX2 void vacc_avx2_tile(const void *v, const float *S, int64_t v_base,
-                                                    int64_t v_stride, const vis_list *vl, int j0, int j1,
-                                                    int64_t dv, float *acc, int64_t e0, const bool first,
-                                                    const int NH, const int R, const int VF16) {
-    __m256 a[LX_ATTN_MAX_GROUP][4];
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r)
-            a[h][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + h * dv + e0 + 8 * r);
-    for (int j = j0; j < j1; ++j) {
-        const int64_t off = v_base + (int64_t) vl->idx[j] * v_stride + e0;
-        __m256 vv[4];
-        for (int r = 0; r < R; ++r) vv[r] = ld8(v, VF16, off + 8 * r);
-        for (int h = 0; h < NH; ++h) {
-            const __m256 pj = _mm256_broadcast_ss(S + h * LDS + j);
-            for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(pj, vv[r], a[h][r]);
-        }
-    }
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + h * dv + e0 + 8 * r, a[h][r]);
-}
-
-static LX_ALWAYS_INLINE LX_AVX2 void vacc_avx2_impl(const attn_ctx *c, const float *S, int64_t v_base,
-                                                    int64_t v_stride, const vis_list *vl, float *acc,
-                                                    const int NH, const int VF16) {
-    const int R = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
-    const int64_t dv = c->p->d_v;
-    for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
-        const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;
-        const bool first = j0 == 0;
-        int64_t e = 0;
-        if (R == 4) for (; e + 32 <= dv; e += 32) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16);
-        if (R >= 2) for (; e + 16 <= dv; e += 16) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16);
-        for (; e + 8 <= dv; e += 8) vacc_avx2_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16);
-        for (; e < dv; ++e) {
-            for (int h = 0; h < NH; ++h) {
-                float sum = first ? 0.0f : acc[h * dv + e];
-                for (int j = j0; j < j1; ++j)
-                    sum += S[h * LDS + j] * cache_at(c->v, c->p->type_v, v_base + (int64_t) vl->idx[j] * v_stride + e);
-                acc[h * dv + e] = sum;
-            }
-        }
-    }
-}
 
 /* rows per tile of the quantized V accumulation: its rows are not a power of two apart (the reason
  * for VACC_TILE), and a longer tile spreads the per-tile work (row addresses, scales, weights) */
@@ -768,55 +553,6 @@ static LX_ALWAYS_INLINE void qscales(const uint8_t *v0, int64_t vs, int64_t bb, 
     for (int jj = nj; jj < VQ_TILE; ++jj) rowp[jj] = rowp[0];
     for (int64_t b = 0; b < nb; ++b)
         for (int jj = 0; jj < VQ_TILE; ++jj) memcpy(&D16[b][jj], rowp[jj] + b * bb, sizeof(uint16_t));
-}
-
-/* acc[h][e0 .. e0 + 8R) over the tile's rows (R in 2, 4: within one block) */
-static LX_ALWAYS_INLINE LX_AVX2 void vacc_q_avx2_pass(const uint8_t *const *rowp,
-                                                      int nj, const float W[][LX_ATTN_MAX_D / LX_QK][VQ_TILE],
-                                                      int64_t dv, float *acc, int64_t e0, const bool first,
-                                                      const int NH, const int R, const int VT) {
-    __m256 a[LX_ATTN_MAX_GROUP][4];
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r)
-            a[h][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + h * dv + e0 + 8 * r);
-    const int64_t b0 = e0 / LX_QK;
-    for (int jj = 0; jj < nj; ++jj) {
-        const uint8_t *row = rowp[jj];
-        __m256 vv[4];
-        for (int r = 0; r < R; ++r) vv[r] = qvals8(row, e0 + 8 * r, VT);
-        for (int h = 0; h < NH; ++h) {
-            const __m256 w = _mm256_broadcast_ss(&W[h][b0][jj]);
-            for (int r = 0; r < R; ++r) a[h][r] = _mm256_fmadd_ps(w, vv[r], a[h][r]);
-        }
-    }
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r) _mm256_storeu_ps(acc + h * dv + e0 + 8 * r, a[h][r]);
-}
-
-static LX_ALWAYS_INLINE LX_AVX2 void vacc_q_avx2_impl(const attn_ctx *c, const float *S, int64_t v_base,
-                                                      int64_t v_stride, const vis_list *vl, float *acc,
-                                                      const int NH, const int VT) {
-    const int64_t dv = c->p->d_v, nb = dv / LX_QK;
-    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
-    const uint8_t *v0 = qrow(c->v, VT, v_base);
-    const int64_t vs = qbytes(VT, v_stride);
-    const int R = NH <= 2 ? 4 : 2;                       /* 8-float vectors per pass */
-    _Alignas(32) uint16_t D16[LX_ATTN_MAX_D / LX_QK][VQ_TILE];
-    const uint8_t *rowp[VQ_TILE];
-    _Alignas(32) float W[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK][VQ_TILE];
-    for (int j0 = 0; j0 < vl->n; j0 += VQ_TILE) {
-        const int nj = j0 + VQ_TILE < vl->n ? VQ_TILE : vl->n - j0;
-        const bool first = j0 == 0;
-        qscales(v0, vs, bb, nb, vl, j0, nj, rowp, D16);
-        for (int64_t b = 0; b < nb; ++b) {
-            for (int jj = 0; jj < nj; jj += 8) {
-                const __m256 d = _mm256_cvtph_ps(_mm_load_si128((const __m128i *) &D16[b][jj]));
-                for (int h = 0; h < NH; ++h)
-                    _mm256_store_ps(&W[h][b][jj], _mm256_mul_ps(_mm256_loadu_ps(S + h * LDS + j0 + jj), d));
-            }
-        }
-        for (int64_t e0 = 0; e0 < dv; e0 += 8 * R) vacc_q_avx2_pass(rowp, nj, W, dv, acc, e0, first, NH, R, VT);
-    }
 }
 
 /* prefetch V^T channel row `row` over the chunk's visible runs (into L1; each line once) */
@@ -865,98 +601,140 @@ static LX_ALWAYS_INLINE void vt_segments(const vis_list *vl, const int W, const 
     }
 }
 
-/* values of visible cells j .. j + w - 1 of V^T row `row` (f32 / f16) as the 8 lanes of a vector,
- * zeros above w (converted as ld8 converts them) */
-static LX_ALWAYS_INLINE LX_AVX2 __m256 vt_gather8(const void *v, const int VF16, int64_t row,
-                                                  const vis_list *vl, int j, int w) {
-    if (VF16) {
-        uint16_t t[8] = {0};
-        for (int u = 0; u < w; ++u) t[u] = ((const uint16_t *) v)[row + vl->idx[j + u]];
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) t));
-    }
-    float t[8] = {0};
-    for (int u = 0; u < w; ++u) t[u] = ((const float *) v)[row + vl->idx[j + u]];
-    return _mm256_loadu_ps(t);
-}
-
-static LX_ALWAYS_INLINE LX_AVX2 void vtacc_avx2_impl(const attn_ctx *c, const float *S, int64_t vt_base,
-                                                     const vis_list *vl, float *acc, const int NH,
-                                                     const int VF16) {
-    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
-    vt_segs sg;
-    vt_segments(vl, 8, false, &sg);
-    for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
-    for (int64_t e = 0; e < dv; ++e) {
-        const int64_t row = vt_base + e * kv_size;
-        if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
-        __m256 a[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) a[h] = _mm256_setzero_ps();
-        for (int k = 0; k < sg.n; ++k) {
-            const int j0 = sg.j0[k], len = sg.len[k];
-            if (sg.dense[k]) {                          /* len a multiple of 8 */
-                const int64_t i0 = row + vl->idx[j0];
-                for (int x = 0; x < len; x += 8) {
-                    const __m256 vv = ld8(c->v, VF16, i0 + x);
-                    for (int h = 0; h < NH; ++h)
-                        a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0 + x), vv, a[h]);
-                }
-            } else {
-                /* S is zero above n up to a multiple of 8 (expsum_avx2's padding) */
-                const __m256 vv = vt_gather8(c->v, VF16, row, vl, j0, len);
-                for (int h = 0; h < NH; ++h) a[h] = _mm256_fmadd_ps(_mm256_loadu_ps(S + h * LDS + j0), vv, a[h]);
-            }
-        }
-        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum8(a[h]);
-    }
-}
-
-static LX_AVX2 void expsum_avx2(float *S, int n, int nh, const float *m, float *l) {
-    const int n8 = (n + 7) & ~7;
-    for (int h = 0; h < nh; ++h) {
-        float *row = S + h * LDS;
-        for (int j = n; j < n8; ++j) row[j] = -INFINITY;   /* pad: exp gives 0 */
-        const __m256 mv = _mm256_set1_ps(m[h]);
-        __m256 sum = _mm256_setzero_ps();
-        for (int j = 0; j < n8; j += 8) {
-            const __m256 e = lx_exp8_avx2(_mm256_sub_ps(_mm256_loadu_ps(row + j), mv));
-            _mm256_storeu_ps(row + j, e);
-            sum = _mm256_add_ps(sum, e);
-        }
-        l[h] = hsum8(sum);
-    }
-}
-
 /* one function per (NH, type) so that the accumulators live in registers */
 #define LX_NH_CASES(X) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 
-#define LX_DEF_AVX2(NH)                                                                                     \
-    static LX_AVX2 void dots_avx2_##NH##_f32(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,     \
-                                             const vis_list *vl, float *S) {                                \
-        dots_avx2_impl(c, q, kb, ks, vl, S, NH, 0);                                                         \
-    }                                                                                                       \
-    static LX_AVX2 void dots_avx2_##NH##_f16(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,     \
-                                             const vis_list *vl, float *S) {                                \
-        dots_avx2_impl(c, q, kb, ks, vl, S, NH, 1);                                                         \
-    }                                                                                                       \
-    static LX_AVX2 void vacc_avx2_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,     \
-                                             const vis_list *vl, float *acc) {                              \
-        vacc_avx2_impl(c, S, vb, vs, vl, acc, NH, 0);                                                       \
-    }                                                                                                       \
-    static LX_AVX2 void vacc_avx2_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,     \
-                                             const vis_list *vl, float *acc) {                              \
-        vacc_avx2_impl(c, S, vb, vs, vl, acc, NH, 1);                                                       \
-    }                                                                                                       \
-    static LX_AVX2 void vtacc_avx2_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb,                \
-                                              const vis_list *vl, float *acc) {                             \
-        vtacc_avx2_impl(c, S, vb, vl, acc, NH, 0);                                                          \
-    }                                                                                                       \
-    static LX_AVX2 void vtacc_avx2_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb,                \
-                                              const vis_list *vl, float *acc) {                             \
-        vtacc_avx2_impl(c, S, vb, vl, acc, NH, 1);                                                          \
-    }
-LX_NH_CASES(LX_DEF_AVX2)
+typedef void (*dots_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
+typedef void (*vacc_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
+typedef void (*vtacc_nh_fn)(const attn_ctx *, const float *, int64_t, const vis_list *, float *);
+typedef void (*dots_q_nh_fn)(const attn_ctx *, const q8_heads *, int64_t, int64_t, const vis_list *, float *);
 
-#define LX_DEF_AVX2_Q(NH)                                                                                   \
+/* the float kernels, 8 lanes (AVX2) */
+#define LX_ATTN_PASS 1
+#define SFX(f) f##_avx2
+#define LX_TGT LX_AVX2
+#define LX_W 8
+#define LX_MASKED 0
+#define VF __m256
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(x) _mm256_set1_ps(x)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VSTOREA(p, v) _mm256_store_ps(p, v)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#define VSUB(a, b) _mm256_sub_ps(a, b)
+#define VMUL(a, b) _mm256_mul_ps(a, b)
+#define VEXP(x) lx_exp8_avx2(x)
+#define VFOLD8(v) (v)
+#define VCVTPH(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (p)))   /* 8 halves at p */
+#define VQ8(p) _mm_loadl_epi64((const __m128i *) (p))                       /* 8 bytes at p  */
+#define VI8TOF(q) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q))
+#include "attention.c"
+
+/* the float kernels, 16 lanes (AVX-512: F + BW + VL + DQ, 32 registers, masked tails) */
+#define LX_ATTN_PASS 2
+#define SFX(f) f##_avx512
+#define LX_TGT LX_AVX512
+#define LX_W 16
+#define LX_MASKED 1
+#define VF __m512
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(x) _mm512_set1_ps(x)
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VSTOREA(p, v) _mm512_store_ps(p, v)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#define VSUB(a, b) _mm512_sub_ps(a, b)
+#define VMUL(a, b) _mm512_mul_ps(a, b)
+#define VEXP(x) lx_exp16_avx512(x)
+#define VFOLD8(v) lx_fold16_avx512(v)
+#define VCVTPH(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) (p)))  /* 16 halves at p */
+#define VQ8(p) _mm_loadu_si128((const __m128i *) (p))                        /* 16 bytes at p */
+#define VI8TOF(q) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))
+/* the first n (1 .. 16) lanes, zeros above */
+#define VLOADN(p, n) _mm512_maskz_loadu_ps((__mmask16) ((1u << (n)) - 1u), p)
+#define VCVTPHN(p, n) _mm512_cvtph_ps(_mm256_maskz_loadu_epi16((__mmask16) ((1u << (n)) - 1u), p))
+#define VSTOREN(p, v, n) _mm512_mask_storeu_ps(p, (__mmask16) ((1u << (n)) - 1u), v)
+#include "attention.c"
+
+/* -- quantized K (AVX2): integer block dots as ggml's mul_sum_i8_pairs: |k| (unsigned) times q
+ * with k's sign, maddubs to int16 pairs (|k| <= 128, |q| <= 127: no saturation), madd to int32
+ * lanes of 4 products, exact; then float lanes scaled by d_q * d_k accumulated with FMA. */
+
+/* the 32 values of the K block at kb as int8 (q4_0: nibble - 8) */
+static LX_ALWAYS_INLINE LX_AVX2 __m256i kblock32(const uint8_t *kb, const int KT) {
+    if (KT == CT_Q8) return _mm256_loadu_si256((const __m256i *) (kb + 2));
+    return _mm256_sub_epi8(lx_nib32_avx2(kb + 2), _mm256_set1_epi8(8));
+}
+
+/* S[h][j .. j + NC) of NH heads from a quantized K */
+static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_cells(const attn_ctx *c, const q8_heads *qh, const char *k0,
+                                                       const vis_list *vl, int j, float *S,
+                                                       const int NH, const int NC, const int KT) {
+    const int64_t nb = c->p->d_k / LX_QK;
+    const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *kr[4];
+    for (int x = 0; x < NC; ++x) kr[x] = (const uint8_t *) k0 + (int64_t) vl->idx[j + x] * c->kb_cell;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+        __m256i kv[4], ax[4];
+        __m256 dk[4];
+        for (int x = 0; x < NC; ++x) {
+            const uint8_t *kb = kr[x] + b * bb;
+            kv[x] = kblock32(kb, KT);
+            ax[x] = _mm256_sign_epi8(kv[x], kv[x]);
+            dk[x] = _mm256_set1_ps(ld_d(kb));
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m256i qv = _mm256_load_si256((const __m256i *) (qh->qs[h] + b * LX_QK));
+            const __m256 dq = _mm256_set1_ps(qh->d[h][b]);
+            for (int x = 0; x < NC; ++x) {
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax[x], _mm256_sign_epi8(qv, kv[x])), ones);
+                acc[h][x] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dq, dk[x]), acc[h][x]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        if (NC == 4) {
+            _mm_storeu_ps(S + h * LDS + j, lx_hsum8x4_avx2(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+        } else if (NC == 2) {
+            float r[4];
+            _mm_storeu_ps(r, lx_hsum8x2_avx2(acc[h][0], acc[h][1]));
+            S[h * LDS + j] = r[0];
+            S[h * LDS + j + 1] = r[1];
+        } else {
+            S[h * LDS + j] = lx_hsum8_avx2(acc[h][0]);
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
+                                                      int64_t k_stride, const vis_list *vl, float *S,
+                                                      const int NH, const int KT) {
+    const int NC = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 4, KT);
+    }
+    if (NC >= 2) for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 2, KT);
+    }
+    for (; j < vl->n; ++j) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
+        dots_q_avx2_cells(c, qh, pf.k0, vl, j, S, NH, 1, KT);
+    }
+}
+
+#define LX_DEF_DOTS_Q_AVX2(NH)                                                                              \
     static LX_AVX2 void dots_q_avx2_##NH##_q8(const attn_ctx *c, const q8_heads *qh, int64_t kb, int64_t ks, \
                                               const vis_list *vl, float *S) {                               \
         dots_q_avx2_impl(c, qh, kb, ks, vl, S, NH, CT_Q8);                                                  \
@@ -964,353 +742,17 @@ LX_NH_CASES(LX_DEF_AVX2)
     static LX_AVX2 void dots_q_avx2_##NH##_q4(const attn_ctx *c, const q8_heads *qh, int64_t kb, int64_t ks, \
                                               const vis_list *vl, float *S) {                               \
         dots_q_avx2_impl(c, qh, kb, ks, vl, S, NH, CT_Q4);                                                  \
-    }                                                                                                       \
-    static LX_AVX2 void vacc_avx2_##NH##_q8(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
-                                            const vis_list *vl, float *acc) {                               \
-        vacc_q_avx2_impl(c, S, vb, vs, vl, acc, NH, CT_Q8);                                                 \
-    }                                                                                                       \
-    static LX_AVX2 void vacc_avx2_##NH##_q4(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
-                                            const vis_list *vl, float *acc) {                               \
-        vacc_q_avx2_impl(c, S, vb, vs, vl, acc, NH, CT_Q4);                                                 \
     }
-LX_NH_CASES(LX_DEF_AVX2_Q)
-
-typedef void (*dots_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
-typedef void (*vacc_nh_fn)(const attn_ctx *, const float *, int64_t, int64_t, const vis_list *, float *);
-typedef void (*vtacc_nh_fn)(const attn_ctx *, const float *, int64_t, const vis_list *, float *);
-typedef void (*dots_q_nh_fn)(const attn_ctx *, const q8_heads *, int64_t, int64_t, const vis_list *, float *);
-
-#define LX_TAB(NH, name, t) name##_avx2_##NH##_##t,
-#define LX_TAB_DOTS_F32(NH) LX_TAB(NH, dots, f32)
-#define LX_TAB_DOTS_F16(NH) LX_TAB(NH, dots, f16)
-#define LX_TAB_VACC_F32(NH) LX_TAB(NH, vacc, f32)
-#define LX_TAB_VACC_F16(NH) LX_TAB(NH, vacc, f16)
-#define LX_TAB_VTACC_F32(NH) LX_TAB(NH, vtacc, f32)
-#define LX_TAB_VTACC_F16(NH) LX_TAB(NH, vtacc, f16)
-#define LX_TAB_VACC_Q8(NH) LX_TAB(NH, vacc, q8)
-#define LX_TAB_VACC_Q4(NH) LX_TAB(NH, vacc, q4)
-#define LX_TAB_DOTS_Q_Q8(NH) LX_TAB(NH, dots_q, q8)
-#define LX_TAB_DOTS_Q_Q4(NH) LX_TAB(NH, dots_q, q4)
-
-static const dots_nh_fn dots_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB_DOTS_F32) }, { LX_NH_CASES(LX_TAB_DOTS_F16) } };
+LX_NH_CASES(LX_DEF_DOTS_Q_AVX2)
+#define LX_TAB_DOTS_Q_Q8(NH) dots_q_avx2_##NH##_q8,
+#define LX_TAB_DOTS_Q_Q4(NH) dots_q_avx2_##NH##_q4,
 static const dots_q_nh_fn dots_q_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TAB_DOTS_Q_Q8) }, { LX_NH_CASES(LX_TAB_DOTS_Q_Q4) } };
-static const vacc_nh_fn vacc_avx2_tab[4][LX_ATTN_MAX_GROUP] = {          /* [CT_*] */
-    { LX_NH_CASES(LX_TAB_VACC_F32) }, { LX_NH_CASES(LX_TAB_VACC_F16) },
-    { LX_NH_CASES(LX_TAB_VACC_Q8) }, { LX_NH_CASES(LX_TAB_VACC_Q4) } };
-static const vtacc_nh_fn vtacc_avx2_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB_VTACC_F32) }, { LX_NH_CASES(LX_TAB_VTACC_F16) } };
-
-static void dots_avx2(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
-                      const vis_list *vl, int nh, float *S) {
-    dots_avx2_tab[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
-}
 
 static void dots_q_avx2(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
                         const vis_list *vl, int nh, float *S) {
     dots_q_avx2_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
 }
-
-static void vacc_avx2(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
-                      const vis_list *vl, int nh, float *acc) {
-    vacc_avx2_tab[ctype(c->p->type_v)][nh - 1](c, S, v_base, v_stride, vl, acc);
-}
-
-static void vtacc_avx2(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
-                       float *acc) {
-    vtacc_avx2_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
-}
-
-static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
-
-/* -- AVX-512 (F + BW + VL + DQ): 16 lanes, 32 registers, masked tails -- */
-
-#define LX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
-
-/* 16 elements at off, the first `n` of them (n in [1, 16]) and zeros above */
-/* the quants of values e .. e + 15 (e % 16 == 0) of the quantized row at row, as floats */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 qvals16(const uint8_t *row, int64_t e, const int VT) {
-    const int w = (int) (e & (LX_QK - 1));
-    const uint8_t *b = qrow(row, VT, e - w);
-    __m128i q;
-    if (VT == CT_Q8) {
-        q = _mm_loadu_si128((const __m128i *) (b + 2 + w));
-    } else {
-        q = _mm_loadu_si128((const __m128i *) (b + 2));
-        if (w) q = _mm_srli_epi16(q, 4);
-        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
-    }
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-}
-
-/* 16 values of an f32 / f16 cache tensor from element off, the first n of them */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 ld16(const void *base, const int VT, int64_t off, int n) {
-    const int f16 = VT == CT_F16;
-    const __mmask16 m = (__mmask16) ((1u << n) - 1u);
-    if (n == 16) {
-        return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) ((const uint16_t *) base + off)))
-                   : _mm512_loadu_ps((const float *) base + off);
-    }
-    return f16 ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *) base + off))
-               : _mm512_maskz_loadu_ps(m, (const float *) base + off);
-}
-
-/* the 16 lanes of a folded to 8: a_lo + a_hi */
-static LX_ALWAYS_INLINE LX_AVX512 __m256 fold16(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 __m128 hsum8x4_512(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 float hsum16(__m512 a) {
-    __m256 y = fold16(a);
-    __m128 x = _mm_add_ps(_mm256_castps256_ps128(y), _mm256_extractf128_ps(y, 1));
-    x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-    x = _mm_add_ss(x, _mm_movehdup_ps(x));
-    return _mm_cvtss_f32(x);
-}
-
-static LX_AVX512 void expsum_avx512(float *S, int n, int nh, const float *m, float *l) {
-    const int n16 = (n + 15) & ~15;
-    for (int h = 0; h < nh; ++h) {
-        float *row = S + h * LDS;
-        for (int j = n; j < n16; ++j) row[j] = -INFINITY;   /* pad: exp gives 0 */
-        const __m512 mv = _mm512_set1_ps(m[h]);
-        __m512 sum = _mm512_setzero_ps();
-        for (int j = 0; j < n16; j += 16) {
-            const __m512 e = lx_exp16_avx512(_mm512_sub_ps(_mm512_loadu_ps(row + j), mv));
-            _mm512_storeu_ps(row + j, e);
-            sum = _mm512_add_ps(sum, e);
-        }
-        l[h] = hsum16(sum);
-    }
-}
-
-/* S[h][j .. j + NC) for NC cells (NC in 1, 2, 4, 8) and NH heads */
-static LX_ALWAYS_INLINE LX_AVX512 void dots_avx512_cells(const attn_ctx *c, const float *q, int64_t k_base,
-                                                         int64_t k_stride, const vis_list *vl, int j, float *S,
-                                                         const int NH, const int NC, const int KF16) {
-    const int64_t d = c->p->d_k;
-    const void *k = c->k;
-    int64_t off[8];
-    for (int x = 0; x < NC; ++x) off[x] = k_base + (int64_t) vl->idx[j + x] * k_stride;
-    __m512 acc[LX_ATTN_MAX_GROUP][8];
-    for (int h = 0; h < NH; ++h)
-        for (int x = 0; x < NC; ++x) acc[h][x] = _mm512_setzero_ps();
-    for (int64_t e = 0; e < d; e += 16) {
-        const int w = d - e < 16 ? (int) (d - e) : 16;
-        __m512 qv[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) qv[h] = ld16(q + h * d, 0, e, w);
-        for (int x = 0; x < NC; ++x) {
-            const __m512 kv = ld16(k, KF16, off[x] + e, w);
-            for (int h = 0; h < NH; ++h) acc[h][x] = _mm512_fmadd_ps(kv, qv[h], acc[h][x]);
-        }
-    }
-    for (int h = 0; h < NH; ++h) {
-        if (NC >= 4) {
-            for (int x = 0; x < NC; x += 4) {
-                _mm_storeu_ps(S + h * LDS + j + x, hsum8x4_512(fold16(acc[h][x]), fold16(acc[h][x + 1]),
-                                                               fold16(acc[h][x + 2]), fold16(acc[h][x + 3])));
-            }
-        } else {
-            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = hsum16(acc[h][x]);
-        }
-    }
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 void dots_avx512_impl(const attn_ctx *c, const float *q, int64_t k_base,
-                                                        int64_t k_stride, const vis_list *vl, float *S,
-                                                        const int NH, const int KF16) {
-    const int NC = NH <= 3 ? 8 : NH <= 6 ? 4 : 2;
-    const pf_rows pf = pf_at(c, k_base, k_stride);
-    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
-    int j = 0;
-    if (NC == 8) for (; j + 8 <= vl->n; j += 8) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 8);
-        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 8, KF16);
-    }
-    if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
-        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
-    }
-    for (; j + 2 <= vl->n; j += 2) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
-        dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
-    }
-    for (; j < vl->n; ++j) dots_avx512_cells(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
-}
-
-/* acc[h][e0 .. e0 + 16R) over rows [j0, j1) (the last block may be partial: w lanes) */
-static LX_ALWAYS_INLINE LX_AVX512 void vacc_avx512_tile(const void *v, const float *S, int64_t v_base,
-                                                        int64_t v_stride, const vis_list *vl, int j0, int j1,
-                                                        int64_t dv, float *acc, int64_t e0, const bool first,
-                                                        const int NH, const int R, const int VF16) {
-    __m512 a[LX_ATTN_MAX_GROUP][4];
-    int w[4];
-    for (int r = 0; r < R; ++r) {
-        const int64_t left = dv - (e0 + 16 * r);
-        w[r] = left < 16 ? (int) left : 16;
-    }
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r)
-            a[h][r] = first ? _mm512_setzero_ps() : ld16(acc + h * dv, 0, e0 + 16 * r, w[r]);
-    for (int j = j0; j < j1; ++j) {
-        const int64_t off = v_base + (int64_t) vl->idx[j] * v_stride + e0;
-        __m512 vv[4];
-        for (int r = 0; r < R; ++r) vv[r] = ld16(v, VF16, off + 16 * r, w[r]);
-        for (int h = 0; h < NH; ++h) {
-            const __m512 pj = _mm512_set1_ps(S[h * LDS + j]);
-            for (int r = 0; r < R; ++r) a[h][r] = _mm512_fmadd_ps(pj, vv[r], a[h][r]);
-        }
-    }
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r)
-            _mm512_mask_storeu_ps(acc + h * dv + e0 + 16 * r, (__mmask16) ((1u << w[r]) - 1u), a[h][r]);
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 void vacc_avx512_impl(const attn_ctx *c, const float *S, int64_t v_base,
-                                                        int64_t v_stride, const vis_list *vl, float *acc,
-                                                        const int NH, const int VF16) {
-    const int R = NH <= 3 ? 4 : 2;
-    const int64_t dv = c->p->d_v;
-    for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
-        const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;
-        const bool first = j0 == 0;
-        int64_t e = 0;
-        if (R == 4) for (; e + 64 <= dv; e += 64) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16);
-        for (; e + 32 <= dv; e += 32) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16);
-        for (; e < dv; e += 16) vacc_avx512_tile(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16);
-    }
-}
-
-/* acc[h][e0 .. e0 + 16R) over the tile's rows, weights W (R even: pairs of vectors share a block) */
-static LX_ALWAYS_INLINE LX_AVX512 void vacc_q_avx512_pass(const uint8_t *const *rowp,
-                                                          int nj, const float W[][LX_ATTN_MAX_D / LX_QK][VQ_TILE],
-                                                          int64_t dv, float *acc, int64_t e0, const bool first,
-                                                          const int NH, const int R, const int VT) {
-    __m512 a[LX_ATTN_MAX_GROUP][4];
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r)
-            a[h][r] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + h * dv + e0 + 16 * r);
-    const int64_t b0 = e0 / LX_QK;
-    for (int jj = 0; jj < nj; ++jj) {
-        const uint8_t *row = rowp[jj];
-        __m512 vv[4];
-        for (int r = 0; r < R; ++r) vv[r] = qvals16(row, e0 + 16 * r, VT);
-        for (int h = 0; h < NH; ++h) {
-            for (int r = 0; r < R; r += 2) {
-                const __m512 w = _mm512_set1_ps(W[h][b0 + r / 2][jj]);
-                a[h][r] = _mm512_fmadd_ps(w, vv[r], a[h][r]);
-                a[h][r + 1] = _mm512_fmadd_ps(w, vv[r + 1], a[h][r + 1]);
-            }
-        }
-    }
-    for (int h = 0; h < NH; ++h)
-        for (int r = 0; r < R; ++r) _mm512_storeu_ps(acc + h * dv + e0 + 16 * r, a[h][r]);
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 void vacc_q_avx512_impl(const attn_ctx *c, const float *S, int64_t v_base,
-                                                          int64_t v_stride, const vis_list *vl, float *acc,
-                                                          const int NH, const int VT) {
-    const int64_t dv = c->p->d_v, nb = dv / LX_QK;
-    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
-    const uint8_t *v0 = qrow(c->v, VT, v_base);
-    const int64_t vs = qbytes(VT, v_stride);
-    const int R = NH <= 3 ? 4 : 2;                      /* 16-float vectors per pass */
-    _Alignas(64) uint16_t D16[LX_ATTN_MAX_D / LX_QK][VQ_TILE];
-    const uint8_t *rowp[VQ_TILE];
-    _Alignas(64) float W[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK][VQ_TILE];
-    for (int j0 = 0; j0 < vl->n; j0 += VQ_TILE) {
-        const int nj = j0 + VQ_TILE < vl->n ? VQ_TILE : vl->n - j0;
-        const bool first = j0 == 0;
-        qscales(v0, vs, bb, nb, vl, j0, nj, rowp, D16);
-        for (int64_t b = 0; b < nb; ++b) {
-            for (int jj = 0; jj < nj; jj += 16) {
-                const __m512 d = _mm512_cvtph_ps(_mm256_load_si256((const __m256i *) &D16[b][jj]));
-                for (int h = 0; h < NH; ++h)
-                    _mm512_store_ps(&W[h][b][jj], _mm512_mul_ps(_mm512_loadu_ps(S + h * LDS + j0 + jj), d));
-            }
-        }
-        int64_t e0 = 0;
-        if (R == 4) for (; e0 + 64 <= dv; e0 += 64) vacc_q_avx512_pass(rowp, nj, W, dv, acc, e0, first, NH, 4, VT);
-        for (; e0 < dv; e0 += 32) vacc_q_avx512_pass(rowp, nj, W, dv, acc, e0, first, NH, 2, VT);
-    }
-}
-
-/* values of visible cells j .. j + w - 1 of V^T row `row` as the 16 lanes of a vector, zeros
- * above w (converted as ld16 converts them) */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 vt_gather16(const void *v, const int VF16, int64_t row,
-                                                     const vis_list *vl, int j, int w) {
-    if (VF16) {
-        uint16_t t[16] = {0};
-        for (int u = 0; u < w; ++u) t[u] = ((const uint16_t *) v)[row + vl->idx[j + u]];
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *) t));
-    }
-    float t[16] = {0};
-    for (int u = 0; u < w; ++u) t[u] = ((const float *) v)[row + vl->idx[j + u]];
-    return _mm512_loadu_ps(t);
-}
-
-static LX_ALWAYS_INLINE LX_AVX512 void vtacc_avx512_impl(const attn_ctx *c, const float *S, int64_t vt_base,
-                                                         const vis_list *vl, float *acc, const int NH,
-                                                         const int VF16) {
-    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
-    vt_segs sg;
-    vt_segments(vl, 16, true, &sg);
-    for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
-    for (int64_t e = 0; e < dv; ++e) {
-        const int64_t row = vt_base + e * kv_size;
-        if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
-        __m512 a[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) a[h] = _mm512_setzero_ps();
-        for (int k = 0; k < sg.n; ++k) {
-            const int j0 = sg.j0[k], len = sg.len[k];
-            if (sg.dense[k]) {                          /* masked loads read no lane above len */
-                const int64_t i0 = row + vl->idx[j0];
-                for (int x = 0; x < len; x += 16) {
-                    const int w = len - x < 16 ? len - x : 16;
-                    const __m512 vv = ld16(c->v, VF16, i0 + x, w);
-                    for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0 + x, w), vv, a[h]);
-                }
-            } else {
-                const __m512 vv = vt_gather16(c->v, VF16, row, vl, j0, len);
-                for (int h = 0; h < NH; ++h) a[h] = _mm512_fmadd_ps(ld16(S + h * LDS, 0, j0, len), vv, a[h]);
-            }
-        }
-        for (int h = 0; h < NH; ++h) acc[h * dv + e] = hsum16(a[h]);
-    }
-}
-
-#define LX_DEF_AVX512(NH)                                                                                   \
-    static LX_AVX512 void dots_avx512_##NH##_f32(const attn_ctx *c, const float *q, int64_t kb, int64_t ks, \
-                                                 const vis_list *vl, float *S) {                            \
-        dots_avx512_impl(c, q, kb, ks, vl, S, NH, 0);                                                       \
-    }                                                                                                       \
-    static LX_AVX512 void dots_avx512_##NH##_f16(const attn_ctx *c, const float *q, int64_t kb, int64_t ks, \
-                                                 const vis_list *vl, float *S) {                            \
-        dots_avx512_impl(c, q, kb, ks, vl, S, NH, 1);                                                       \
-    }                                                                                                       \
-    static LX_AVX512 void vacc_avx512_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb, int64_t vs, \
-                                                 const vis_list *vl, float *acc) {                          \
-        vacc_avx512_impl(c, S, vb, vs, vl, acc, NH, 0);                                                     \
-    }                                                                                                       \
-    static LX_AVX512 void vacc_avx512_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb, int64_t vs, \
-                                                 const vis_list *vl, float *acc) {                          \
-        vacc_avx512_impl(c, S, vb, vs, vl, acc, NH, 1);                                                     \
-    }                                                                                                       \
-    static LX_AVX512 void vtacc_avx512_##NH##_f32(const attn_ctx *c, const float *S, int64_t vb,            \
-                                                  const vis_list *vl, float *acc) {                         \
-        vtacc_avx512_impl(c, S, vb, vl, acc, NH, 0);                                                        \
-    }                                                                                                       \
-    static LX_AVX512 void vtacc_avx512_##NH##_f16(const attn_ctx *c, const float *S, int64_t vb,            \
-                                                  const vis_list *vl, float *acc) {                         \
-        vtacc_avx512_impl(c, S, vb, vl, acc, NH, 1);                                                        \
-    }
-LX_NH_CASES(LX_DEF_AVX512)
 
 /* -- quantized K with AVX-512 VNNI: two blocks (64 values) per 512-bit step. vpdpbusd multiplies
  * unsigned bytes by signed ones, so K enters as u = k + 128 (q8_0: k xor 0x80) or as the raw
@@ -1400,11 +842,11 @@ static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_cells(const attn_ctx *c,
     for (int h = 0; h < NH; ++h) {
         if (NC >= 4) {
             for (int x = 0; x < NC; x += 4) {
-                _mm_storeu_ps(S + h * LDS + j + x, hsum8x4_512(fold16(acc[h][x]), fold16(acc[h][x + 1]),
-                                                               fold16(acc[h][x + 2]), fold16(acc[h][x + 3])));
+                _mm_storeu_ps(S + h * LDS + j + x, lx_hsum8x4_avx2(lx_fold16_avx512(acc[h][x]), lx_fold16_avx512(acc[h][x + 1]),
+                                                               lx_fold16_avx512(acc[h][x + 2]), lx_fold16_avx512(acc[h][x + 3])));
             }
         } else {
-            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = hsum16(acc[h][x]);
+            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = lx_hsum16_avx512(acc[h][x]);
         }
     }
 }
@@ -1433,7 +875,7 @@ static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_impl(const attn_ctx *c, 
     for (; j < vl->n; ++j) dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 1, KT);
 }
 
-#define LX_DEF_AVX512_Q(NH)                                                                                 \
+#define LX_DEF_DOTS_Q_VNNI(NH)                                                                              \
     static LX_AVX512_VNNI void dots_q_vnni_##NH##_q8(const attn_ctx *c, const q8_heads *qh, int64_t kb,     \
                                                      int64_t ks, const vis_list *vl, float *S) {            \
         dots_q_vnni_impl(c, qh, kb, ks, vl, S, NH, CT_Q8);                                                  \
@@ -1441,65 +883,24 @@ static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_impl(const attn_ctx *c, 
     static LX_AVX512_VNNI void dots_q_vnni_##NH##_q4(const attn_ctx *c, const q8_heads *qh, int64_t kb,     \
                                                      int64_t ks, const vis_list *vl, float *S) {            \
         dots_q_vnni_impl(c, qh, kb, ks, vl, S, NH, CT_Q4);                                                  \
-    }                                                                                                       \
-    static LX_AVX512 void vacc_avx512_##NH##_q8(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,  \
-                                                const vis_list *vl, float *acc) {                           \
-        vacc_q_avx512_impl(c, S, vb, vs, vl, acc, NH, CT_Q8);                                               \
-    }                                                                                                       \
-    static LX_AVX512 void vacc_avx512_##NH##_q4(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,  \
-                                                const vis_list *vl, float *acc) {                           \
-        vacc_q_avx512_impl(c, S, vb, vs, vl, acc, NH, CT_Q4);                                               \
     }
-LX_NH_CASES(LX_DEF_AVX512_Q)
-
-#define LX_TAB5(NH, name, t) name##_avx512_##NH##_##t,
-#define LX_TAB5_DOTS_F32(NH) LX_TAB5(NH, dots, f32)
-#define LX_TAB5_DOTS_F16(NH) LX_TAB5(NH, dots, f16)
-#define LX_TAB5_VACC_F32(NH) LX_TAB5(NH, vacc, f32)
-#define LX_TAB5_VACC_F16(NH) LX_TAB5(NH, vacc, f16)
-#define LX_TAB5_VTACC_F32(NH) LX_TAB5(NH, vtacc, f32)
-#define LX_TAB5_VTACC_F16(NH) LX_TAB5(NH, vtacc, f16)
-
-#define LX_TAB5_VACC_Q8(NH) LX_TAB5(NH, vacc, q8)
-#define LX_TAB5_VACC_Q4(NH) LX_TAB5(NH, vacc, q4)
-#define LX_TABV(NH, t) dots_q_vnni_##NH##_##t,
-#define LX_TABV_Q8(NH) LX_TABV(NH, q8)
-#define LX_TABV_Q4(NH) LX_TABV(NH, q4)
-
-static const dots_nh_fn dots_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB5_DOTS_F32) }, { LX_NH_CASES(LX_TAB5_DOTS_F16) } };
+LX_NH_CASES(LX_DEF_DOTS_Q_VNNI)
+#define LX_TABV_Q8(NH) dots_q_vnni_##NH##_q8,
+#define LX_TABV_Q4(NH) dots_q_vnni_##NH##_q4,
 static const dots_q_nh_fn dots_q_vnni_tab[2][LX_ATTN_MAX_GROUP] = {
     { LX_NH_CASES(LX_TABV_Q8) }, { LX_NH_CASES(LX_TABV_Q4) } };
-static const vacc_nh_fn vacc_avx512_tab[4][LX_ATTN_MAX_GROUP] = {        /* [CT_*] */
-    { LX_NH_CASES(LX_TAB5_VACC_F32) }, { LX_NH_CASES(LX_TAB5_VACC_F16) },
-    { LX_NH_CASES(LX_TAB5_VACC_Q8) }, { LX_NH_CASES(LX_TAB5_VACC_Q4) } };
-static const vtacc_nh_fn vtacc_avx512_tab[2][LX_ATTN_MAX_GROUP] = {
-    { LX_NH_CASES(LX_TAB5_VTACC_F32) }, { LX_NH_CASES(LX_TAB5_VTACC_F16) } };
-
-static void dots_avx512(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
-                        const vis_list *vl, int nh, float *S) {
-    dots_avx512_tab[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
-}
-
-static void vacc_avx512(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
-                        const vis_list *vl, int nh, float *acc) {
-    vacc_avx512_tab[ctype(c->p->type_v)][nh - 1](c, S, v_base, v_stride, vl, acc);
-}
 
 static void dots_q_vnni(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
                         const vis_list *vl, int nh, float *S) {
     dots_q_vnni_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
 }
 
-static void vtacc_avx512(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
-                         float *acc) {
-    vtacc_avx512_tab[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
-}
-
+static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
 /* LX_SIMD_AVX512: a quantized K takes the AVX2 integer dots (maddubs); LX_SIMD_VNNI512 the VNNI ones */
 static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, expsum_avx512, vacc_avx512, vtacc_avx512 };
 static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, expsum_avx512, vacc_avx512, vtacc_avx512 };
 #endif /* LX_X86 */
+
 
 /* ---- dispatch ---------------------------------------------------------------------- */
 
@@ -1959,3 +1360,398 @@ void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, cons
     const attn_ctx c = make_ctx(p, q, k, v, mask, out, true);
     attn_run(&c, scratch, n_scratch, n_threads);
 }
+
+#else /* LX_ATTN_PASS ======================================================================== *
+ *
+ * The float kernels over LX_W-lane vectors VF (8: AVX2, 16: AVX-512), compiled once per pass with
+ * SFX naming the pass's functions. LX_MASKED: a head row's last partial vector is a masked load
+ * (AVX-512); without it (AVX2) the dots add a scalar tail and the V sums finish with scalar columns.
+ * Horizontal sums reduce through 8 lanes (VFOLD8) in lx_hsum8x4_avx2's order for every tile
+ * width, so a score's bits do not depend on the tile that computed it.
+ */
+
+/* LX_W quants of values e .. e + LX_W - 1 (e % LX_W == 0) of the quantized row at row, as floats
+ * (q4_0: nibble - 8), without the block scale */
+static LX_ALWAYS_INLINE LX_TGT VF SFX(qvals)(const uint8_t *row, int64_t e, const int VT) {
+    const int w = (int) (e & (LX_QK - 1));
+    const uint8_t *b = qrow(row, VT, e - w);
+    __m128i q;
+    if (VT == CT_Q8) {
+        q = VQ8(b + 2 + w);
+    } else {
+        q = VQ8(b + 2 + (w & 15));
+        if (w & 16) q = _mm_srli_epi16(q, 4);
+        q = _mm_sub_epi8(_mm_and_si128(q, _mm_set1_epi8(0x0F)), _mm_set1_epi8(8));
+    }
+    return VI8TOF(q);
+}
+
+/* LX_W values of an f32 / f16 cache tensor (kernel type VT) from element off; with LX_MASKED the
+ * first n of them (n in [1, LX_W]) and zeros above */
+static LX_ALWAYS_INLINE LX_TGT VF SFX(ld)(const void *base, const int VT, int64_t off, int n) {
+#if LX_MASKED
+    if (n < LX_W) {
+        return VT == CT_F16 ? VCVTPHN((const uint16_t *) base + off, n) : VLOADN((const float *) base + off, n);
+    }
+#endif
+    (void) n;
+    return VT == CT_F16 ? VCVTPH((const uint16_t *) base + off) : VLOAD((const float *) base + off);
+}
+
+/* acc[h][e .. e + LX_W) <- v, the first n lanes with LX_MASKED */
+static LX_ALWAYS_INLINE LX_TGT void SFX(st)(float *p, VF v, int n) {
+#if LX_MASKED
+    if (n < LX_W) {
+        VSTOREN(p, v, n);
+        return;
+    }
+#endif
+    (void) n;
+    VSTORE(p, v);
+}
+
+/* the lanes of d-element rows that vectors cover: all of them with LX_MASKED, else whole vectors */
+static LX_ALWAYS_INLINE int64_t SFX(vec_span)(int64_t d) { return LX_MASKED ? d : d & ~(int64_t) (LX_W - 1); }
+
+/* lanes of the vector at e of a d-element row */
+static LX_ALWAYS_INLINE int SFX(lanes)(int64_t d, int64_t e) { return LX_MASKED && d - e < LX_W ? (int) (d - e) : LX_W; }
+
+static LX_TGT void SFX(expsum)(float *S, int n, int nh, const float *m, float *l) {
+    const int nw = (n + LX_W - 1) & ~(LX_W - 1);
+    for (int h = 0; h < nh; ++h) {
+        float *row = S + h * LDS;
+        for (int j = n; j < nw; ++j) row[j] = -INFINITY;   /* pad: exp gives 0 */
+        const VF mv = VSET1(m[h]);
+        VF sum = VZERO();
+        for (int j = 0; j < nw; j += LX_W) {
+            const VF e = VEXP(VSUB(VLOAD(row + j), mv));
+            VSTORE(row + j, e);
+            sum = VADD(sum, e);
+        }
+        l[h] = lx_hsum8_avx2(VFOLD8(sum));
+    }
+}
+
+/* S[h][j .. j + NC) for NC cells (1, 2, 4 or 8) and NH heads: NH NC accumulators, then the NH
+ * query vectors and one K vector at a time (AVX2 at NH 3, NC 4: 16 ymm) */
+static LX_ALWAYS_INLINE LX_TGT void SFX(dots_cells)(const attn_ctx *c, const float *q, int64_t k_base,
+                                                    int64_t k_stride, const vis_list *vl, int j, float *S,
+                                                    const int NH, const int NC, const int KF16) {
+    const int64_t d = c->p->d_k, dv = SFX(vec_span)(d);
+    const void *k = c->k;
+    int64_t off[8];
+    for (int x = 0; x < NC; ++x) off[x] = k_base + (int64_t) vl->idx[j + x] * k_stride;
+    VF acc[LX_ATTN_MAX_GROUP][8];
+    for (int h = 0; h < NH; ++h)
+        for (int x = 0; x < NC; ++x) acc[h][x] = VZERO();
+    for (int64_t e = 0; e < dv; e += LX_W) {
+        const int w = SFX(lanes)(d, e);
+        VF qv[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) qv[h] = SFX(ld)(q + h * d, CT_F32, e, w);
+        for (int x = 0; x < NC; ++x) {
+            const VF kv = SFX(ld)(k, KF16, off[x] + e, w);
+            for (int h = 0; h < NH; ++h) acc[h][x] = VFMA(kv, qv[h], acc[h][x]);
+        }
+    }
+    for (int h = 0; h < NH; ++h) {
+        float r[8];
+        for (int x = 0; x < NC; x += 4) {
+            const __m256 a0 = VFOLD8(acc[h][x]);
+            const __m256 a1 = NC > 1 ? VFOLD8(acc[h][x + 1]) : a0;
+            const __m256 a2 = NC > 2 ? VFOLD8(acc[h][x + 2]) : a0;
+            const __m256 a3 = NC > 2 ? VFOLD8(acc[h][x + 3]) : a0;
+            _mm_storeu_ps(r + x, lx_hsum8x4_avx2(a0, a1, a2, a3));
+        }
+        for (int x = 0; x < NC; ++x) {
+            float sum = r[x];
+            if (dv < d) {
+                float tail = 0.0f;
+                for (int64_t e = dv; e < d; ++e) tail += q[h * d + e] * cache_at(k, c->p->type_k, off[x] + e);
+                sum += tail;
+            }
+            S[h * LDS + j + x] = sum;
+        }
+    }
+}
+
+static LX_ALWAYS_INLINE LX_TGT void SFX(dots_impl)(const attn_ctx *c, const float *q, int64_t k_base,
+                                                   int64_t k_stride, const vis_list *vl, float *S,
+                                                   const int NH, const int KF16) {
+    const int NC = (NH <= 3 ? 4 : NH <= 6 ? 2 : 1) * (LX_W / 8);
+    const pf_rows pf = pf_at(c, k_base, k_stride);
+    prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
+    int j = 0;
+    if (NC >= 8) for (; j + 8 <= vl->n; j += 8) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 8);
+        SFX(dots_cells)(c, q, k_base, k_stride, vl, j, S, NH, 8, KF16);
+    }
+    if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
+        SFX(dots_cells)(c, q, k_base, k_stride, vl, j, S, NH, 4, KF16);
+    }
+    if (NC >= 2) for (; j + 2 <= vl->n; j += 2) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
+        SFX(dots_cells)(c, q, k_base, k_stride, vl, j, S, NH, 2, KF16);
+    }
+    for (; j < vl->n; ++j) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
+        SFX(dots_cells)(c, q, k_base, k_stride, vl, j, S, NH, 1, KF16);
+    }
+}
+
+/* acc[h][e0 .. e0 + R LX_W) += sum_{j in [j0, j1)} P[h][j] * V(j)[e0 ..]  (= when first); the last
+ * vector holds wl lanes (LX_W but at a masked tail) */
+static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_tile)(const void *v, const float *S, int64_t v_base,
+                                                   int64_t v_stride, const vis_list *vl, int j0, int j1,
+                                                   int64_t dv, float *acc, int64_t e0, const bool first,
+                                                   const int NH, const int R, const int VF16, int wl) {
+    VF a[LX_ATTN_MAX_GROUP][4];
+    int w[4];
+    for (int r = 0; r < R; ++r) w[r] = r == R - 1 ? wl : LX_W;
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? VZERO() : SFX(ld)(acc + h * dv, CT_F32, e0 + LX_W * r, w[r]);
+    for (int j = j0; j < j1; ++j) {
+        const int64_t off = v_base + (int64_t) vl->idx[j] * v_stride + e0;
+        VF vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = SFX(ld)(v, VF16, off + LX_W * r, w[r]);
+        for (int h = 0; h < NH; ++h) {
+            const VF pj = VSET1(S[h * LDS + j]);
+            for (int r = 0; r < R; ++r) a[h][r] = VFMA(pj, vv[r], a[h][r]);
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r) SFX(st)(acc + h * dv + e0 + LX_W * r, a[h][r], w[r]);
+}
+
+static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_impl)(const attn_ctx *c, const float *S, int64_t v_base,
+                                                   int64_t v_stride, const vis_list *vl, float *acc,
+                                                   const int NH, const int VF16) {
+    const int R = LX_W == 8 ? (NH <= 2 ? 4 : NH <= 4 ? 2 : 1) : (NH <= 3 ? 4 : 2);
+    const int64_t dv = c->p->d_v, span = SFX(vec_span)(dv);
+    for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
+        const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;
+        const bool first = j0 == 0;
+        int64_t e = 0;
+        if (R == 4) for (; e + 4 * LX_W <= dv; e += 4 * LX_W)
+            SFX(vacc_tile)(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 4, VF16, LX_W);
+        if (R >= 2) for (; e + 2 * LX_W <= dv; e += 2 * LX_W)
+            SFX(vacc_tile)(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 2, VF16, LX_W);
+        for (; e < span; e += LX_W)
+            SFX(vacc_tile)(c->v, S, v_base, v_stride, vl, j0, j1, dv, acc, e, first, NH, 1, VF16, SFX(lanes)(dv, e));
+        for (; e < dv; ++e) {
+            for (int h = 0; h < NH; ++h) {
+                float sum = first ? 0.0f : acc[h * dv + e];
+                for (int j = j0; j < j1; ++j)
+                    sum += S[h * LDS + j] * cache_at(c->v, c->p->type_v, v_base + (int64_t) vl->idx[j] * v_stride + e);
+                acc[h * dv + e] = sum;
+            }
+        }
+    }
+}
+
+/* acc[h][e0 .. e0 + R LX_W) over the tile's rows, weights W: vectors r .. r + VPB - 1 share the
+ * block (e0 + LX_W r) / 32 */
+static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_q_pass)(const uint8_t *const *rowp,
+                                                     int nj, const float W[][LX_ATTN_MAX_D / LX_QK][VQ_TILE],
+                                                     int64_t dv, float *acc, int64_t e0, const bool first,
+                                                     const int NH, const int R, const int VT) {
+    enum { VPB = LX_QK / LX_W };
+    VF a[LX_ATTN_MAX_GROUP][4];
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r)
+            a[h][r] = first ? VZERO() : VLOAD(acc + h * dv + e0 + LX_W * r);
+    const int64_t b0 = e0 / LX_QK;
+    for (int jj = 0; jj < nj; ++jj) {
+        const uint8_t *row = rowp[jj];
+        VF vv[4];
+        for (int r = 0; r < R; ++r) vv[r] = SFX(qvals)(row, e0 + LX_W * r, VT);
+        for (int h = 0; h < NH; ++h) {
+            for (int r = 0; r < R; r += VPB) {
+                const VF w = VSET1(W[h][b0 + r / VPB][jj]);
+                for (int rr = r; rr < r + VPB && rr < R; ++rr) a[h][rr] = VFMA(w, vv[rr], a[h][rr]);
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h)
+        for (int r = 0; r < R; ++r) VSTORE(acc + h * dv + e0 + LX_W * r, a[h][r]);
+}
+
+static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_q_impl)(const attn_ctx *c, const float *S, int64_t v_base,
+                                                     int64_t v_stride, const vis_list *vl, float *acc,
+                                                     const int NH, const int VT) {
+    enum { VPB = LX_QK / LX_W };
+    const int64_t dv = c->p->d_v, nb = dv / LX_QK;
+    const int64_t bb = VT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    const uint8_t *v0 = qrow(c->v, VT, v_base);
+    const int64_t vs = qbytes(VT, v_stride);
+    /* vectors per pass: RQ while they fit, then RB (within one block) */
+    const int RQ = LX_W == 8 ? (NH <= 2 ? 4 : 2) : (NH <= 3 ? 4 : 2);
+    const int RB = RQ < VPB ? RQ : VPB;
+    _Alignas(64) uint16_t D16[LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    const uint8_t *rowp[VQ_TILE];
+    _Alignas(64) float W[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / LX_QK][VQ_TILE];
+    for (int j0 = 0; j0 < vl->n; j0 += VQ_TILE) {
+        const int nj = j0 + VQ_TILE < vl->n ? VQ_TILE : vl->n - j0;
+        const bool first = j0 == 0;
+        qscales(v0, vs, bb, nb, vl, j0, nj, rowp, D16);
+        for (int64_t b = 0; b < nb; ++b) {
+            for (int jj = 0; jj < nj; jj += LX_W) {
+                const VF d = VCVTPH(&D16[b][jj]);
+                for (int h = 0; h < NH; ++h) VSTOREA(&W[h][b][jj], VMUL(VLOAD(S + h * LDS + j0 + jj), d));
+            }
+        }
+        int64_t e0 = 0;
+        if (RQ > RB) for (; e0 + LX_W * RQ <= dv; e0 += LX_W * RQ)
+            SFX(vacc_q_pass)(rowp, nj, W, dv, acc, e0, first, NH, RQ, VT);
+        for (; e0 < dv; e0 += LX_W * RB) SFX(vacc_q_pass)(rowp, nj, W, dv, acc, e0, first, NH, RB, VT);
+    }
+}
+
+/* values of visible cells j .. j + w - 1 of V^T row `row` (f32 / f16) as the lanes of a vector,
+ * zeros above w (converted as SFX(ld) converts them) */
+static LX_ALWAYS_INLINE LX_TGT VF SFX(vt_gather)(const void *v, const int VF16, int64_t row,
+                                                 const vis_list *vl, int j, int w) {
+    if (VF16) {
+        uint16_t t[LX_W] = {0};
+        for (int u = 0; u < w; ++u) t[u] = ((const uint16_t *) v)[row + vl->idx[j + u]];
+        return VCVTPH(t);
+    }
+    float t[LX_W] = {0};
+    for (int u = 0; u < w; ++u) t[u] = ((const float *) v)[row + vl->idx[j + u]];
+    return VLOAD(t);
+}
+
+static LX_ALWAYS_INLINE LX_TGT void SFX(vtacc_impl)(const attn_ctx *c, const float *S, int64_t vt_base,
+                                                    const vis_list *vl, float *acc, const int NH,
+                                                    const int VF16) {
+    const int64_t dv = c->p->d_v, kv_size = c->p->kv_size;
+    vt_segs sg;
+    vt_segments(vl, LX_W, LX_MASKED, &sg);
+    for (int64_t e = 0; e < VT_PF_AHEAD && e < dv; ++e) prefetch_vt(c, vt_base + e * kv_size, vl);
+    for (int64_t e = 0; e < dv; ++e) {
+        const int64_t row = vt_base + e * kv_size;
+        if (e + VT_PF_AHEAD < dv) prefetch_vt(c, row + VT_PF_AHEAD * kv_size, vl);
+        VF a[LX_ATTN_MAX_GROUP];
+        for (int h = 0; h < NH; ++h) a[h] = VZERO();
+        /* S is zero above n up to a multiple of LX_W (expsum's padding): its vectors load whole */
+        for (int k = 0; k < sg.n; ++k) {
+            const int j0 = sg.j0[k], len = sg.len[k];
+            if (sg.dense[k]) {                  /* len a multiple of LX_W, but at a masked tail */
+                const int64_t i0 = row + vl->idx[j0];
+                for (int x = 0; x < len; x += LX_W) {
+                    const VF vv = SFX(ld)(c->v, VF16, i0 + x, len - x < LX_W ? len - x : LX_W);
+                    for (int h = 0; h < NH; ++h) a[h] = VFMA(VLOAD(S + h * LDS + j0 + x), vv, a[h]);
+                }
+            } else {
+                const VF vv = SFX(vt_gather)(c->v, VF16, row, vl, j0, len);
+                for (int h = 0; h < NH; ++h) a[h] = VFMA(VLOAD(S + h * LDS + j0), vv, a[h]);
+            }
+        }
+        for (int h = 0; h < NH; ++h) acc[h * dv + e] = lx_hsum8_avx2(VFOLD8(a[h]));
+    }
+}
+
+#define LX_DEF_PASS(NH)                                                                                     \
+    static LX_TGT void SFX(dots_##NH##_f32)(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,      \
+                                            const vis_list *vl, float *S) {                                 \
+        SFX(dots_impl)(c, q, kb, ks, vl, S, NH, CT_F32);                                                    \
+    }                                                                                                       \
+    static LX_TGT void SFX(dots_##NH##_f16)(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,      \
+                                            const vis_list *vl, float *S) {                                 \
+        SFX(dots_impl)(c, q, kb, ks, vl, S, NH, CT_F16);                                                    \
+    }                                                                                                       \
+    static LX_TGT void SFX(vacc_##NH##_f32)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
+                                            const vis_list *vl, float *acc) {                               \
+        SFX(vacc_impl)(c, S, vb, vs, vl, acc, NH, CT_F32);                                                  \
+    }                                                                                                       \
+    static LX_TGT void SFX(vacc_##NH##_f16)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
+                                            const vis_list *vl, float *acc) {                               \
+        SFX(vacc_impl)(c, S, vb, vs, vl, acc, NH, CT_F16);                                                  \
+    }                                                                                                       \
+    static LX_TGT void SFX(vacc_##NH##_q8)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,       \
+                                           const vis_list *vl, float *acc) {                                \
+        SFX(vacc_q_impl)(c, S, vb, vs, vl, acc, NH, CT_Q8);                                                 \
+    }                                                                                                       \
+    static LX_TGT void SFX(vacc_##NH##_q4)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,       \
+                                           const vis_list *vl, float *acc) {                                \
+        SFX(vacc_q_impl)(c, S, vb, vs, vl, acc, NH, CT_Q4);                                                 \
+    }                                                                                                       \
+    static LX_TGT void SFX(vtacc_##NH##_f32)(const attn_ctx *c, const float *S, int64_t vb,                 \
+                                             const vis_list *vl, float *acc) {                              \
+        SFX(vtacc_impl)(c, S, vb, vl, acc, NH, CT_F32);                                                     \
+    }                                                                                                       \
+    static LX_TGT void SFX(vtacc_##NH##_f16)(const attn_ctx *c, const float *S, int64_t vb,                 \
+                                             const vis_list *vl, float *acc) {                              \
+        SFX(vtacc_impl)(c, S, vb, vl, acc, NH, CT_F16);                                                     \
+    }
+LX_NH_CASES(LX_DEF_PASS)
+#undef LX_DEF_PASS
+
+#define LX_TAB_DOTS_F32(NH) SFX(dots_##NH##_f32),
+#define LX_TAB_DOTS_F16(NH) SFX(dots_##NH##_f16),
+#define LX_TAB_VACC_F32(NH) SFX(vacc_##NH##_f32),
+#define LX_TAB_VACC_F16(NH) SFX(vacc_##NH##_f16),
+#define LX_TAB_VACC_Q8(NH) SFX(vacc_##NH##_q8),
+#define LX_TAB_VACC_Q4(NH) SFX(vacc_##NH##_q4),
+#define LX_TAB_VTACC_F32(NH) SFX(vtacc_##NH##_f32),
+#define LX_TAB_VTACC_F16(NH) SFX(vtacc_##NH##_f16),
+static const dots_nh_fn SFX(dots_tab)[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_DOTS_F32) }, { LX_NH_CASES(LX_TAB_DOTS_F16) } };
+static const vacc_nh_fn SFX(vacc_tab)[4][LX_ATTN_MAX_GROUP] = {          /* [CT_*] */
+    { LX_NH_CASES(LX_TAB_VACC_F32) }, { LX_NH_CASES(LX_TAB_VACC_F16) },
+    { LX_NH_CASES(LX_TAB_VACC_Q8) }, { LX_NH_CASES(LX_TAB_VACC_Q4) } };
+static const vtacc_nh_fn SFX(vtacc_tab)[2][LX_ATTN_MAX_GROUP] = {
+    { LX_NH_CASES(LX_TAB_VTACC_F32) }, { LX_NH_CASES(LX_TAB_VTACC_F16) } };
+#undef LX_TAB_DOTS_F32
+#undef LX_TAB_DOTS_F16
+#undef LX_TAB_VACC_F32
+#undef LX_TAB_VACC_F16
+#undef LX_TAB_VACC_Q8
+#undef LX_TAB_VACC_Q4
+#undef LX_TAB_VTACC_F32
+#undef LX_TAB_VTACC_F16
+
+static void SFX(dots)(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
+                      const vis_list *vl, int nh, float *S) {
+    SFX(dots_tab)[c->p->type_k == LX_TYPE_F16][nh - 1](c, q, k_base, k_stride, vl, S);
+}
+
+static void SFX(vacc)(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
+                      const vis_list *vl, int nh, float *acc) {
+    SFX(vacc_tab)[ctype(c->p->type_v)][nh - 1](c, S, v_base, v_stride, vl, acc);
+}
+
+static void SFX(vtacc)(const attn_ctx *c, const float *S, int64_t vt_base, const vis_list *vl, int nh,
+                       float *acc) {
+    SFX(vtacc_tab)[c->p->type_v == LX_TYPE_F16][nh - 1](c, S, vt_base, vl, acc);
+}
+
+/* the pass's parameters, undefined for the next pass */
+#undef LX_ATTN_PASS
+#undef SFX
+#undef LX_TGT
+#undef LX_W
+#undef LX_MASKED
+#undef VF
+#undef VZERO
+#undef VSET1
+#undef VLOAD
+#undef VSTORE
+#undef VSTOREA
+#undef VFMA
+#undef VADD
+#undef VSUB
+#undef VMUL
+#undef VEXP
+#undef VFOLD8
+#undef VCVTPH
+#undef VQ8
+#undef VI8TOF
+#ifdef VLOADN
+#undef VLOADN
+#undef VCVTPHN
+#undef VSTOREN
+#endif
+
+#endif /* LX_ATTN_PASS */

@@ -14,6 +14,7 @@
 
 #include "gemm.h"
 #include "cpu.h"
+#include "simd.h"
 
 #include <assert.h>
 #include <math.h>
@@ -838,15 +839,12 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
 }
 
 #if LX_GEMM_PASS == 1
-/* unpack_tile with 128-bit vectors and F16C (the same bytes and scales; a NaN scale keeps
+/* unpack_tile with the shared block unpacking (simd.h) and F16C (the same bytes and scales; a NaN scale keeps
  * its payload but gets the quiet bit, so NaN outputs may differ in payload between paths) */
 static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr, int64_t n_in,
                                     int u128, uint8_t *tile) {
     const int64_t nb = n_in / LX_QK;
     float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
-    const __m128i m4 = _mm_set1_epi8(0x0F);
-    const __m128i sel_lo = _mm_set_epi64x(0x0101010101010101, 0), sel_hi = _mm_set_epi64x(0x0303030303030303, 0x0202020202020202);
-    const __m128i bit = _mm_set1_epi64x((long long) 0x8040201008040201ULL), h5 = _mm_set1_epi8(0x10);
     for (int r = 0; r < nr; ++r) {
         const uint8_t *row = w + (size_t) (o0 + r) * wrb;
         uint8_t *u = tile + r * n_in;
@@ -870,21 +868,10 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
                 const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
                 qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d);
             }
-            const __m128i q = _mm_loadu_si128((const __m128i *) qs);
-            __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-            if (wt == LX_TYPE_Q5_0) {
-                /* byte j gets bit j of qh: qh byte j/8 broadcast, tested against 1 << (j % 8) */
-                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
-                uint32_t qh;
-                memcpy(&qh, x->qh, 4);
-                const __m128i hv = _mm_set1_epi32((int) qh);
-                const __m128i bl = _mm_and_si128(_mm_shuffle_epi8(hv, sel_lo), bit);
-                const __m128i bh = _mm_and_si128(_mm_shuffle_epi8(hv, sel_hi), bit);
-                lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(bl, bit), h5));
-                hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(bh, bit), h5));
-            }
-            _mm_storeu_si128((__m128i *) u, lo);
-            _mm_storeu_si128((__m128i *) (u + 16), hi);
+            __m256i v = lx_nib32_avx2(qs);
+            if (wt == LX_TYPE_Q5_0)
+                v = _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(((const lx_block_q5_0 *) row + b)->qh), _mm256_set1_epi8(0x10)));
+            _mm256_storeu_si256((__m256i *) u, v);
         }
     }
 }
@@ -906,7 +893,6 @@ static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int
         *dh = x->d;
         return _mm256_loadu_si256((const __m256i *) x->qs);
     }
-    const __m128i m4 = _mm_set1_epi8(0x0F);
     const uint8_t *qs;
     if (wt == LX_TYPE_Q4_0) {
         const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
@@ -918,24 +904,9 @@ static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int
         const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
         qs = x->qs, *dh = x->d;
     }
-    if (wt != LX_TYPE_Q5_0) {   /* nibbles: low ones in the low half, high ones in the high half (no shuffle) */
-        const __m256i q2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) qs));
-        return _mm256_and_si256(_mm256_srlv_epi64(q2, _mm256_set_epi64x(4, 4, 0, 0)), _mm256_set1_epi8(0x0F));
-    }
-    const __m128i q = _mm_loadu_si128((const __m128i *) qs);
-    __m128i lo = _mm_and_si128(q, m4), hi = _mm_and_si128(_mm_srli_epi16(q, 4), m4);
-    {
-        const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
-        uint32_t qh;
-        memcpy(&qh, x->qh, 4);
-        const __m128i bit = _mm_set1_epi64x((long long) 0x8040201008040201ULL), h5 = _mm_set1_epi8(0x10);
-        const __m128i hv = _mm_set1_epi32((int) qh);
-        const __m128i bl = _mm_and_si128(_mm_shuffle_epi8(hv, _mm_set_epi64x(0x0101010101010101, 0)), bit);
-        const __m128i bh = _mm_and_si128(_mm_shuffle_epi8(hv, _mm_set_epi64x(0x0303030303030303, 0x0202020202020202)), bit);
-        lo = _mm_or_si128(lo, _mm_and_si128(_mm_cmpeq_epi8(bl, bit), h5));
-        hi = _mm_or_si128(hi, _mm_and_si128(_mm_cmpeq_epi8(bh, bit), h5));
-    }
-    return _mm256_set_m128i(hi, lo);
+    const __m256i v = lx_nib32_avx2(qs);   /* low nibbles in the low half, high ones in the high half */
+    if (wt != LX_TYPE_Q5_0) return v;
+    return _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(((const lx_block_q5_0 *) row + b)->qh), _mm256_set1_epi8(0x10)));
 }
 
 /* lane r = sum of the 8 int32 lanes of v[r] (exact) */

@@ -26,7 +26,7 @@
 
 #include "matmul.h"
 #include "cpu.h"
-#include "quants_simd.h"
+#include "simd.h"
 
 #include <assert.h>
 #include <string.h>
@@ -410,10 +410,6 @@ static void f32_dots_portable(const float *w, const float *x, int64_t xs, int64_
 /* 16-bit words: a in the low 256 bits, b in the high */
 #define LX_W16(a, b) _mm512_inserti64x4(_mm512_set1_epi16(a), _mm256_set1_epi16(b), 1)
 
-static LX_INLINE LX_AVX512 __m256 fold512(__m512 v) {
-    return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-}
-
 /* the 32 + 32 nibbles of two blocks, as bytes in the planar x order:
  * [qs0 low nibbles | qs0 high | qs1 low | qs1 high] */
 static LX_INLINE LX_AVX512 __m512i nib64(const uint8_t *qs0, const uint8_t *qs1) {
@@ -497,7 +493,7 @@ static LX_INLINE LX_AVX512 void tile_sym_512(lx_type wt, const uint8_t *w, size_
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) sym2_512(wt, w, wrb, xq, xs, qsb, b, acc, R, NT);
     if (b < nb) sym_block_vnni(wt, w, wrb, xq, xs, qsb, b, t, R, NT);
-    for (int i = 0; i < R * NT; ++i) t[i] = _mm256_add_ps(t[i], fold512(acc[i]));
+    for (int i = 0; i < R * NT; ++i) t[i] = _mm256_add_ps(t[i], lx_fold16_avx512(acc[i]));
     store_tile_vnni(t, NULL, out, R, NT);
 }
 
@@ -551,7 +547,7 @@ static LX_INLINE LX_AVX512 void tile_min_512(lx_type wt, const uint8_t *w, size_
     if (b < nb) min_block_vnni(wt, w, wrb, xq, xs, qsb, b, t, ts, R, NT);
     float m[4];
     for (int i = 0; i < R * NT; ++i) {
-        t[i] = _mm256_add_ps(t[i], fold512(acc[i]));
+        t[i] = _mm256_add_ps(t[i], lx_fold16_avx512(acc[i]));
         const __m128 s = _mm_add_ps(summ[i], _mm_movehl_ps(summ[i], summ[i]));   /* lane 1: m0 + m1 */
         m[i] = _mm_cvtss_f32(_mm_movehdup_ps(s)) + _mm_cvtss_f32(_mm_movehdup_ps(ts[i]));
     }
@@ -614,7 +610,7 @@ static LX_INLINE LX_AVX512 void tile_k45_512(lx_type wt, const uint8_t *w, size_
             }
         }
     }
-    for (int i = 0; i < R * NT; ++i) macc[i] = _mm256_add_ps(macc[i], fold512(acc[i]));
+    for (int i = 0; i < R * NT; ++i) macc[i] = _mm256_add_ps(macc[i], lx_fold16_avx512(acc[i]));
     store_tile_vnni(macc, NULL, out, R, NT);
 }
 
@@ -674,7 +670,7 @@ static LX_INLINE LX_AVX512 void tile_q6_K_512(const uint8_t *w, size_t wrb, cons
         }
     }
     __m256 t[4];
-    for (int i = 0; i < R * NT; ++i) t[i] = fold512(acc[i]);
+    for (int i = 0; i < R * NT; ++i) t[i] = lx_fold16_avx512(acc[i]);
     store_tile_vnni(t, NULL, out, R, NT);
 }
 
@@ -895,45 +891,15 @@ void lx_mul_mat(const void *w, lx_type w_type, const float *x, float *y, int64_t
  * r * NT + k; the x blocks are shared by the R rows, the unpacked W blocks by the NT tokens.
  */
 
-static LX_INLINE LX_TGT float SFX(hsum8)(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-/* the sums of a, b, c, d as one vector (a, b, c, d) */
-static LX_INLINE LX_TGT __m128 SFX(hsum8x4)(__m256 a, __m256 b, __m256 c, __m256 d) {
-    const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
 /* out[r * LX_MM_NT + k] = the sum of acc[r * NT + k] (+ extra[r * NT + k] if extra) */
 static LX_INLINE LX_TGT void SFX(store_tile)(const __m256 *acc, const float *extra, float *out,
                                              const int R, const int NT) {
     const __m256 z = _mm256_setzero_ps();
     float s[4];
-    _mm_storeu_ps(s, SFX(hsum8x4)(acc[0], R * NT > 1 ? acc[1] : z, R * NT > 2 ? acc[2] : z,
+    _mm_storeu_ps(s, lx_hsum8x4_avx2(acc[0], R * NT > 1 ? acc[1] : z, R * NT > 2 ? acc[2] : z,
                                   R * NT > 3 ? acc[3] : z));
     for (int r = 0; r < R; ++r)
         for (int k = 0; k < NT; ++k) out[r * LX_MM_NT + k] = s[r * NT + k] + (extra ? extra[r * NT + k] : 0.0f);
-}
-
-/* 32 nibbles of 16 bytes as bytes: values 0..15 from the low nibbles, 16..31 the high */
-static LX_INLINE LX_TGT __m256i SFX(nib32)(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
-}
-
-/* byte j = 0xFF if bit j of the 32 bits at p is set, else 0 */
-static LX_INLINE LX_TGT __m256i SFX(bits32)(const uint8_t *p) {
-    uint32_t u;
-    memcpy(&u, p, sizeof u);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int) u), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
 }
 
 /* -- q4_0, q5_0, q8_0 (signed q) against q8_0 rows: |w| . sign(y, w), scaled by d_w d_x -- */
@@ -947,13 +913,13 @@ static LX_INLINE LX_TGT void SFX(sym_block)(lx_type wt, const uint8_t *w, size_t
         uint16_t dh;
         if (wt == LX_TYPE_Q4_0) {
             const lx_block_q4_0 *x = (const lx_block_q4_0 *) wr + b;
-            qw = _mm256_sub_epi8(SFX(nib32)(x->qs), _mm256_set1_epi8(8));
+            qw = _mm256_sub_epi8(lx_nib32_avx2(x->qs), _mm256_set1_epi8(8));
             dh = x->d;
         } else if (wt == LX_TYPE_Q5_0) {
             const lx_block_q5_0 *x = (const lx_block_q5_0 *) wr + b;
             /* bit clear: nibble | 0xF0 = nibble - 16; bit set: nibble = (nibble + 16) - 16 */
-            qw = _mm256_or_si256(SFX(nib32)(x->qs),
-                                 _mm256_andnot_si256(SFX(bits32)(x->qh), _mm256_set1_epi8((char) 0xF0)));
+            qw = _mm256_or_si256(lx_nib32_avx2(x->qs),
+                                 _mm256_andnot_si256(lx_bits32_avx2(x->qh), _mm256_set1_epi8((char) 0xF0)));
             dh = x->d;
         } else {
             const lx_block_q8_0 *x = (const lx_block_q8_0 *) wr + b;
@@ -992,11 +958,11 @@ static LX_INLINE LX_TGT void SFX(min_block)(lx_type wt, const uint8_t *w, size_t
         uint32_t dm_bits;                 /* the block's (d, m) halves */
         if (wt == LX_TYPE_Q4_1) {
             const lx_block_q4_1 *x = (const lx_block_q4_1 *) wr + b;
-            qw = SFX(nib32)(x->qs);
+            qw = lx_nib32_avx2(x->qs);
             memcpy(&dm_bits, x, 4);
         } else {
             const lx_block_q5_1 *x = (const lx_block_q5_1 *) wr + b;
-            qw = _mm256_or_si256(SFX(nib32)(x->qs), _mm256_and_si256(SFX(bits32)(x->qh), _mm256_set1_epi8(0x10)));
+            qw = _mm256_or_si256(lx_nib32_avx2(x->qs), _mm256_and_si256(lx_bits32_avx2(x->qh), _mm256_set1_epi8(0x10)));
             memcpy(&dm_bits, x, 4);
         }
         const __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int) dm_bits));   /* (d_w, m_w, 0, 0) */
@@ -1158,7 +1124,7 @@ static LX_INLINE LX_TGT void SFX(f32_dots_impl)(const float *w, const float *x, 
         for (int k = 0; k < NT; ++k) a0[k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + k * xs + i), a0[k]);
     }
     for (int k = 0; k < NT; ++k) {
-        float s = SFX(hsum8)(_mm256_add_ps(a0[k], a1[k]));
+        float s = lx_hsum8_avx2(_mm256_add_ps(a0[k], a1[k]));
         for (int64_t j = i; j < len; ++j) s += w[j] * x[k * xs + j];
         out[k] = s;
     }

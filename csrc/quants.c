@@ -1,7 +1,7 @@
 /* quants.c: f16 rows (scalar reference + F16C fast path chosen at run time).
  * See quants.h for the rounding contract. */
 #include "quants.h"
-#include "quants_simd.h"
+#include "simd.h"
 #include "cpu.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -450,24 +450,6 @@ static LX_INLINE LX_AVX2 float f16_exact(uint16_t h) {
     return (h & 0x7fffu) > 0x7c00u ? lx_fp16_to_fp32(h) : _cvtsh_ss(h);
 }
 
-/* 32 x 4-bit values of 16 bytes: values 0..15 from the low nibbles, 16..31 from the high */
-static LX_INLINE LX_AVX2 __m256i nibbles32(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
-    const __m256i v = _mm256_set_m128i(_mm_srli_epi16(b, 4), b);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
-}
-
-/* byte j = 0xFF if bit j of the 32 bits at p is set, else 0 */
-static LX_INLINE LX_AVX2 __m256i bits32(const uint8_t *p) {
-    uint32_t u;
-    memcpy(&u, p, sizeof u);
-    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                           0x0101010101010101, 0x0000000000000000);
-    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int) u), shuf);
-    b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-}
-
 /* y[0..32) = float(int8 lanes of q) * d (+ m when add_m), mul then add: ggml's rounding */
 static LX_INLINE LX_AVX2 void store32_i8(__m256i q, float d, float m, int add_m, int sub_m, float *y) {
     const __m256 vd = _mm256_set1_ps(d), vm = _mm256_set1_ps(m);
@@ -484,18 +466,18 @@ static LX_INLINE LX_AVX2 void store32_i8(__m256i q, float d, float m, int add_m,
 static LX_AVX2 void dequantize_row_q4_0_avx2(const lx_block_q4_0 *x, float *y, int64_t n) {
     const __m256i off = _mm256_set1_epi8(8);
     for (int64_t i = 0; i < n / LX_QK; ++i, y += LX_QK)
-        store32_i8(_mm256_sub_epi8(nibbles32(x[i].qs), off), f16_exact(x[i].d), 0, 0, 0, y);
+        store32_i8(_mm256_sub_epi8(lx_nib32_avx2(x[i].qs), off), f16_exact(x[i].d), 0, 0, 0, y);
 }
 
 static LX_AVX2 void dequantize_row_q4_1_avx2(const lx_block_q4_1 *x, float *y, int64_t n) {
     for (int64_t i = 0; i < n / LX_QK; ++i, y += LX_QK)
-        store32_i8(nibbles32(x[i].qs), f16_exact(x[i].d), f16_exact(x[i].m), 1, 0, y);
+        store32_i8(lx_nib32_avx2(x[i].qs), f16_exact(x[i].d), f16_exact(x[i].m), 1, 0, y);
 }
 
 static LX_AVX2 void dequantize_row_q5_0_avx2(const lx_block_q5_0 *x, float *y, int64_t n) {
     const __m256i b4 = _mm256_set1_epi8(0x10), off = _mm256_set1_epi8(16);
     for (int64_t i = 0; i < n / LX_QK; ++i, y += LX_QK) {
-        const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits32(x[i].qh), b4));
+        const __m256i q = _mm256_or_si256(lx_nib32_avx2(x[i].qs), _mm256_and_si256(lx_bits32_avx2(x[i].qh), b4));
         store32_i8(_mm256_sub_epi8(q, off), f16_exact(x[i].d), 0, 0, 0, y);
     }
 }
@@ -503,7 +485,7 @@ static LX_AVX2 void dequantize_row_q5_0_avx2(const lx_block_q5_0 *x, float *y, i
 static LX_AVX2 void dequantize_row_q5_1_avx2(const lx_block_q5_1 *x, float *y, int64_t n) {
     const __m256i b4 = _mm256_set1_epi8(0x10);
     for (int64_t i = 0; i < n / LX_QK; ++i, y += LX_QK) {
-        const __m256i q = _mm256_or_si256(nibbles32(x[i].qs), _mm256_and_si256(bits32(x[i].qh), b4));
+        const __m256i q = _mm256_or_si256(lx_nib32_avx2(x[i].qs), _mm256_and_si256(lx_bits32_avx2(x[i].qh), b4));
         store32_i8(q, f16_exact(x[i].d), f16_exact(x[i].m), 1, 0, y);
     }
 }
