@@ -34,6 +34,7 @@
 #define LX_GEMM_LMAX 16    /* most token lanes of a group (zmm) */
 #define LX_GEMM_PREFETCH 4096  /* bytes of W prefetched ahead of the row tile being read (n_tok <= 8) */
 #define LX_GEMM_SMALL 8    /* n_tok up to which the rows-in-lanes kernel runs (AVX2 and up) */
+#define LX_GEMM_R8_NT 4    /* tokens per pass of the r8 few-token tile (16 ymm) */
 
 /* ---- types ----------------------------------------------------------------------------- */
 
@@ -1056,7 +1057,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
     default: F(__VA_ARGS__, 8); break;                                                        \
     }
 #define LX_GEMM_SMALL_NT(WT) LX_GEMM_BY_NT(SFX(small_tile), WT, w, wrb, o0, nr, act, ts, nb, y, n_out)
-#define LX_GEMM_SMALL_R8_NT(WT) LX_GEMM_BY_NT(SFX(small_tile_r8), WT, w, wrb, o0, nr, act, ts, nb, y, n_out)
+#define LX_GEMM_SMALL_R8_NT(WT) LX_GEMM_BY_NT(SFX(small_tile_r8), WT, w, wrb, o0, nr, act_t, ts, nb, y_t, n_out)
 
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar tokens at act */
 static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
@@ -1064,11 +1065,20 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
                                   int r8) {
     const size_t ts = (size_t) nb * (LX_QK + 12);
     if (r8) {
-        switch (wt) {
-        case LX_TYPE_Q4_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_0) break;
-        case LX_TYPE_Q4_1: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_1) break;
-        case LX_TYPE_Q5_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q5_0) break;
-        default: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q8_0) break;
+        /* at most LX_GEMM_R8_NT tokens per pass over the tile (their accumulators and int16 sums
+         * stay in registers; the group's bytes come from L1 the second time); a token's arithmetic
+         * does not depend on its pass */
+        const int64_t n_all = n_tok;
+        for (int64_t t0 = 0; t0 < n_all; t0 += LX_GEMM_R8_NT) {
+            const int64_t n_tok = n_all - t0 < LX_GEMM_R8_NT ? n_all - t0 : LX_GEMM_R8_NT;
+            const uint8_t *act_t = act + (size_t) t0 * ts;
+            float *y_t = y + t0 * n_out;
+            switch (wt) {
+            case LX_TYPE_Q4_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_0) break;
+            case LX_TYPE_Q4_1: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q4_1) break;
+            case LX_TYPE_Q5_0: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q5_0) break;
+            default: LX_GEMM_SMALL_R8_NT(LX_TYPE_Q8_0) break;
+            }
         }
         return;
     }
