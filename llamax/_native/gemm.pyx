@@ -169,10 +169,11 @@ cdef lx_type _r8_type(object t) except *:
     return wt
 
 
-def pack_r8(raw, ggml_type):
+def pack_r8(raw, ggml_type, out=None):
     """W's GGUF rows uint8 [n_out, row_bytes] in the r8 layout: uint8 [ceil(n_out / 8) * 8, row_bytes]
     (per 8-row group and block: the 8 d, q4_1's 8 m or q5_0's 8 qh, then the rows' qs interleaved
-    4 bytes at a time; zero rows pad the last group). See gemm.h."""
+    4 bytes at a time; zero rows pad the last group). See gemm.h. out: a C-contiguous uint8 array of
+    that shape to pack into (returned), else a new one."""
     cdef lx_type wt = _r8_type(ggml_type)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
         raise ValueError("raw must be a C-contiguous uint8 array [n_out, row_bytes]")
@@ -180,7 +181,12 @@ def pack_r8(raw, ggml_type):
     if raw.shape[1] == 0 or raw.shape[1] % bb:
         raise ValueError(f"rows of {raw.shape[1]} bytes are not whole {R8_TYPES[<int> wt]} blocks")
     cdef int64_t n_out = raw.shape[0], n_in = raw.shape[1] // bb * bs
-    out = np.empty(((n_out + 7) // 8 * 8, raw.shape[1]), dtype=np.uint8)
+    shape = ((n_out + 7) // 8 * 8, raw.shape[1])
+    if out is None:
+        out = np.empty(shape, dtype=np.uint8)
+    elif not isinstance(out, np.ndarray) or out.dtype != np.uint8 or out.shape != shape \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"out must be a writeable C-contiguous uint8 array of shape {shape}")
     cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> raw)
     cdef void *op = cnp.PyArray_DATA(<cnp.ndarray> out)
     with nogil:

@@ -11,6 +11,7 @@ same terms but sums them in an order that depends on the number of tokens.
 """
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +34,45 @@ def _product(raw: np.ndarray, t: int, x: np.ndarray, n_threads: int) -> np.ndarr
     return matmul.mul_mat(raw, t, x, n_threads=n_threads)
 
 
+class WeightSlab:
+    """Large 2 MB-aligned blocks that the repacked weights of one GGUF file are carved from.
+
+    A decode step streams every weight once; in blocks of this size numpy's allocator asks the
+    kernel for transparent huge pages (madvise), so the stream takes one TLB entry per 2 MB instead
+    of per 4 KB page (the matrices alone, 0.2-1 MB each, would never be huge-paged). A piece is a
+    view: the block lives as long as any of its weights."""
+
+    BLOCK = 64 << 20
+    ALIGN = 2 << 20
+
+    def __init__(self) -> None:
+        self._block: np.ndarray | None = None
+        self._off = 0
+
+    def take(self, shape: tuple[int, int]) -> np.ndarray:
+        """A new uint8 array of this shape (contents undefined), 64-byte aligned."""
+        n = int(shape[0]) * int(shape[1])
+        if self._block is None or self._off + n > self._block.size:
+            size = max(self.BLOCK, n)
+            raw = np.empty(size + self.ALIGN, np.uint8)
+            start = (-raw.ctypes.data) % self.ALIGN
+            self._block, self._off = raw[start:start + size], 0
+        piece = self._block[self._off:self._off + n].reshape(shape)
+        self._off = (self._off + n + 63) & ~63
+        return piece
+
+
+_slabs: "weakref.WeakKeyDictionary[GGUFFile, WeightSlab]" = weakref.WeakKeyDictionary()
+
+
+def _slab(g: GGUFFile) -> WeightSlab:
+    """The slab of this file's weights (one per open GGUFFile)."""
+    slab = _slabs.get(g)
+    if slab is None:
+        slab = _slabs[g] = WeightSlab()
+    return slab
+
+
 class Part(NamedTuple):
     """Rows of W of one ggml type: the GGUF's rows, or (r8) the GEMM's row-interleaved layout of
     them (gemm.pack_r8: 8 rows interleaved 4 bytes at a time, padded to a multiple of 8), which the
@@ -45,16 +85,20 @@ class Part(NamedTuple):
 
     @classmethod
     def load(cls, g: GGUFFile, names: list[str], t: int) -> "Part":
-        """Tensors of type t stacked along n_out as one Part: repacked to r8 when the type has that
-        layout; whenever the Part holds a copy, the mapping's pages of the tensors are released."""
+        """Tensors of type t stacked along n_out as one Part, copied into the file's WeightSlab:
+        repacked to r8 when the type has that layout, else the GGUF's rows; the mapping's pages of
+        the tensors are released."""
         raw = g.raw(names[0]) if len(names) == 1 else np.concatenate([g.raw(n) for n in names], axis=0)
+        slab = _slab(g)
         if t in gemm.R8_TYPES:
-            part = cls(gemm.pack_r8(np.ascontiguousarray(raw), t), t, raw.shape[0], True)
+            out = slab.take(((raw.shape[0] + 7) // 8 * 8, raw.shape[1]))
+            part = cls(gemm.pack_r8(np.ascontiguousarray(raw), t, out=out), t, raw.shape[0], True)
         else:
-            part = cls(np.ascontiguousarray(raw), t, raw.shape[0], False)
-        if part.r8 or len(names) > 1:   # a copy: the mapping's pages are not needed
-            for n in names:
-                g.release(n)
+            out = slab.take(raw.shape)
+            np.copyto(out, raw)
+            part = cls(out, t, raw.shape[0], False)
+        for n in names:
+            g.release(n)
         return part
 
     def product(self, x: np.ndarray, n_threads: int) -> np.ndarray:
@@ -67,8 +111,9 @@ class Linear:
     """y = x @ W.T, for W one tensor or several stacked along n_out.
 
     W is kept as runs of consecutive tensors of one type (Q/K/V of a layer may mix Q5_0 and Q8_0),
-    each one Part: the product runs once per run and the columns are joined. Parts of the r8 types
-    (q4_0, q4_1, q5_0, q8_0) are repacked at load, and the mapping's pages of their tensors released.
+    each one Part: the product runs once per run and the columns are joined. Every Part is a copy in
+    the file's WeightSlab (the r8 types q4_0, q4_1, q5_0, q8_0 repacked), and the mapping's pages of
+    its tensors are released.
     """
 
     def __init__(self, parts: list[Part], n_in: int, n_threads: int) -> None:
