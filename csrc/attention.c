@@ -1652,41 +1652,32 @@ static LX_ALWAYS_INLINE LX_TGT void SFX(vtacc_impl)(const attn_ctx *c, const flo
     }
 }
 
-#define LX_DEF_PASS(NH)                                                                                     \
-    static LX_TGT void SFX(dots_##NH##_f32)(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,      \
-                                            const vis_list *vl, float *S) {                                 \
-        SFX(dots_impl)(c, q, kb, ks, vl, S, NH, CT_F32);                                                    \
-    }                                                                                                       \
-    static LX_TGT void SFX(dots_##NH##_f16)(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,      \
-                                            const vis_list *vl, float *S) {                                 \
-        SFX(dots_impl)(c, q, kb, ks, vl, S, NH, CT_F16);                                                    \
-    }                                                                                                       \
-    static LX_TGT void SFX(vacc_##NH##_f32)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
-                                            const vis_list *vl, float *acc) {                               \
-        SFX(vacc_impl)(c, S, vb, vs, vl, acc, NH, CT_F32);                                                  \
-    }                                                                                                       \
-    static LX_TGT void SFX(vacc_##NH##_f16)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,      \
-                                            const vis_list *vl, float *acc) {                               \
-        SFX(vacc_impl)(c, S, vb, vs, vl, acc, NH, CT_F16);                                                  \
-    }                                                                                                       \
-    static LX_TGT void SFX(vacc_##NH##_q8)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,       \
-                                           const vis_list *vl, float *acc) {                                \
-        SFX(vacc_q_impl)(c, S, vb, vs, vl, acc, NH, CT_Q8);                                                 \
-    }                                                                                                       \
-    static LX_TGT void SFX(vacc_##NH##_q4)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,       \
-                                           const vis_list *vl, float *acc) {                                \
-        SFX(vacc_q_impl)(c, S, vb, vs, vl, acc, NH, CT_Q4);                                                 \
-    }                                                                                                       \
-    static LX_TGT void SFX(vtacc_##NH##_f32)(const attn_ctx *c, const float *S, int64_t vb,                 \
-                                             const vis_list *vl, float *acc) {                              \
-        SFX(vtacc_impl)(c, S, vb, vl, acc, NH, CT_F32);                                                     \
-    }                                                                                                       \
-    static LX_TGT void SFX(vtacc_##NH##_f16)(const attn_ctx *c, const float *S, int64_t vb,                 \
-                                             const vis_list *vl, float *acc) {                              \
-        SFX(vtacc_impl)(c, S, vb, vl, acc, NH, CT_F16);                                                     \
+/* one instance per (NH, type): the impl with NH and the kernel type as constants */
+#define LX_DOTS_FN(NH, t, CT)                                                                              \
+    static LX_TGT void SFX(dots_##NH##_##t)(const attn_ctx *c, const float *q, int64_t kb, int64_t ks,     \
+                                            const vis_list *vl, float *S) {                                \
+        SFX(dots_impl)(c, q, kb, ks, vl, S, NH, CT);                                                       \
     }
+#define LX_VACC_FN(NH, t, impl, CT)                                                                        \
+    static LX_TGT void SFX(vacc_##NH##_##t)(const attn_ctx *c, const float *S, int64_t vb, int64_t vs,     \
+                                            const vis_list *vl, float *acc) {                              \
+        SFX(impl)(c, S, vb, vs, vl, acc, NH, CT);                                                          \
+    }
+#define LX_VTACC_FN(NH, t, CT)                                                                             \
+    static LX_TGT void SFX(vtacc_##NH##_##t)(const attn_ctx *c, const float *S, int64_t vb,                \
+                                             const vis_list *vl, float *acc) {                             \
+        SFX(vtacc_impl)(c, S, vb, vl, acc, NH, CT);                                                        \
+    }
+#define LX_DEF_PASS(NH)                                                                                    \
+    LX_DOTS_FN(NH, f32, CT_F32) LX_DOTS_FN(NH, f16, CT_F16)                                                \
+    LX_VACC_FN(NH, f32, vacc_impl, CT_F32) LX_VACC_FN(NH, f16, vacc_impl, CT_F16)                          \
+    LX_VACC_FN(NH, q8, vacc_q_impl, CT_Q8) LX_VACC_FN(NH, q4, vacc_q_impl, CT_Q4)                          \
+    LX_VTACC_FN(NH, f32, CT_F32) LX_VTACC_FN(NH, f16, CT_F16)
 LX_NH_CASES(LX_DEF_PASS)
 #undef LX_DEF_PASS
+#undef LX_DOTS_FN
+#undef LX_VACC_FN
+#undef LX_VTACC_FN
 
 #define LX_TAB_DOTS_F32(NH) SFX(dots_##NH##_f32),
 #define LX_TAB_DOTS_F16(NH) SFX(dots_##NH##_f16),

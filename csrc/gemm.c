@@ -420,8 +420,6 @@ typedef void (*run_fn)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, co
 
 /* ---- dispatch ------------------------------------------------------------------------------- */
 
-
-
 static void gemm_portable(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
                           int64_t n_in, int64_t n_out, void *work, int n_threads) {
     const lx_type dt = lx_gemm_dot_type(wt);

@@ -63,9 +63,9 @@
  *   exactly (hadd tree) to the 8 isums; then the same chain, lane-wise over rows. The bits are
  *   the same as the token-lane kernels' (test (b): a token alone vs in a batch of 130).
  *
- * Paths (lx_simd_level, cpu.h): VNNI512 (16-lane zmm kernel, vpdpbusd), AVX2 and AVX512 AVX2+FMA+F16C
- * (8 lanes, maddubs + madd; q8_0 keeps signed bytes and uses the sign trick, |q| <= 128), 0
- * portable C (the reference loop per output, OpenMP over rows; fmaf is the C library's,
+ * Paths (lx_simd_level, cpu.h): at VNNI512 the 16-lane zmm kernel (vpdpbusd); at AVX2 and AVX512
+ * AVX2+FMA+F16C (8 lanes, maddubs + madd; q8_0 keeps signed bytes and uses the sign trick,
+ * |q| <= 128); at PORTABLE the C (the reference loop per output, OpenMP over rows; fmaf is the C library's,
  * correctly rounded like the hardware FMA). F16C converts the W scales: a NaN scale keeps its
  * payload but may get the quiet bit, so NaN outputs may differ in payload between paths.
  *

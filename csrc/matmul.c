@@ -699,8 +699,6 @@ LX_MM_ENTRY512(q6_K_512, LX_Z_Q6_K)
 
 /* ---- run-time dispatch --------------------------------------------------------------- */
 
-
-
 static q8_tile_fn pick_q8(lx_type wt, int level) {
 #ifdef LX_MM_X86
     if (level >= LX_SIMD_VNNI512) {

@@ -45,24 +45,33 @@ static inline float lx_exp_ref(float x) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
+/* the lane steps after the clamp, on P = _mm256 or _mm512 vectors (the twin's operations in order):
+ * n = round(x log2 e), r = x - n ln 2 (two fused steps), y = e^r by the polynomial, y 2^n */
+#define LX_EXP_LANES(P, x, y)                                                                           \
+    do {                                                                                                \
+        const __typeof__(x) n_ = LX_EXP_ROUND(P##_mul_ps(x, P##_set1_ps(LX_EXP_LOG2E)));                \
+        __typeof__(x) r_ = P##_fnmadd_ps(n_, P##_set1_ps(LX_EXP_C1), x);                                \
+        r_ = P##_fnmadd_ps(n_, P##_set1_ps(LX_EXP_C2), r_);                                             \
+        y = P##_set1_ps(LX_EXP_P0);                                                                     \
+        y = P##_fmadd_ps(y, r_, P##_set1_ps(LX_EXP_P1));                                                \
+        y = P##_fmadd_ps(y, r_, P##_set1_ps(LX_EXP_P2));                                                \
+        y = P##_fmadd_ps(y, r_, P##_set1_ps(LX_EXP_P3));                                                \
+        y = P##_fmadd_ps(y, r_, P##_set1_ps(LX_EXP_P4));                                                \
+        y = P##_fmadd_ps(y, r_, P##_set1_ps(LX_EXP_P5));                                                \
+        y = P##_fmadd_ps(y, P##_mul_ps(r_, r_), P##_add_ps(r_, P##_set1_ps(1.0f)));                     \
+        y = P##_mul_ps(y, LX_EXP_CAST(P##_slli_epi32(P##_add_epi32(P##_cvtps_epi32(n_), P##_set1_epi32(127)), 23))); \
+    } while (0)
+
 static inline __attribute__((always_inline, target("avx2,fma"))) __m256 lx_exp8_avx2(__m256 x) {
     const __m256 lo = _mm256_set1_ps(LX_EXP_LO);
     const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(x, lo);
-    x = _mm256_min_ps(x, _mm256_set1_ps(LX_EXP_HI));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(LX_EXP_LOG2E)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LX_EXP_C1), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LX_EXP_C2), r);
-    __m256 y = _mm256_set1_ps(LX_EXP_P0);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P1));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P2));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P3));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P4));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(LX_EXP_P5));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(LX_EXP_HI));
+    __m256 y;
+#define LX_EXP_ROUND(v) _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define LX_EXP_CAST(v) _mm256_castsi256_ps(v)
+    LX_EXP_LANES(_mm256, x, y);
+#undef LX_EXP_ROUND
+#undef LX_EXP_CAST
     return _mm256_andnot_ps(under, y);
 }
 
@@ -70,21 +79,14 @@ static inline __attribute__((always_inline, target("avx2,fma"))) __m256 lx_exp8_
 static inline __attribute__((always_inline, target("avx512f,avx2,fma"))) __m512 lx_exp16_avx512(__m512 x) {
     const __m512 lo = _mm512_set1_ps(LX_EXP_LO);
     const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-    x = _mm512_max_ps(x, lo);
-    x = _mm512_min_ps(x, _mm512_set1_ps(LX_EXP_HI));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(LX_EXP_LOG2E)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LX_EXP_C1), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LX_EXP_C2), r);
-    __m512 y = _mm512_set1_ps(LX_EXP_P0);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P1));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P2));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P3));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P4));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(LX_EXP_P5));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(ok, y, _mm512_castsi512_ps(e));
+    x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(LX_EXP_HI));
+    __m512 y;
+#define LX_EXP_ROUND(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+#define LX_EXP_CAST(v) _mm512_castsi512_ps(v)
+    LX_EXP_LANES(_mm512, x, y);
+#undef LX_EXP_ROUND
+#undef LX_EXP_CAST
+    return _mm512_maskz_mov_ps(ok, y);
 }
 #endif
 

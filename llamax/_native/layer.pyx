@@ -10,6 +10,8 @@ out_rows) runs every layer over one ubatch, views[il] being the memory's LayerVi
 (llamax.memory.LayerView: its K/V buffers from the ubatch's first stream, the cell of every
 token, the KQ mask).
 """
+import threading
+
 import numpy as np
 
 cimport numpy as cnp
@@ -129,6 +131,7 @@ cdef class Stack:
     cdef readonly int n_layer
     cdef readonly int64_t n_embd
     cdef list _keep
+    cdef object _work     # threading.local: .buf, the calling thread's work buffer, kept between calls
 
     def __cinit__(self):
         self.params = NULL
@@ -154,6 +157,7 @@ cdef class Stack:
         if self.params == NULL or self.weights == NULL:
             raise MemoryError()
         self._keep = []
+        self._work = threading.local()
         cdef lx_layer_params *p
         cdef lx_layer_weights *w
         for il, d in enumerate(layers):
@@ -233,7 +237,11 @@ cdef class Stack:
                 _check_sizes(&self.params[il], &kvs[il], views[il])
                 s = lx_layer_work_size(&self.params[il], &self.weights[il], &kvs[il], n, nt)
                 need = s if s > need else need
-            work = np.empty(need, dtype=np.uint8)
+            # one buffer per calling thread, grown as needed: a decode step allocates nothing, and
+            # two contexts decoding this model from two threads do not share it
+            work = getattr(self._work, "buf", None)
+            if work is None or work.size < need:
+                work = self._work.buf = np.empty(need, dtype=np.uint8)
             wp = cnp.PyArray_DATA(<cnp.ndarray> work)
             if rows is not None:
                 rp = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> rows)

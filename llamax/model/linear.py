@@ -88,15 +88,19 @@ class Part(NamedTuple):
         """Tensors of type t stacked along n_out as one Part, copied into the file's WeightSlab:
         repacked to r8 when the type has that layout, else the GGUF's rows; the mapping's pages of
         the tensors are released."""
-        raw = g.raw(names[0]) if len(names) == 1 else np.concatenate([g.raw(n) for n in names], axis=0)
+        raws = [g.raw(n) for n in names]
+        rows, row_bytes = sum(r.shape[0] for r in raws), raws[0].shape[1]
         slab = _slab(g)
-        if t in gemm.R8_TYPES:
-            out = slab.take(((raw.shape[0] + 7) // 8 * 8, raw.shape[1]))
-            part = cls(gemm.pack_r8(np.ascontiguousarray(raw), t, out=out), t, raw.shape[0], True)
-        else:
-            out = slab.take(raw.shape)
-            np.copyto(out, raw)
-            part = cls(out, t, raw.shape[0], False)
+        if t in gemm.R8_TYPES:   # 8-row groups may straddle two tensors: pack their rows joined
+            raw = raws[0] if len(raws) == 1 else np.concatenate(raws, axis=0)
+            out = slab.take(((rows + 7) // 8 * 8, row_bytes))
+            part = cls(gemm.pack_r8(np.ascontiguousarray(raw), t, out=out), t, rows, True)
+        else:                    # each tensor straight into its rows of the piece
+            out, r0 = slab.take((rows, row_bytes)), 0
+            for r in raws:
+                out[r0:r0 + r.shape[0]] = r
+                r0 += r.shape[0]
+            part = cls(out, t, rows, False)
         for n in names:
             g.release(n)
         return part
