@@ -178,6 +178,11 @@ static float dot_k_ref(const lx_attn_params *p, const float *qr, const lx_block_
 
 /* ---- scalar oracles ---------------------------------------------------------------- */
 
+/* the cell of mask column i of stream s */
+static inline int64_t col_cell(const lx_attn_params *p, int64_t s, int64_t i) {
+    return p->perm ? p->perm[s * p->n_kv + i] : i;
+}
+
 void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, const void *v,
                        const float *mask, float *out) {
     assert(lx_attn_params_valid(p));
@@ -201,8 +206,9 @@ void lx_attn_flash_ref(const lx_attn_params *p, const float *q, const void *k, c
                 for (int64_t i = 0; i < p->n_kv; ++i) {
                     const float mv = mrow[i];
                     if (mv == -INFINITY) continue;
-                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
-                    const int64_t vrow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_v;
+                    const int64_t ci = col_cell(p, s, i);
+                    const int64_t krow = ((s * p->kv_size + ci) * p->n_head_kv + g) * p->d_k;
+                    const int64_t vrow = ((s * p->kv_size + ci) * p->n_head_kv + g) * p->d_v;
                     const float d = dot_k_ref(p, qr, qq, k, krow);
                     float sc = d * scale;
                     if (cap != 0.0f) sc = cap * tanhf(sc);
@@ -258,7 +264,7 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
                 bool any = false;
                 for (int64_t i = 0; i < p->n_kv; ++i) {
                     if (mrow[i] == -INFINITY) continue;
-                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
+                    const int64_t krow = ((s * p->kv_size + col_cell(p, s, i)) * p->n_head_kv + g) * p->d_k;
                     const float sc = vtrans_score_ref(p, qr, qq, k, krow, mrow[i]);
                     M = sc > M ? sc : M;
                     any = true;
@@ -271,10 +277,11 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
                 for (int64_t c = 0; c < p->d_v; ++c) acc[c] = 0.0f;
                 for (int64_t i = 0; i < p->n_kv; ++i) {
                     if (mrow[i] == -INFINITY) continue;
-                    const int64_t krow = ((s * p->kv_size + i) * p->n_head_kv + g) * p->d_k;
+                    const int64_t ci = col_cell(p, s, i);
+                    const int64_t krow = ((s * p->kv_size + ci) * p->n_head_kv + g) * p->d_k;
                     const float pr = expf(vtrans_score_ref(p, qr, qq, k, krow, mrow[i]) - M);
                     sum += pr;
-                    for (int64_t c = 0; c < p->d_v; ++c) acc[c] += pr * cache_at(v, p->type_v, vt + c * p->kv_size + i);
+                    for (int64_t c = 0; c < p->d_v; ++c) acc[c] += pr * cache_at(v, p->type_v, vt + c * p->kv_size + ci);
                 }
                 const float inv = sum == 0.0f ? 0.0f : 1.0f / sum;
                 for (int64_t c = 0; c < p->d_v; ++c) o[c] = acc[c] * inv;
@@ -292,7 +299,7 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
 typedef struct {
     int n;                      /* visible cells                           */
     int n_runs;
-    int idx[LX_ATTN_CHUNK];     /* [n] visible cell offsets from i0, increasing */
+    int idx[LX_ATTN_CHUNK];     /* [n] visible cell offsets from i0 (from cell 0 through a perm) */
     float mv[LX_ATTN_CHUNK];    /* [n] their mask values                   */
     int run_j[LX_ATTN_CHUNK];   /* [n_runs] first visible index of the run */
     int run_len[LX_ATTN_CHUNK]; /* [n_runs] cells in the run               */
@@ -588,7 +595,8 @@ static LX_ALWAYS_INLINE void vt_segments(const vis_list *vl, const int W, const 
     sg->n = 0;
     for (int j = 0; j < vl->n; j += W) {
         const int w = vl->n - j < W ? vl->n - j : W;
-        const bool dense = (w == W || masked_tail) && vl->idx[j + w - 1] - vl->idx[j] == w - 1;
+        bool dense = w == W || masked_tail;   /* (idx is not increasing through a perm) */
+        for (int u = 1; dense && u < w; ++u) dense = vl->idx[j + u] == vl->idx[j] + u;
         const int k = sg->n - 1;
         if (dense && k >= 0 && sg->dense[k] && vl->idx[j] == vl->idx[sg->j0[k]] + sg->len[k]) {
             sg->len[k] += w;
@@ -1064,6 +1072,24 @@ static void row_bounds(const float *mrow, int64_t n_kv, int64_t n_chunks, int32_
     for (; ch < n_chunks; ++ch) b[ch] = (int32_t) n_kv;
 }
 
+/* vl's column offsets from column i0 -> the cells of those columns (perm: the stream's column ->
+ * cell map), counted from cell 0; the runs become runs of consecutive cells */
+static void remap_visible(vis_list *vl, const int32_t *perm, int64_t i0) {
+    int prev = -2;
+    vl->n_runs = 0;
+    for (int j = 0; j < vl->n; ++j) {
+        const int x = (int) perm[i0 + vl->idx[j]];
+        if (x != prev + 1) {
+            vl->run_j[vl->n_runs] = j;
+            vl->run_len[vl->n_runs] = 0;
+            vl->n_runs++;
+        }
+        vl->run_len[vl->n_runs - 1]++;
+        vl->idx[j] = x;
+        prev = x;
+    }
+}
+
 /* The state of the chunk whose scan runs from cell i0 to i_end (at most LX_ATTN_CHUNK visible
  * cells, gather_visible), computed from scratch into st; an empty chunk gives an empty state
  * (m = -inf). Reads only the K/V rows (or V^T columns) of visible cells. Returns where the
@@ -1076,6 +1102,11 @@ static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_p
 
     vis_list vl;
     const int64_t next = gather_visible(mrow, i0, i_end, &vl);
+    int64_t c0 = i0;                            /* the cell the offsets in vl count from */
+    if (p->perm && vl.n) {
+        remap_visible(&vl, p->perm + it->s * p->n_kv, i0);
+        c0 = 0;
+    }
     if (vl.n == 0) {
         for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
         return next;
@@ -1084,7 +1115,7 @@ static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_p
     _Alignas(32) float S[LX_ATTN_MAX_GROUP * LDS];
     const float *qh = c->q + ((it->s * p->n_tps + it->t) * p->n_head + it->h0) * p->d_k;
     const int64_t k_stride = p->n_head_kv * p->d_k;
-    const int64_t k_base = (it->s * p->kv_size + i0) * k_stride + it->g * p->d_k;
+    const int64_t k_base = (it->s * p->kv_size + c0) * k_stride + it->g * p->d_k;
     if (type_quant(p->type_k)) {
         /* the pass's query heads as q8_0, once per chunk (nh * d_k values against the chunk's
          * up to 256 * nh * d_k multiply-adds) */
@@ -1128,10 +1159,10 @@ static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_p
 
     if (!c->vtrans) {
         const int64_t v_stride = p->n_head_kv * p->d_v;
-        const int64_t v_base = (it->s * p->kv_size + i0) * v_stride + it->g * p->d_v;
+        const int64_t v_base = (it->s * p->kv_size + c0) * v_stride + it->g * p->d_v;
         ks->vacc(c, S, v_base, v_stride, &vl, nh, st.acc);
     } else {
-        const int64_t vt_base = (it->s * p->n_head_kv + it->g) * p->d_v * p->kv_size + i0;
+        const int64_t vt_base = (it->s * p->n_head_kv + it->g) * p->d_v * p->kv_size + c0;
         ks->vtacc(c, S, vt_base, &vl, nh, st.acc);
     }
     if (degenerate) {

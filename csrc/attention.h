@@ -144,6 +144,10 @@ typedef struct {
     lx_type type_v;     /* the same set (quantized: d_v % 32 == 0, flash only)          */
     float   scale;      /* applied to q.k, usually 1/sqrt(d_k)                */
     float   softcap;    /* logit softcap c, 0 = off                           */
+    const int32_t *perm; /* NULL: mask column j is cell j; else [n_stream][n_kv]: column j of
+                          * stream s is cell perm[s][j] (< kv_size). The cells a row sees are
+                          * taken in column order, so a mask whose columns are sorted by
+                          * position gives a result that does not depend on where the cells sit */
 } lx_attn_params;
 
 /* true if p describes shapes the kernels accept (lx_attn_flash's asserts' condition) */

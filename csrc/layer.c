@@ -67,7 +67,7 @@ static lx_attn_params attn_params(const lx_layer_params *p, const lx_kv_layer *k
         .n_stream = kv->n_stream, .n_tps = n_tokens / kv->n_stream, .n_tps_pad = kv->n_tps_pad,
         .n_head = p->n_head, .n_head_kv = p->n_head_kv, .d_k = p->d_k, .d_v = p->d_v,
         .kv_size = kv->kv_size, .n_kv = kv->n_kv, .type_k = kv->type_k, .type_v = kv->type_v,
-        .scale = p->kq_scale, .softcap = p->softcap,
+        .scale = p->kq_scale, .softcap = p->softcap, .perm = kv->perm,
     };
     return a;
 }

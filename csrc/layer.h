@@ -82,6 +82,7 @@ typedef struct {
     const float *mask;        /* [n_stream][n_tps_pad][n_kv] */
     const uint32_t *idxs;     /* [n_tokens]: cell of token t (part t / (n_tokens / n_stream)) */
     int rot_k, rot_v;         /* Hadamard block of the stored K / V rows, 0 = none */
+    const int32_t *perm;      /* NULL, or [n_stream][n_kv]: the cell of each mask column (lx_attn_params) */
 } lx_kv_layer;
 
 /* the per-row steps, also used by the Python composition of the layer (its reference):

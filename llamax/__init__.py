@@ -15,16 +15,17 @@ if "numpy" not in sys.modules:
 from llamax import models  # noqa: E402
 from llamax.batch import Batch
 from llamax.context import Context
-from llamax.errors import BatchError, LlamaxError, ModelError, NoKVSlotError, StalePlanError, StateError
+from llamax.errors import BatchError, EngineFullError, LlamaxError, ModelError, NoKVSlotError, StalePlanError, StateError
 from llamax.generate import context_shift, generate, generate_parallel
 from llamax.memory import KVCache, KVCacheISWA, Memory
 from llamax.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
 from llamax.sampling import Sampler
+from llamax.serving import Engine, Request, Result
 
 __version__ = "0.1.0"
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
+__all__ = ["Engine", "Request", "Result", "EngineFullError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
            "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "Model", "Context", "Sampler", "generate",
            "generate_parallel", "context_shift", "models"]

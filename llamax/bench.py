@@ -358,3 +358,58 @@ def markdown(rows: Sequence[dict]) -> str:
     rule = "| " + " | ".join("-" * (w - 1) + ":" if right else "-" * w
                              for w, (_, right, _) in zip(widths, cols)) + " |"
     return "\n".join([line([c[0] for c in cols]), rule] + [line(c) for c in cells])
+
+
+# ---- serving: the Engine on a shared system prompt -------------------------------------------------
+
+SERVING_SYSTEM_TEXT = ("You are the help desk of a public library. You answer questions about opening hours, "
+                       "membership cards, loans, renewals, late fees, the reading room, printing and events. "
+                       "Keep every answer short, friendly and exact, and say so when you do not know. ")
+
+
+def serving_workload(model, n_requests: int = 32, n_system: int = 256, n_question: int = 32) -> tuple[list, list]:
+    """(system prompt tokens, questions): a shared system prompt of exactly n_system tokens (BOS as the
+    model wants, then library help-desk text) and n_requests distinct questions of n_question tokens."""
+    sys_toks = model.tokenize(SERVING_SYSTEM_TEXT, add_special=True)
+    body = model.tokenize(SERVING_SYSTEM_TEXT, add_special=False)
+    while len(sys_toks) < n_system:
+        sys_toks += body
+    questions = []
+    for i in range(n_requests):
+        q = model.tokenize(f" Question {i}: may I borrow {i + 2} books for {3 * i + 7} days, and what does a late "
+                           f"return of item number {1000 + 37 * i} cost?", add_special=False)
+        while len(q) < n_question:
+            q += q
+        questions.append(q[:n_question])
+    return sys_toks[:n_system], questions
+
+
+def run_serving(model, system: list[int], questions: list[list[int]], *, n_parallel: int = 8, n_ctx: int = 4096,
+                max_tokens: int = 64, n_threads: int | None = None, type_k: str = "f16", type_v: str = "f16",
+                flash_attn: bool = True, prefix_cache: bool = True) -> dict:
+    """All requests (system + question, greedy, exactly max_tokens each) submitted at once to an Engine of
+    n_parallel slots and served to the end. Returns wall time, aggregate generation t/s, time to first
+    token p50 / p95, prompt tokens computed vs submitted and the prefix cache's hit rate on the system
+    prompt's tokens."""
+    from llamax.serving import Engine
+
+    eng = Engine(model, n_ctx=n_ctx, n_parallel=n_parallel, n_threads=n_threads, type_k=type_k, type_v=type_v,
+                 flash_attn=flash_attn, prefix_cache=prefix_cache, max_queue=len(questions))
+    eng.generate([model.bos if model.bos is not None else 0, 1, 2, 3], max_tokens=2, temperature=0)  # warm-up
+    eng.clear_cache()
+    base = eng.metrics()
+    t0 = time.perf_counter()
+    reqs = [eng.submit(system + q, max_tokens=max_tokens, temperature=0, ignore_eos=True) for q in questions]
+    while eng.step():
+        pass
+    wall = time.perf_counter() - t0
+    res = [r.result() for r in reqs]
+    m = eng.metrics()
+    ttft = np.array([r.ttft_s for r in res])
+    gen = sum(r.n_generated for r in res)
+    return dict(engine="llamax", wall_s=wall, gen_tokens=gen, gen_tps=gen / wall,
+                ttft_p50_s=float(np.percentile(ttft, 50)), ttft_p95_s=float(np.percentile(ttft, 95)),
+                prompt_computed=m["prompt_tokens"] - base["prompt_tokens"],
+                prompt_submitted=sum(len(system) + len(q) for q in questions),
+                prefix_hit_rate=(m["tokens_reused"] - base["tokens_reused"]) / (len(system) * len(questions)),
+                n_steps=m["steps"] - base["steps"])

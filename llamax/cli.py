@@ -210,6 +210,14 @@ def _bench_parser(sub) -> None:
                    help="prefix tokens of the --parallel tests (default 128)")
     p.add_argument("-ntg", action="append", type=_int_list(1, "-ntg"),
                    help="steps of the --parallel tests (default 128)")
+    p.add_argument("--serving", action="store_true",
+                   help="the serving test instead: --requests requests (system prompt of -npp tokens, default "
+                   "256, plus a distinct --question-token question) on --parallel slots (default 8) of an "
+                   "Engine with the prefix cache, -ntg tokens each (default 64); aggregate t/s, time to first "
+                   "token, prompt tokens computed vs submitted")
+    p.add_argument("--requests", type=int, default=32, help="requests of the --serving test (default 32)")
+    p.add_argument("--question", type=int, default=32, help="question tokens of the --serving test (default 32)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096, help="n_ctx of the --serving test (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
     p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="md (default) or json")
     p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
@@ -227,6 +235,8 @@ def cmd_bench(a) -> int:
     if a.repetitions < 1:
         print(f"llamax bench: -r {a.repetitions}: the number of reps must be >= 1", file=sys.stderr)
         return 2
+    if a.serving:
+        return _bench_serving(a, flat)
     tests = bench.make_tests(flat(a.n_prompt, [512]), flat(a.n_gen, [128]), flat(a.n_depth, [0]), flat(a.pg, []),
                              flat(a.parallel, []), flat(a.npp, [128]), flat(a.ntg, [128]))
     if (a.npp or a.ntg) and not a.parallel:
@@ -244,6 +254,33 @@ def cmd_bench(a) -> int:
         print(json.dumps(rows, indent=2))
     else:
         print(bench.markdown(rows))
+    return 0
+
+
+def _bench_serving(a, flat) -> int:
+    import json
+    import statistics
+
+    from llamax import Model, bench, models
+
+    runs = []
+    for name in flat(a.model, [models.DEFAULT]):
+        model = Model.load(name)
+        system, questions = bench.serving_workload(model, a.requests, flat(a.npp, [256])[0], a.question)
+        reps = [bench.run_serving(model, system, questions, n_parallel=flat(a.parallel, [8])[0], n_ctx=a.ctx_size,
+                                  max_tokens=flat(a.ntg, [64])[0], n_threads=flat(a.threads, [None])[0],
+                                  type_k=flat(a.cache_type_k, ["f16"])[0], type_v=flat(a.cache_type_v, ["f16"])[0],
+                                  flash_attn=flat(a.flash_attn, [True])[0]) for _ in range(a.repetitions)]
+        row = {k: statistics.median(r[k] for r in reps) for k in reps[0] if k != "engine"}
+        runs.append(dict(model=name, reps=a.repetitions, **row))
+    if a.output == "json":
+        print(json.dumps(runs, indent=2))
+        return 0
+    print("| model | requests | gen t/s | TTFT p50 s | TTFT p95 s | prompt computed / submitted | prefix hit |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for r in runs:
+        print(f"| {r['model']} | {a.requests} | {r['gen_tps']:.1f} | {r['ttft_p50_s']:.3f} | {r['ttft_p95_s']:.3f} | "
+              f"{r['prompt_computed']:.0f} / {r['prompt_submitted']:.0f} | {100 * r['prefix_hit_rate']:.1f}% |")
     return 0
 
 

@@ -30,4 +30,8 @@ class StateError(LlamaxError, ValueError):
     """A truncated, corrupt, foreign or incompatible state blob. The destination is left empty."""
 
 
-__all__ = ["LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError"]
+class EngineFullError(LlamaxError):
+    """The Engine's queue is full (max_queue requests wait for a slot); nothing was queued."""
+
+
+__all__ = ["EngineFullError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError"]

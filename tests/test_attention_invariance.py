@@ -291,3 +291,91 @@ def test_kv_cache_sequence_alone_or_beside_another(types, n_swa):
                                        (True, 64, True)):
         got = kv_scenario(interleave, chunk, with_other_query=other_q, **kw)
         assert np.array_equal(got, want), (interleave, chunk, other_q, float(np.abs(got - want).max()))
+
+
+# ---- a column order (perm): cells out of position order ------------------------------------------
+
+def shuffled(case, tk, tv, v_trans, rng):
+    """The sequence's L cells in random cell order (position i at cell ours[i]), the other
+    sequence after them; perm lists the mask's columns: ours in position order, then the rest."""
+    ours = rng.permutation(L)
+    other = np.arange(L, L + 60)
+    n_kv = L + 60
+    k = garbage_cache(tk, KV_SIZE, case.n_head_kv, D)[None].copy()
+    v = garbage_cache(tv, KV_SIZE, case.n_head_kv, D)[None].copy()
+    k[0, ours] = cache_rows(tk, case.k)
+    v[0, ours] = cache_rows(tv, case.v)
+    k[0, other] = cache_rows(tk, case.ko[:60])
+    v[0, other] = cache_rows(tv, case.vo[:60])
+    if v_trans:
+        v = np.ascontiguousarray(v.transpose(0, 2, 3, 1))
+    perm = np.concatenate([ours, other]).astype(np.int32)[None]
+    return k, v, perm, n_kv
+
+
+@pytest.mark.parametrize("level", LEVELS, ids=lambda lv: cpu.LEVEL_NAMES[lv])
+@pytest.mark.parametrize("v_trans", [False, True], ids=["flash", "vtrans"])
+@pytest.mark.parametrize("tk,tv", [("f16", "f16"), ("q8_0", "f16"), ("q4_0", "f32")], ids=lambda t: str(t))
+def test_column_order_gives_the_bits_of_position_order(level, v_trans, tk, tv):
+    """With perm, a row takes its visible cells in column order: cells in any order in the cache
+    give the bits of the same cells stored contiguously in position order (what a sequence decoded
+    alone has), in the fast kernels and the oracle."""
+    case = Case(np.random.default_rng(7), 6, 2, "causal")
+    cpu.set_simd_level(level)
+    contiguous = case.build("contiguous", tk, tv, v_trans, np.random.default_rng(0))
+    want = attend(case, contiguous, tk, tv, v_trans, 0.0, batch=False, n_threads=1, use_scratch=True)
+    k0, v0, ours0, _, n0 = contiguous
+    ref_want = A.attn_ref(case.q[None], k0, v0, case.mask_row(ours0, n0)[None, None], n_kv=n0, scale=0.125,
+                          v_trans=v_trans, type_k=tk, type_v=tv)
+    k, v, perm, n_kv = shuffled(case, tk, tv, v_trans, np.random.default_rng(1))
+    cols = np.full(n_kv, -np.inf, np.float32)
+    cols[:L] = case.mv                    # column j < L is our position j
+    other_cols = np.full(n_kv, -np.inf, np.float32)
+    other_cols[L:] = 0.0
+    kw = dict(n_kv=n_kv, scale=0.125, v_trans=v_trans, type_k=tk, type_v=tv, perm=perm)
+    for nt in (1, 2):
+        for use_scratch in (True, False):
+            got = A.attn(case.q[None], k, v, cols[None, None], n_threads=nt, use_scratch=use_scratch, **kw)[0]
+            assert np.array_equal(got, want), (nt, use_scratch)
+            mask = np.stack([other_cols] * 3 + [cols] + [other_cols] * 4)[None]
+            q = case.qo.copy()
+            q[3] = case.q
+            got = A.attn(q, k, v, mask, n_threads=nt, use_scratch=use_scratch, **kw)[3]
+            assert np.array_equal(got, want), (nt, use_scratch, "batch")
+    assert np.array_equal(A.attn_ref(case.q[None], k, v, cols[None, None], **kw), ref_want)
+    with pytest.raises(ValueError, match="perm"):
+        A.attn(case.q[None], k, v, cols[None, None], **dict(kw, perm=perm[:, :-1]))
+    with pytest.raises(ValueError, match="outside"):
+        A.attn(case.q[None], k, v, cols[None, None], **dict(kw, perm=np.full_like(perm, KV_SIZE)))
+
+
+def test_kv_cache_orders_columns_only_when_a_sequence_is_out_of_order():
+    """KVCache builds its mask over the cells sorted by position only when some sequence of the
+    ubatch holds its cells out of position order; then attend gives the in-order bits."""
+    rng = np.random.default_rng(3)
+
+    def run(cells_first):
+        mem = KVCache(1, 2, D, 64, n_seq_max=2)
+        if cells_first:  # positions 0..4 of seq 0 go to cells 8..12, after 8 cells of seq 1
+            for ub in mem.plan(Batch(list(range(8)), seq_ids=[1] * 8)):
+                mem.store(0, ub, rng.standard_normal((8, 2, D)).astype(np.float32),
+                          rng.standard_normal((8, 2, D)).astype(np.float32))
+        kv = np.random.default_rng(5)
+        k5, v5 = kv.standard_normal((5, 2, D)).astype(np.float32), kv.standard_normal((5, 2, D)).astype(np.float32)
+        for ub in mem.plan(Batch(list(range(5)), seq_ids=[0] * 5)):
+            mem.store(0, ub, k5, v5)
+        if cells_first:
+            mem.seq_rm(1, -1, -1)  # cells 0..7 free again: the next tokens of seq 0 land before its first
+        k3, v3 = kv.standard_normal((3, 2, D)).astype(np.float32), kv.standard_normal((3, 2, D)).astype(np.float32)
+        q = kv.standard_normal((3, 6, D)).astype(np.float32)
+        plan = mem.plan(Batch([1, 2, 3], seq_ids=[0] * 3, logits=[True] * 3))
+        for ub in plan:
+            mem.store(0, ub, k3, v3)
+            out = mem.attend(0, ub, q)
+            perm = mem._active.perm
+        return out, perm
+
+    want, p0 = run(False)
+    got, p1 = run(True)
+    assert p0 is None and p1 is not None
+    assert np.array_equal(got, want)

@@ -1,5 +1,5 @@
 # attention.pxd: mirrors csrc/attention.h (declarations only).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 
 from llamax._native.quants cimport lx_type
 
@@ -24,6 +24,7 @@ cdef extern from "attention.h" nogil:
         lx_type type_v
         float scale
         float softcap
+        const int32_t *perm
 
     bint lx_attn_params_valid(const lx_attn_params *p)
     bint lx_attn_params_valid_vtrans(const lx_attn_params *p)

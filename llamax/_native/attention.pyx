@@ -19,7 +19,7 @@ v_trans=True its mul_mat + soft_max_ext path (softcap on the raw kq, scale after
 import numpy as np
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint16_t
+from libc.stdint cimport int32_t, int64_t, uint16_t
 
 from llamax._native.quants cimport (
     LX_QK,
@@ -266,12 +266,26 @@ cdef lx_attn_params _attn_params(object q, object k, object v, object mask, obje
     p.n_kv = n_kv
     p.scale = <float> scale
     p.softcap = <float> softcap
+    p.perm = NULL
     assert lx_attn_params_valid_vtrans(&p) if v_trans else lx_attn_params_valid(&p)
     return p
 
 
+cdef object _set_perm(lx_attn_params *p, object perm):
+    """p.perm <- perm (None, or int32 [n_stream, n_kv] of cells < kv_size); returns the array to keep."""
+    if perm is None:
+        return None
+    a = np.ascontiguousarray(perm, dtype=np.int32)
+    if a.shape != (p.n_stream, p.n_kv):
+        raise ValueError(f"perm must be [n_stream, n_kv] = [{p.n_stream}, {p.n_kv}], got shape {a.shape}")
+    if a.size and (a.min() < 0 or a.max() >= p.kv_size):
+        raise ValueError(f"perm holds a cell outside [0, {p.kv_size})")
+    p.perm = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> a)
+    return a
+
+
 def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None,
-         use_scratch=True, type_k=None, type_v=None):
+         use_scratch=True, type_k=None, type_v=None, perm=None):
     """Attention of q over the first n_kv cells of each stream of the cache (fast kernels).
 
     Args:
@@ -284,6 +298,9 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
         use_scratch: pass the kernel the scratch that lets it split the KV range of few work
             items (decode) across threads and walk the cache chunk-major; False gives the same
             result bit for bit (a testing aid), only more slowly.
+        perm: None, or int32 [n_stream, n_kv]: mask column j of stream s is cell perm[s, j]. A row
+            sees its visible cells in column order, so a mask built over the cells sorted by
+            position gives the same bits wherever the cells sit in the cache.
         type_k, type_v: the cache types, "f32" / "f16" / "q8_0" / "q4_0" (or ggml type numbers);
             None takes f32 / f16 from the dtype. A quantized k (or v) is uint8 [n_stream, kv_size,
             row_bytes] holding each cell's n_head_kv * d values as one row of blocks (n_head_kv is
@@ -299,6 +316,7 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
         ValueError / TypeError: a shape, dtype, layout or argument does not fit (message says which).
     """
     cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans, type_k, type_v)
+    keep = _set_perm(&p, perm)
     cdef int nt = resolve_n_threads(n_threads)
     if out is None:
         out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)
@@ -322,12 +340,13 @@ def attn(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_
 
 
 def attn_ref(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False, n_threads=None,
-             type_k=None, type_v=None):
+             type_k=None, type_v=None, perm=None):
     """attn computed by the scalar oracles (lx_attn_flash_ref / lx_attn_vtrans_ref).
 
     Same arguments and checks as attn; n_threads is validated and ignored (single-threaded).
     """
     cdef lx_attn_params p = _attn_params(q, k, v, mask, out, n_kv, scale, softcap, v_trans, type_k, type_v)
+    keep = _set_perm(&p, perm)
     resolve_n_threads(n_threads)
     if out is None:
         out = np.empty((p.n_stream * p.n_tps, p.n_head, p.d_v), dtype=np.float32)

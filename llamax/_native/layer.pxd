@@ -1,5 +1,5 @@
 # layer.pxd: mirrors csrc/layer.h (declarations only).
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int32_t, int64_t, uint32_t
 
 from llamax._native.quants cimport lx_type
 from llamax._native.rope cimport lx_pos, lx_rope_params
@@ -63,6 +63,7 @@ cdef extern from "layer.h" nogil:
         const uint32_t *idxs
         int rot_k
         int rot_v
+        const int32_t *perm
 
     size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
                               int64_t n_tokens, int n_threads)

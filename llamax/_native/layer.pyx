@@ -265,7 +265,7 @@ cdef class Stack:
 
 
 cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep) except -1:
-    """kv <- a LayerView (k, v, type_k, type_v, v_trans, mask, idxs, rot_k, rot_v)."""
+    """kv <- a LayerView (k, v, type_k, type_v, v_trans, mask, idxs, rot_k, rot_v, perm)."""
     k, vv, mask, idxs = v.k, v.v, v.mask, v.idxs
     for a, what in ((k, "k"), (vv, "v"), (mask, "mask"), (idxs, "idxs")):
         if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
@@ -289,6 +289,16 @@ cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep) except -1:
     kv.mask = <const float *> cnp.PyArray_DATA(<cnp.ndarray> mask)
     kv.idxs = <const uint32_t *> cnp.PyArray_DATA(<cnp.ndarray> idxs)
     kv.rot_k, kv.rot_v = v.rot_k, v.rot_v
+    kv.perm = NULL
+    perm = v.perm
+    if perm is not None:
+        if (not isinstance(perm, np.ndarray) or perm.dtype != np.int32 or not perm.flags.c_contiguous
+                or perm.shape != (mask.shape[0], mask.shape[2])):
+            raise ValueError("LayerView.perm must be None or C-contiguous int32 [n_stream, n_kv]")
+        if perm.size and (perm.min() < 0 or perm.max() >= k.shape[1]):
+            raise ValueError("LayerView.perm holds a cell outside the stream")
+        keep.append(perm)
+        kv.perm = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> perm)
     return 0
 
 

@@ -53,6 +53,7 @@ class LayerView(NamedTuple):
     idxs: np.ndarray     # uint32 [n_tokens]: each token's cell in its stream
     rot_k: int           # Hadamard block of the stored K / V rows (0: none)
     rot_v: int
+    perm: np.ndarray | None = None  # int32 [n_stream, n_kv]: the cell of each mask column (None: column = cell)
 
 
 def locked(method: Callable) -> Callable:

@@ -200,6 +200,26 @@ class KVCacheISWA(Memory):
     def seq_pos_max(self, seq_id: int) -> int:
         return self.swa.seq_pos_max(seq_id)
 
+    # ---- sharing -------------------------------------------------------------------------------
+    @locked
+    def seq_unshare(self, seq_id: int, p0: int = -1, p1: int = -1) -> int:
+        """KVCache.seq_unshare in both caches (the SWA cache copies only the cells its window still
+        shows). On NoKVSlotError the base cache may already have its copies: a state as valid as
+        before, with fewer shared cells."""
+        return self.base.seq_unshare(seq_id, p0, p1) + self.swa.seq_unshare(seq_id, p0, p1)
+
+    @locked
+    def reusable_prefix(self, seq_id: int, n: int) -> int:
+        """KVCache.reusable_prefix of both caches: every position in the base cache, the window's
+        in the SWA cache (whose older cells the slot finder reuses once the window hides them)."""
+        return self.swa.reusable_prefix(seq_id, self.base.reusable_prefix(seq_id, n))
+
+    @locked
+    def held_only_by(self, seq_ids) -> tuple[int, int]:
+        seq_ids = list(seq_ids)
+        (a, x), (b, y) = self.base.held_only_by(seq_ids), self.swa.held_only_by(seq_ids)
+        return a + b, x + y
+
     # ---- decoding -------------------------------------------------------------------------------
     @locked
     def update(self) -> bool:

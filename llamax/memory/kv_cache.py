@@ -78,6 +78,7 @@ class _Active:
     contiguous: bool
     masks: dict
     generation: int    # the memory's generation right after the apply
+    perm: np.ndarray | None = None  # the mask's column -> cell map (None: column j is cell j)
 
 
 class KVCache(Memory):
@@ -320,6 +321,115 @@ class KVCache(Memory):
     def seq_pos_max(self, seq_id: int) -> int:
         return self.meta.seq_pos_max(self._seq(seq_id))
 
+    # ---- sharing (for a serving layer's prefix cache) ---------------------------------------------
+    def _seq_cells(self, seq_id: int, p0: int = -1, p1: int = -1):
+        """(cells, stream, mask of seq_id's cells with pos in [p0, p1)) of seq_id's stream."""
+        st = int(self.meta.seq_to_stream[seq_id])
+        cells = self.meta.streams[st]
+        pos = cells.pos_view()
+        sel = _has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
+        if p1 >= 0:
+            sel &= pos < p1
+        return cells, st, sel
+
+    @locked
+    def seq_unshare(self, seq_id: int, p0: int = -1, p1: int = -1) -> int:
+        """Give seq_id a cell of its own for each of its cells in [p0, p1) that another sequence
+        shares (after seq_cp), so that a later seq_add / seq_div of seq_id moves no other sequence's
+        positions (in llama.cpp's cell model a shift of a shared cell moves it for every sequence).
+        The copies are placed as a ubatch would be (find_slot) and their K/V rows copied; the shared
+        cells stay with the other sequences. A shared cell that seq_id's sliding window no longer
+        shows is dropped from seq_id instead of copied. Pending K-shifts are applied first.
+
+        Returns:
+            the number of cells copied.
+        Raises:
+            NoKVSlotError: too few free cells for the copies (nothing changed).
+        """
+        seq_id = self._seq(seq_id)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        self.update()
+        cells, st, sel = self._seq_cells(seq_id, p0, p1)
+        bits = cells.seq_view()
+        word, bit = seq_id >> 6, np.uint64(1) << np.uint64(seq_id & 63)
+        others = bits.copy()
+        others[:, word] &= ~bit
+        src = np.flatnonzero(sel & others.any(axis=1))
+        if src.size == 0:
+            return 0
+        states = cells.snapshot(src)
+        hidden = (self.meta.masked_swa(states["pos"], self.meta.seq_pos_max(seq_id) + 1) if self.n_swa
+                  else np.zeros(src.size, dtype=bool))
+        copy = ~hidden  # a cell the window hides from seq_id is not copied: seq_id just leaves it
+        ub = UBatch.of_sequence(seq_id, states["pos"][copy], states["tok"][copy])
+        slot = self.meta.prepare([ub]) if copy.any() else [None]
+        if not slot:
+            raise NoKVSlotError(f"seq_unshare({seq_id}): no room for {int(copy.sum())} copied cells "
+                                f"({self.n_used}/{self.n_cells} cells used)")
+        left = states.copy()
+        left["seq"][:, word] &= ~bit
+        cells.restore(src, left)
+        src, states = src[copy], states[copy]
+        if src.size == 0:
+            self._changed()
+            return 0
+        strm, dst = slot[0]
+        assert int(strm[0]) == st
+        self.apply_ubatch(ub, slot[0])
+        self.release_ubatch()
+        dst = np.asarray(dst, dtype=np.int64)
+        if np.any(states["x"]) or np.any(states["y"]):
+            placed = cells.snapshot(dst)
+            placed["x"], placed["y"] = states["x"], states["y"]
+            cells.restore(dst, placed)
+        for a in self.k:
+            a[st, dst] = a[st, src]
+        for a in self.v:
+            if self.v_trans:
+                a[st, ..., dst] = a[st, ..., src]
+            else:
+                a[st, dst] = a[st, src]
+        self._changed()
+        return int(src.size)
+
+    @locked
+    def reusable_prefix(self, seq_id: int, n: int) -> int:
+        """The largest m <= n such that seq_id's cells hold what a token at position m attends to
+        among positions [0, m): all of them, or with a standard sliding window the last n_swa - 1
+        (older cells may have been reused by the slot finder). A sequence given seq_id's cells
+        [0, m) (seq_cp) then decodes position m as if it had computed [0, m) itself. O(n_cells)."""
+        seq_id = self._seq(seq_id)
+        n = checks.integer(n, "n")
+        if n <= 0:
+            return 0
+        cells, _, sel = self._seq_cells(seq_id, 0, n)
+        have = np.zeros(n + 1, dtype=bool)
+        have[cells.pos_view()[sel]] = True
+        if not have[:n].all():
+            if self.swa_type != "standard" or self.n_swa <= 0:
+                return int(np.argmin(have))  # the first missing position
+            # run[m]: how many positions just below m are held; m is usable when run[m] >= min(m, n_swa - 1)
+            last_gap = np.maximum.accumulate(np.where(have[:n], -1, np.arange(n)))
+            run = np.concatenate(([0], np.arange(n) - last_gap))
+            ok = run >= np.minimum(np.arange(n + 1), self.n_swa - 1)
+            return int(np.flatnonzero(ok).max())
+        return n
+
+    @locked
+    def held_only_by(self, seq_ids) -> tuple[int, int]:
+        """(cells, K/V bytes) in use whose sequences are all among seq_ids (e.g. held only by a
+        prefix cache)."""
+        mask = np.zeros(4, dtype=np.uint64)
+        for s in seq_ids:
+            s = self._seq(s)
+            mask[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+        n = 0
+        for cells in self.meta.streams:
+            used = cells.pos_view() >= 0
+            n += int(np.count_nonzero(used & ~np.any(cells.seq_view() & ~mask, axis=1)))
+        b = self.breakdown()
+        return n, n * ((b["k"] + b["v"]) // self.n_cells)
+
     # ---- update ---------------------------------------------------------------------------------
     @locked
     def update(self) -> bool:
@@ -458,9 +568,14 @@ class KVCache(Memory):
         if m is None:
             n_kv = self.n_kv(act.strm)
             streams = [self.meta.streams[int(s)] for s in act.strm]
-            m = _mask.kq_mask_fill([c.pos_view()[:n_kv] for c in streams],
-                                   [c.seq_view()[:n_kv] for c in streams],
-                                   ubatch.pos, ubatch.seq_id, causal=causal, n_swa=self.n_swa,
+            pos = [c.pos_view()[:n_kv] for c in streams]
+            bits = [c.seq_view()[:n_kv] for c in streams]
+            if not act.masks:
+                act.perm = _column_order(pos, bits, ubatch)
+            if act.perm is not None:
+                pos = [p[o] for p, o in zip(pos, act.perm)]
+                bits = [b[o] for b, o in zip(bits, act.perm)]
+            m = _mask.kq_mask_fill(pos, bits, ubatch.pos, ubatch.seq_id, causal=causal, n_swa=self.n_swa,
                                    swa_type=SWA_TYPES[self.swa_type], alibi=False, n_threads=self.n_threads)
             act.masks[causal] = m
         return m
@@ -491,7 +606,7 @@ class KVCache(Memory):
             _had.hadamard_rows(q.reshape(n, -1), self.rot_k, self.n_threads)
         out = _attn.attn(q, self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], m, out, n_kv=m.shape[2],
                          scale=scale, softcap=float(softcap), v_trans=self.v_trans, n_threads=self.n_threads,
-                         type_k=self.type_k, type_v=self.type_v)
+                         type_k=self.type_k, type_v=self.type_v, perm=act.perm)
         if self.rot_v:  # a weighted sum of rotated V rows: rotate it back
             _had.hadamard_rows(out.reshape(n, -1), self.rot_v, self.n_threads)
         return out
@@ -514,7 +629,7 @@ class KVCache(Memory):
             raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
         mask, tk, tv = self.mask(ubatch), _quants.type_id(self.type_k), _quants.type_id(self.type_v)
         return {il: LayerView(self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], tk, tv, self.v_trans, mask, act.idxs,
-                              self.rot_k, self.rot_v) for il, li in layers}
+                              self.rot_k, self.rot_v, act.perm) for il, li in layers}
 
     # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
     def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:
@@ -749,6 +864,27 @@ def _as_float(a, shape: tuple, what: str) -> np.ndarray:
     if a.shape != shape:
         raise ValueError(f"{what} shape {a.shape} != {shape}")
     return a
+
+
+def _column_order(pos: list[np.ndarray], bits: list[np.ndarray], ubatch: UBatch) -> np.ndarray | None:
+    """The order of the mask's columns: None (the cells' own order) when every sequence of the
+    ubatch holds its cells in position order, as a sequence decoded alone does; else per stream
+    the cells sorted by position (int32 [n_stream, n_kv]). Attention takes a row's visible cells
+    in column order, so its bits then depend only on the positions and contents of those cells,
+    not on where a prefix cache's seq_cp, an eviction or a restore put them. O(n_kv) per sequence."""
+    seqs = np.unique(ubatch.seq_id_unq if ubatch.seq_id_unq.size else ubatch.seq_id)
+    ordered = True
+    for p, b in zip(pos, bits):
+        for s in seqs:
+            ps = p[_has_seq(b, int(s))]
+            if ps.size > 1 and np.any(ps[1:] <= ps[:-1]):
+                ordered = False
+                break
+        if not ordered:
+            break
+    if ordered:
+        return None
+    return np.ascontiguousarray(np.stack([np.argsort(p, kind="stable") for p in pos]).astype(np.int32))
 
 
 # ---- state helpers --------------------------------------------------------------------------

@@ -1,0 +1,877 @@
+"""llamax.Engine: many requests served by one context (llama-server's slots and update_slots).
+
+Each step is one decode of at most n_batch tokens (update_slots):
+
+    cancelled requests      finished, their slots freed
+    admission               suspended requests first, then the FIFO queue, while slots are free:
+                            the prefix cache gives the longest cached prefix of the prompt by
+                            seq_cp (its cells' sequence sets are shared, nothing is copied or
+                            recomputed); a request that shares more with a prompt still being
+                            prefilled waits one step for it to be cached instead of computing it
+                            twice; a request is admitted when its uncomputed prompt fits the free
+                            cells (after evicting cached prefixes), or when nothing else runs
+    the batch               one token of every generating slot (a slot at its context shifts
+                            itself first, or stops with "length"), then prompt chunks of the
+                            slots still prefilling (chunked prefill), logits on each sequence's
+                            last token
+    decode                  when the batch does not fit: evict cached prefixes (least recently
+                            used, tail first) and retry; then suspend the youngest running request
+                            (its sequence saved to RAM by state_seq_get_data within a byte budget,
+                            else its tokens kept to be computed again) and retry
+    sampling                each request's own seeded Sampler on its logits row: the kernels are
+                            batch-invariant, so a request's tokens do not depend on what runs beside it
+    finished requests       their cells go to the prefix cache (prompt and generated tokens), the
+                            slot is free at once
+
+Sequence ids: slot i decodes on sequence i; with kv_unified and prefix_cache the ids from n_parallel up
+to 256 belong to the prefix cache's leaves (one cached prompt each). With one stream per slot
+(kv_unified=False) cells cannot be shared between streams: each slot keeps its last request's cells
+(llama-server's cache_prompt) and a request goes to the free slot whose cache shares the longest
+prefix with its prompt; that prefix is reused in place, nothing is copied between streams.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+
+import numpy as np
+
+from llamax import checks
+from llamax.batch import Batch
+from llamax.context import Context
+from llamax.dtypes import LLAMA_MAX_SEQ
+from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, StateError
+from llamax.generate import N_KEEP_MARGIN, context_shift
+from llamax.params import ContextParams
+from llamax.sampling import Sampler
+from llamax.serving.prefix_cache import PrefixCache
+from llamax.serving.request import DONE, GENERATING, PREFILL, QUEUED, SUSPENDED, Request, Result
+
+log = logging.getLogger("llamax")
+
+GROWTH = 16                 # free cells per running request (and the new one) a request needs to join:
+                            # without that headroom the youngest would be suspended again at once
+DEFER_MIN = 16              # wait for an in-flight prefill that would give this many more cached tokens
+SUSPEND_BYTES = 1 << 30     # RAM for the states of suspended requests
+
+
+class Slot:
+    """One sequence of the context and the request decoding on it."""
+
+    def __init__(self, i: int) -> None:
+        self.id = self.seq = i
+        self.req: Request | None = None
+        self.tokens: list[int] = []      # what the sequence holds, in position order (n_past = len)
+        self.feed: list[int] = []        # tokens to prefill
+        self.fed = 0                     # how many of feed are in the cache
+        self.pending: int | None = None  # the sampled token decoded next
+        self.lock: int | None = None     # the prefix cache's lock of this request's prefix
+        self.shifted = False
+        self.stream = None               # the request's TextStream
+        self.last_tokens: list[int] = [] # the tokens of the last finished request (slot_save)
+
+    @property
+    def state(self) -> str:
+        return "idle" if self.req is None else self.req.state
+
+
+class Engine:
+    """Serve many requests from one model (see the module docstring for one step).
+
+    Args:
+        model: a llamax.Model, or a registry name / GGUF path to load.
+        n_ctx: cells of the cache (0: the model's training context); with kv_unified each request
+            may use all of them (n_ctx_seq = n_ctx), else n_ctx / n_parallel each.
+        n_parallel: slots (requests decoding at once).
+        n_batch, n_ubatch, type_k, type_v, flash_attn, kv_unified, swa_full, n_threads: the
+            context's (ContextParams).
+        prefix_cache: keep finished requests' cells and reuse prefixes (a radix tree over the cells
+            with kv_unified, the slots' own caches without).
+        max_queue: requests that may wait for a slot; submit raises EngineFullError beyond.
+        slot_save_path: the directory slot_save / slot_restore use (None: refused).
+        n_ctx_slot: the context of one request (0: n_ctx_seq, all of a unified cache); a request
+            that reaches it shifts or stops, however much of the cache is free.
+        context_shift: a request at its context shifts (keeping its n_keep tokens) instead of
+            stopping with "length"; a prompt longer than the context is then truncated as
+            llama-server does.
+        suspend_bytes: RAM for suspended requests' saved states; beyond it a suspended request's
+            tokens are computed again when it resumes.
+
+    `with Engine(...) as engine:` runs the steps in a background thread; without it the caller
+    drives them with step() (or by waiting on a request, which steps for it).
+    """
+
+    def __init__(self, model, *, n_ctx: int = 0, n_parallel: int = 4, n_batch: int = 2048, n_ubatch: int = 512,
+                 type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True, kv_unified: bool = True,
+                 swa_full: bool = False, prefix_cache: bool = True, max_queue: int = 256,
+                 n_threads: int | None = None, slot_save_path: str | os.PathLike | None = None,
+                 context_shift: bool = True, n_ctx_slot: int = 0, suspend_bytes: int = SUSPEND_BYTES) -> None:
+        from llamax.model import Model
+
+        if isinstance(model, (str, os.PathLike)):
+            model = Model.load(model, n_threads=n_threads)
+        n_parallel = checks.in_range(n_parallel, "n_parallel", 1, LLAMA_MAX_SEQ + 1)
+        self.max_queue = checks.in_range(max_queue, "max_queue", 0, 2**31)
+        self.suspend_bytes = checks.in_range(suspend_bytes, "suspend_bytes", 0, 2**62)
+        self.model = model
+        self.n_parallel = n_parallel
+        tree = bool(prefix_cache) and bool(kv_unified) and n_parallel < LLAMA_MAX_SEQ
+        n_seq_max = LLAMA_MAX_SEQ if tree else n_parallel
+        params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
+                               kv_unified=kv_unified, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
+                               swa_full=swa_full, n_threads=n_threads)
+        self.ctx = Context(model, params)
+        self.params = self.ctx.params
+        self.memory = self.ctx.memory
+        n_ctx_slot = checks.in_range(n_ctx_slot, "n_ctx_slot", 0, 2**31)
+        self.n_ctx_seq = min(self.params.n_ctx_seq, n_ctx_slot) if n_ctx_slot else self.params.n_ctx_seq
+        if self.n_ctx_seq < 2 * N_KEEP_MARGIN:
+            raise ValueError(f"n_ctx_slot = {n_ctx_slot}: a slot needs at least {2 * N_KEEP_MARGIN} cells")
+        self.n_batch = self.params.n_batch
+        self.context_shift = bool(context_shift) and self.memory.can_shift
+        self.prefix_cache = bool(prefix_cache)
+        self.tree = PrefixCache(self.memory, range(n_parallel, n_seq_max)) if tree else None
+        self.slot_save_path = None if slot_save_path is None else pathlib.Path(slot_save_path).resolve()
+        self._slots = [Slot(i) for i in range(n_parallel)]
+        self._queue: deque[Request] = deque()
+        self._resume: list[Request] = []   # suspended requests, oldest first
+        self._suspended_bytes = 0
+        self._lock = threading.RLock()     # the engine's state and the context: one step at a time
+        self._qlock = threading.Lock()     # the queue, for submit from any thread
+        self._wake = threading.Condition(self._qlock)
+        self._next_id = 0
+        self._thread: threading.Thread | None = None
+        self._closing = False
+        self._error: BaseException | None = None
+        self._eog: np.ndarray | None = None
+        self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0,
+                       requests_suspended=0, steps=0, busy_s=0.0, slot_lookups=0, slot_hits=0, slot_reused=0)
+
+    def __repr__(self) -> str:
+        return (f"Engine(n_parallel={self.n_parallel}, n_ctx={self.params.n_ctx}, n_ctx_seq={self.n_ctx_seq}, "
+                f"prefix_cache={'tree' if self.tree else 'slots' if self.prefix_cache else 'off'})")
+
+    # ---- the background loop ---------------------------------------------------------------------
+    def __enter__(self) -> Engine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(cancel=True)
+
+    def start(self) -> None:
+        """Run the steps in a background thread until close()."""
+        with self._qlock:
+            if self._thread is not None:
+                return
+            self._closing = False
+            self._thread = threading.Thread(target=self._loop, name="llamax-engine", daemon=True)
+            self._thread.start()
+
+    def close(self, cancel: bool = True) -> None:
+        """Stop the background loop: cancel=True cancels every request first, else waits for them."""
+        t = self._thread
+        if cancel:
+            with self._qlock:
+                waiting = list(self._queue) + list(self._resume)
+            for r in waiting + [s.req for s in self._slots if s.req is not None]:
+                r._cancel = True
+        with self._qlock:
+            self._closing = True
+            self._wake.notify_all()
+        if t is not None:
+            t.join()
+            self._thread = None
+        if cancel:
+            with self._lock:
+                self._reap_cancelled()
+
+    def _has_work(self) -> bool:
+        return bool(self._queue or self._resume or any(s.req is not None for s in self._slots))
+
+    def _loop(self) -> None:
+        while True:
+            with self._qlock:
+                while not self._has_work() and not self._closing:
+                    self._wake.wait()
+                if self._closing and (not self._has_work() or all(
+                        r._cancel for r in list(self._queue) + self._resume +
+                        [s.req for s in self._slots if s.req is not None])):
+                    return
+            try:
+                self.step()
+            except BaseException as e:  # a failed forward pass: every request ends, the error is kept
+                log.exception("llamax engine: step failed")
+                self._error = e
+                with self._lock:
+                    self._fail_all()
+                return
+
+    def _drive(self, req: Request) -> bool:
+        """Step for a caller waiting on req when no background loop runs; False if one does."""
+        if self._thread is not None and self._thread.is_alive():
+            return False
+        if self._error is not None:
+            raise LlamaxError("the engine stopped after an error") from self._error
+        if req.done:
+            return True
+        self.step()
+        return True
+
+    def _notify(self) -> None:
+        with self._qlock:
+            self._wake.notify_all()
+
+    # ---- submitting ------------------------------------------------------------------------------
+    def _tokens(self, prompt) -> list[int]:
+        m = self.model
+        if isinstance(prompt, str):
+            toks = m.tokenize(prompt, add_special=True, parse_special=True)
+        elif isinstance(prompt, Sequence) and prompt and all(isinstance(x, dict) for x in prompt):
+            toks = m.tokenize(m.apply_chat_template(list(prompt)), add_special=True, parse_special=True)
+        elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+            toks = []
+            for i, t in enumerate(prompt):
+                if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
+                    raise BatchError(f"prompt token {i}: {t!r} is not a token id")
+                t = int(t)
+                if not 0 <= t < m.n_vocab:
+                    raise BatchError(f"prompt token {i}: id {t} outside the vocabulary [0, {m.n_vocab})")
+                toks.append(t)
+        else:
+            raise TypeError(f"prompt: a str, a list of token ids or a list of chat messages, not {type(prompt).__name__}")
+        if not toks:
+            raise BatchError("empty prompt")
+        return toks
+
+    def submit(self, prompt, *, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
+               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
+               stop: str | Sequence[str] | None = None, n_keep: int = 0, ignore_eos: bool = False) -> Request:
+        """Queue a request; returns its Request at once. Thread-safe.
+
+        prompt: a str (tokenized with special tokens), a list of token ids, or chat messages
+        ([{"role": ..., "content": ...}], the model's template applied). max_tokens: -1 for no limit.
+        temperature <= 0 is greedy. stop: strings that end the text (not included). n_keep: prompt
+        tokens a context shift keeps (-1: the whole prompt). ignore_eos: never sample an
+        end-of-generation token (llama-server's ignore_eos; for benchmarks).
+
+        Raises:
+            BatchError: an empty prompt, a token outside the vocabulary, or a prompt that does not
+                fit a slot's context when context shift is off.
+            EngineFullError: max_queue requests are already waiting.
+            TypeError, ValueError: bad sampling settings or arguments.
+        """
+        toks = self._tokens(prompt)
+        max_tokens = checks.integer(max_tokens, "max_tokens")
+        if max_tokens < -1:
+            raise ValueError(f"max_tokens = {max_tokens}: >= 0, or -1 for no limit")
+        n_keep = checks.integer(n_keep, "n_keep")
+        if n_keep < -1:
+            raise ValueError(f"n_keep = {n_keep}: >= 0, or -1 for the whole prompt")
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if not all(isinstance(s, str) for s in stops):
+            raise TypeError("stop: a string or a list of strings")
+        sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                          repeat_penalty=repeat_penalty, seed=seed)
+        keep = len(toks) if n_keep < 0 else n_keep + int(isinstance(prompt, str) and self._adds_bos())
+        keep = min(keep, len(toks), self.n_ctx_seq - N_KEEP_MARGIN)
+        n_trunc = 0
+        if len(toks) + 1 >= self.n_ctx_seq:
+            if not self.context_shift:
+                raise BatchError(f"a prompt of {len(toks)} tokens does not fit a slot's context of {self.n_ctx_seq} "
+                                 "cells (one more is needed for the next token) and context shift is off")
+            toks, n_trunc = self._truncate(toks, keep)
+        with self._qlock:
+            if self._closing and self._thread is not None:
+                raise LlamaxError("the engine is closing")
+            if len(self._queue) >= self.max_queue:
+                raise EngineFullError(f"the queue is full: {len(self._queue)} requests wait for "
+                                      f"{self.n_parallel} slots (max_queue={self.max_queue})")
+            req = Request(self, self._next_id, toks, max_tokens=max_tokens, sampler=sampler, stop=stops,
+                          n_keep=keep, n_truncated=n_trunc)
+            req.ignore_eos = bool(ignore_eos)
+            self._next_id += 1
+            self._queue.append(req)
+            self._wake.notify_all()
+        return req
+
+    def _eog_ids(self) -> np.ndarray:
+        if self._eog is None:
+            self._eog = np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
+        return self._eog
+
+    def _adds_bos(self) -> bool:
+        return bool(getattr(self.model.tokenizer, "add_bos", False))
+
+    def _truncate(self, toks: list[int], keep: int) -> tuple[list[int], int]:
+        """llama-server's prompt truncation: keep the first `keep` tokens, drop whole blocks of half
+        the rest of the context after them, so the prompt leaves room for generation."""
+        n_left = self.n_ctx_seq - keep
+        block = max(n_left // 2, 1)
+        erased = (len(toks) - keep - block + block - 1) // block
+        out = toks[:keep] + toks[keep + erased * block:]
+        while len(out) + 1 >= self.n_ctx_seq:  # a keep close to the context: drop more of the middle
+            out = out[:keep] + out[keep + 1:] if len(out) > keep + 1 else out[:self.n_ctx_seq - 2]
+        return out, len(toks) - len(out)
+
+    def generate(self, prompt, **kw) -> Result:
+        """submit(prompt, **kw).result()."""
+        return self.submit(prompt, **kw).result()
+
+    async def stream(self, prompt, **kw) -> AsyncIterator[str]:
+        """Submit and yield the text pieces as they come (asyncio); leaving the loop early cancels."""
+        async for piece in self._pieces(self.submit(prompt, **kw)):
+            yield piece
+
+    async def agenerate(self, prompt, **kw) -> Result:
+        """Submit and wait for the Result without blocking the event loop."""
+        req = self.submit(prompt, **kw)
+        async for _ in self._pieces(req):
+            pass
+        return req.result()
+
+    async def _pieces(self, req: Request) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        req._listeners.append(lambda: loop.call_soon_threadsafe(wake.set))
+        try:
+            while True:
+                wake.clear()
+                piece, finished = req._take()
+                if piece is not None:
+                    yield piece
+                elif finished:
+                    return
+                elif self._thread is None:
+                    await asyncio.to_thread(self._drive, req)
+                else:
+                    await wake.wait()
+        finally:
+            if not req.done:
+                req._cancel = True
+                self._notify()
+
+    # ---- cancelling ------------------------------------------------------------------------------
+    def _cancel(self, req: Request) -> None:
+        if req.done:
+            return
+        req._cancel = True
+        if self._thread is not None and self._thread.is_alive():
+            self._notify()  # the loop ends it before its next step
+            return
+        with self._lock:
+            self._reap_cancelled()
+
+    def _reap_cancelled(self) -> None:
+        with self._qlock:
+            gone = [r for r in self._queue if r._cancel]
+            for r in gone:
+                self._queue.remove(r)
+        for r in gone:
+            self._end(r, "cancelled")
+        for r in [r for r in self._resume if r._cancel]:
+            self._resume.remove(r)
+            self._drop_suspended(r)
+            self._end(r, "cancelled")
+        for s in self._slots:
+            if s.req is not None and s.req._cancel:
+                self._finish(s, "cancelled")
+
+    def _end(self, req: Request, stop: str) -> None:
+        req._finish(stop)
+        self._m["requests_cancelled" if stop == "cancelled" else "requests_finished"] += 1
+
+    def _fail_all(self) -> None:
+        for s in self._slots:
+            if s.req is not None:
+                self._finish(s, "cancelled", cache=False)
+        with self._qlock:
+            waiting, self._queue = list(self._queue), deque()
+        for r in waiting + self._resume:
+            self._end(r, "cancelled")
+        self._resume = []
+
+    # ---- one step (update_slots) -----------------------------------------------------------------
+    def step(self) -> int:
+        """One scheduling step: admit, build one batch of <= n_batch tokens, decode it, sample.
+        Returns the number of tokens decoded (0 when there was nothing to do)."""
+        with self._lock:
+            t0 = time.perf_counter()
+            self._reap_cancelled()
+            self._admit()
+            batch = self._build()
+            n = self._decode(batch)
+            if n:
+                self._m["steps"] += 1
+                self._m["busy_s"] += time.perf_counter() - t0
+            return n
+
+    def _free_cells(self) -> int:
+        mem = getattr(self.memory, "base", self.memory)
+        return mem.n_cells - mem.n_used
+
+    def _busy(self) -> list[Slot]:
+        return [s for s in self._slots if s.req is not None]
+
+    def _admit(self) -> None:
+        free = [s for s in self._slots if s.req is None]
+        while free and self._resume:
+            req = self._resume[0]
+            if not self._resume_into(req, free[0]):
+                return  # wait for room; new requests do not overtake a suspended one
+            self._resume.pop(0)
+            free.pop(0)
+        i = 0
+        while free:
+            with self._qlock:
+                if i >= len(self._queue):
+                    return
+                req = self._queue[i]
+            slot = self._choose(req, free)
+            if slot is None:
+                i += 1
+                continue
+            if not self._start(req, slot):
+                return  # no room yet: later requests wait behind it
+            with self._qlock:
+                self._queue.remove(req)
+            free.remove(slot)
+
+    def _choose(self, req: Request, free: list[Slot]) -> Slot | None:
+        """The slot for req, or None to let it wait a step for a prompt being prefilled that shares
+        more with it than the cache holds now."""
+        if self.tree is None:
+            if not self.prefix_cache:
+                return free[0]
+            return max(free, key=lambda s: _lcp(s.tokens, req.prompt))
+        have = _walk_len(self.tree, req.prompt)
+        for s in self._slots:
+            if s.req is not None and s.req.state == PREFILL:
+                if _lcp(s.feed, req.prompt) >= have + DEFER_MIN:
+                    return None
+        return free[0]
+
+    def _start(self, req: Request, slot: Slot) -> bool:
+        """Put req on slot with the cached prefix of its prompt; False if its prompt does not fit
+        the free cells (after evicting cached prefixes) while other requests run."""
+        prompt, mem = req.prompt, self.memory
+        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        if self.tree is not None:
+            n, src = self.tree.lookup(prompt, limit)
+        else:
+            n, src = (min(_lcp(slot.tokens, prompt), limit) if self.prefix_cache else 0), None
+            self._m["slot_lookups"] += 1
+        if self.tree is not None:  # take the prefix first: evicting for room must not free it
+            mem.seq_rm(slot.seq, -1, -1)
+            if n:
+                mem.seq_cp(src, slot.seq, 0, n)
+                slot.lock = self.tree.lock(prompt, n)
+        need = len(prompt) - n + GROWTH * (len(self._busy()) + 1)
+        short = need - self._free_cells()
+        if short > 0 and self.tree is not None:
+            self.tree.evict(short)
+            short = need - self._free_cells()
+        if short > 0 and self._busy():
+            if self.tree is not None:  # undo: it is looked up again at a later step
+                mem.seq_rm(slot.seq, -1, -1)
+                self._release_lock(slot)
+                self.tree.lookups -= 1
+                if n:
+                    self.tree.hits -= 1
+                    self.tree.tokens_reused -= n
+            elif self.prefix_cache:
+                self._m["slot_lookups"] -= 1
+            return False
+        if self.tree is not None:
+            slot.tokens = list(prompt[:n])
+        else:
+            mem.seq_rm(slot.seq, n, -1)
+            slot.tokens = slot.tokens[:n]
+            if n:
+                self._m["slot_hits"] += 1
+                self._m["slot_reused"] += n
+        from llamax.model.tokenizer import TextStream
+
+        slot.req, slot.shifted = req, False
+        slot.feed, slot.fed, slot.pending = prompt, n, None
+        slot.stream = TextStream(self.model.tokenizer)
+        req.n_cached = n
+        req.state = PREFILL
+        req._slot = slot
+        return True
+
+    def _build(self) -> list[tuple[Slot, list[int], bool]]:
+        """(slot, tokens, wants logits) of the step's batch: generating slots first, then prefill chunks."""
+        out, budget = [], self.n_batch
+        for s in self._slots:
+            if s.req is None or s.req.state != GENERATING or budget == 0:
+                continue
+            if len(s.tokens) + 1 >= self.n_ctx_seq and not self._shift(s):
+                self._finish(s, "length")
+                continue
+            out.append((s, [s.pending], True))
+            budget -= 1
+        for s in self._slots:
+            if s.req is None or s.req.state != PREFILL or budget == 0:
+                continue
+            chunk = s.feed[s.fed:s.fed + budget]
+            out.append((s, chunk, s.fed + len(chunk) == len(s.feed)))
+            budget -= len(chunk)
+        return out
+
+    def _decode(self, batch: list[tuple[Slot, list[int], bool]]) -> int:
+        while batch:
+            toks, seqs, logits = [], [], []
+            for s, chunk, want in batch:
+                toks += chunk
+                seqs += [s.seq] * len(chunk)
+                logits += [False] * (len(chunk) - 1) + [want]
+            try:
+                self.ctx.decode(Batch(toks, seq_ids=seqs, logits=logits))
+            except NoKVSlotError:
+                batch = self._make_room(batch, len(toks))
+                continue
+            self._after(batch)
+            return len(toks)
+        return 0
+
+    def _make_room(self, batch, n_tokens: int):
+        """The batch did not fit: evict cached prefixes, else suspend the youngest request, else
+        (one request alone) halve its prompt chunk or shift it; returns the batch to retry."""
+        if self.tree is not None and self.tree.evict(n_tokens) > 0:
+            return batch
+        busy = self._busy()
+        if len(busy) > 1:
+            victim = max(busy, key=lambda s: s.req.id)
+            self._suspend(victim)
+            return [b for b in batch if b[0] is not victim]
+        s, chunk, want = batch[0]
+        if len(chunk) > 1:
+            half = chunk[:len(chunk) // 2]
+            return [(s, half, False)]
+        if s.req.state == GENERATING and self._shift(s):
+            return batch
+        self._finish(s, "length")
+        return []
+
+    def _after(self, batch) -> None:
+        """Take the decoded tokens into the slots and sample the next token where logits came."""
+        j = 0
+        for s, chunk, want in batch:
+            j += len(chunk)
+            req = s.req
+            s.tokens += chunk
+            if req.state == PREFILL:
+                s.fed += len(chunk)
+                self._m["prompt_tokens"] += len(chunk)
+                if s.fed < len(s.feed):
+                    continue
+                if s.pending is not None:  # a suspended request computed again: go on generating
+                    req.state = GENERATING
+                    continue
+                if self.tree is not None and not s.shifted:
+                    self._cache(s, len(s.tokens))
+                for t in req.prompt[-64:]:
+                    req.sampler.accept(t)
+                req.state = GENERATING
+                if req.max_tokens == 0:
+                    self._finish(s, "length")
+                    continue
+            else:
+                self._m["gen_tokens"] += 1
+            if want:
+                self._sample(s, self.ctx.get_logits_ith(j - 1))
+
+    def _sample(self, s: Slot, row) -> None:
+        req = s.req
+        if req.ignore_eos:
+            row = row.copy()
+            row[self._eog_ids()] = -np.inf
+        tok = req.sampler.sample_logits(row)
+        req.sampler.accept(tok)
+        now = time.perf_counter()
+        if req.t_first is None:
+            req.t_first = now
+        req.t_last = now
+        if self.model.is_eog(tok):
+            self._finish(s, "eog")
+            return
+        req.generated.append(tok)
+        if req._emit(s.stream.push(tok)):
+            self._finish(s, "stop")
+            return
+        if 0 <= req.max_tokens <= len(req.generated):
+            self._finish(s, "length")
+            return
+        s.pending = tok
+
+    def _cache(self, s: Slot, n: int) -> None:
+        """Give the slot's first n tokens to the prefix cache and lock them for the running request."""
+        toks = s.tokens[:n]
+        self.tree.insert(toks, s.seq, n)
+        self._release_lock(s)
+        s.lock = self.tree.lock(toks, n)
+
+    def _finish(self, s: Slot, stop: str, *, cache: bool = True) -> None:
+        """End the slot's request: its cells go to the prefix cache, the slot is free."""
+        req = s.req
+        tail = s.stream.flush() if s.stream is not None else ""
+        if self.tree is not None:
+            self._release_lock(s)
+            if cache and not s.shifted and s.tokens:
+                self.tree.insert(s.tokens, s.seq, len(s.tokens))
+            self.memory.seq_rm(s.seq, -1, -1)
+        elif not self.prefix_cache or not cache:
+            self.memory.seq_rm(s.seq, -1, -1)
+            s.tokens = []
+        s.last_tokens = list(s.tokens)
+        if self.tree is not None:
+            s.tokens = []
+        s.req, s.pending, s.stream, s.feed, s.fed = None, None, None, [], 0
+        req._slot = None
+        req._finish(stop, tail)
+        self._m["requests_cancelled" if stop == "cancelled" else "requests_finished"] += 1
+
+    def _release_lock(self, s: Slot) -> None:
+        if s.lock is not None:
+            self.tree.unlock(s.lock)
+        s.lock = None
+
+    # ---- overflow: context shift and suspension --------------------------------------------------
+    def _shift(self, s: Slot) -> bool:
+        """Context shift of one slot (its n_keep kept, half the rest discarded); the cells it shares
+        with the prefix cache or other requests that would move are copied first, so their positions
+        do not move for the others. False when shifting is off or impossible."""
+        if not self.context_shift:
+            return False
+        mem, req = self.memory, s.req
+        keep = min(req.n_keep, len(s.tokens))
+        n_past = len(s.tokens)
+        n = (n_past - keep) // 2
+        limit = mem.exact_shift_limit(s.seq, keep)
+        if limit is not None and limit >= 1:
+            n = min(n, limit)
+        if n <= 0:
+            return False
+        if self.tree is not None:
+            self._release_lock(s)
+        for _ in range(3):
+            try:
+                mem.seq_unshare(s.seq, keep + n, -1)
+                break
+            except NoKVSlotError:  # no room for the copies: the cache lets go of its claims first
+                if self.tree is None or not self.tree.evict(n_past) and not self.tree.n_prompts:
+                    return False
+        else:
+            return False
+        done, _ = context_shift(mem, s.seq, keep, n)
+        del s.tokens[keep:keep + done]
+        s.shifted = True
+        req.n_shift += 1
+        return done > 0
+
+    def _suspend(self, s: Slot) -> None:
+        """Save the slot's sequence to RAM (or keep only its tokens beyond the byte budget), free the
+        slot and put its request first in line to resume."""
+        req = s.req
+        blob = None
+        if s.tokens:
+            blob = self.ctx.state_seq_get_data(s.seq)
+            if self._suspended_bytes + len(blob) > self.suspend_bytes:
+                blob = None
+        if self.tree is not None:
+            self._release_lock(s)
+        self.memory.seq_rm(s.seq, -1, -1)
+        req._saved = dict(blob=blob, tokens=list(s.tokens), feed=list(s.feed), fed=s.fed, pending=s.pending,
+                          shifted=s.shifted, stream=s.stream)
+        if blob is not None:
+            self._suspended_bytes += len(blob)
+        req.state = SUSPENDED
+        s.req, s.pending, s.stream, s.feed, s.fed, s.tokens = None, None, None, [], 0, []
+        self._resume.append(req)
+        self._resume.sort(key=lambda r: r.id)
+        self._m["requests_suspended"] += 1
+        log.info("llamax engine: suspended request %d (%s)", req.id,
+                 f"{len(blob)} bytes saved" if blob is not None else "tokens kept, to be computed again")
+
+    def _drop_suspended(self, req: Request) -> None:
+        blob = req._saved["blob"]
+        if blob is not None:
+            self._suspended_bytes -= len(blob)
+        req._saved = None
+
+    def _resume_into(self, req: Request, slot: Slot) -> bool:
+        """Put a suspended request back on a slot: its saved state restored, or its tokens queued
+        to be computed again. False while there is no room for it."""
+        sv = req._saved
+        busy = len(self._busy())
+        need = len(sv["tokens"]) + (GROWTH * (busy + 1) if busy else 0)
+        if need > self._free_cells() and self.tree is not None:
+            self.tree.evict(need - self._free_cells())
+        if busy and need > self._free_cells():
+            return False
+        if sv["blob"] is not None:
+            try:
+                self.ctx.state_seq_set_data(sv["blob"], slot.seq)
+            except StateError:  # no room for its cells as they were placed
+                if busy:
+                    return False
+                self._suspended_bytes -= len(sv["blob"])  # alone: compute it again instead
+                sv["blob"] = None
+        if sv["blob"] is not None:
+            slot.tokens, slot.feed, slot.fed = sv["tokens"], sv["feed"], sv["fed"]
+        else:  # compute what it held again, then go on where it stopped
+            self.memory.seq_rm(slot.seq, -1, -1)
+            slot.tokens, slot.feed, slot.fed = [], sv["tokens"] + sv["feed"][sv["fed"]:], 0
+        req.state = PREFILL if slot.fed < len(slot.feed) else GENERATING
+        self._drop_suspended(req)
+        slot.req, slot.pending, slot.shifted, slot.stream = req, sv["pending"], sv["shifted"], sv["stream"]
+        slot.lock = None
+        req._slot = slot
+        return True
+
+    # ---- slots -----------------------------------------------------------------------------------
+    def slots(self) -> list[dict]:
+        """llama-server's /slots: one dict per slot."""
+        with self._lock:
+            out = []
+            for s in self._slots:
+                r = s.req
+                out.append(dict(id=s.id, state=s.state, is_processing=r is not None, request=None if r is None else r.id,
+                                n_ctx=self.n_ctx_seq, n_past=len(s.tokens) if r is not None else 0,
+                                n_prompt=0 if r is None else len(r.prompt), n_cached=0 if r is None else r.n_cached,
+                                n_generated=0 if r is None else len(r.generated),
+                                cached_tokens=len(s.tokens) if r is not None or self.tree is None else len(s.last_tokens)))
+            return out
+
+    def _slot(self, i) -> Slot:
+        i = checks.integer(i, "slot")
+        if not 0 <= i < self.n_parallel:
+            raise ValueError(f"slot {i} outside [0, {self.n_parallel})")
+        return self._slots[i]
+
+    def _slot_file(self, filename) -> pathlib.Path:
+        if self.slot_save_path is None:
+            raise LlamaxError("slot save / restore is off: give the Engine a slot_save_path")
+        name = os.fspath(filename)
+        if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+                or name.startswith(".") or "\0" in name:
+            raise ValueError(f"slot file name {filename!r}: a plain file name inside slot_save_path")
+        return self.slot_save_path / name
+
+    def slot_save(self, i: int, filename) -> dict:
+        """Save slot i's sequence (a running request's cells, or an idle slot's last request as far
+        as the cache still holds it) to filename inside slot_save_path; returns n_saved (tokens) and
+        n_written (bytes)."""
+        path = self._slot_file(filename)
+        with self._lock:
+            s = self._slot(i)
+            self.memory.update()
+            if s.req is not None or self.tree is None:
+                toks = list(s.tokens)
+                self.ctx.state_seq_save_file(path, s.seq, toks)
+            else:
+                n, src = self._lookup_quiet(s.last_tokens)
+                toks = s.last_tokens[:n]
+                try:
+                    if n:
+                        self.memory.seq_cp(src, s.seq, 0, n)
+                    self.ctx.state_seq_save_file(path, s.seq, toks)
+                finally:
+                    self.memory.seq_rm(s.seq, -1, -1)
+            return dict(id_slot=s.id, filename=path.name, n_saved=len(toks), n_written=path.stat().st_size)
+
+    def _lookup_quiet(self, tokens: list[int]) -> tuple[int, int | None]:
+        t = self.tree
+        counts = (t.lookups, t.hits, t.tokens_reused)
+        n, src = t.lookup(tokens, len(tokens))
+        t.lookups, t.hits, t.tokens_reused = counts
+        return n, src
+
+    def slot_restore(self, i: int, filename) -> dict:
+        """Load a slot_save file into idle slot i: with the prefix cache its tokens become a cached
+        prefix any request reuses, else the slot's own cache. Returns n_restored (tokens).
+
+        Raises:
+            LlamaxError: the slot is busy. StateError, OSError: as Context.state_seq_load_file."""
+        path = self._slot_file(filename)
+        with self._lock:
+            s = self._slot(i)
+            if s.req is not None:
+                raise LlamaxError(f"slot {i} is processing request {s.req.id}: restore into an idle slot")
+            toks = self.ctx.state_seq_load_file(path, s.seq)
+            if self.tree is not None:
+                self.tree.insert(toks, s.seq, len(toks))
+                self.memory.seq_rm(s.seq, -1, -1)
+            else:
+                s.tokens = list(toks)
+            s.last_tokens = list(toks)
+            return dict(id_slot=s.id, filename=path.name, n_restored=len(toks))
+
+    def slot_erase(self, i: int) -> dict:
+        """Forget idle slot i's cache (its sequence and last tokens; cached prefixes stay)."""
+        with self._lock:
+            s = self._slot(i)
+            if s.req is not None:
+                raise LlamaxError(f"slot {i} is processing request {s.req.id}")
+            n = len(s.tokens) if self.tree is None else len(s.last_tokens)
+            self.memory.seq_rm(s.seq, -1, -1)
+            s.tokens, s.last_tokens = [], []
+            return dict(id_slot=s.id, n_erased=n)
+
+    def clear_cache(self) -> None:
+        """Drop every cached prefix (cells running requests hold stay theirs)."""
+        with self._lock:
+            if self.tree is not None:
+                self.tree.clear()
+            for s in self._slots:
+                if s.req is None:
+                    self.memory.seq_rm(s.seq, -1, -1)
+                    s.tokens = []
+
+    # ---- metrics ---------------------------------------------------------------------------------
+    def metrics(self) -> dict:
+        """Counters and gauges of the engine (llama-server's /metrics)."""
+        with self._lock:
+            m, mem, t = self._m, self.memory, self.tree
+            if t is not None:
+                cached, cached_bytes = mem.held_only_by(t.seq_ids)
+                lookups, hits, reused = t.lookups, t.hits, t.tokens_reused
+            else:
+                idle = [s.seq for s in self._slots if s.req is None]
+                cached, cached_bytes = mem.held_only_by(idle) if idle else (0, 0)
+                lookups, hits, reused = m["slot_lookups"], m["slot_hits"], m["slot_reused"]
+            busy = m["busy_s"]
+            with self._qlock:
+                qlen = len(self._queue)
+            return dict(
+                slots_busy=len(self._busy()), slots_total=self.n_parallel, queue_len=qlen,
+                requests_waiting=qlen + len(self._resume), cells_used=mem.n_used, cells_total=mem.n_cells,
+                cells_cached=cached, bytes_cached=cached_bytes, cached_prompts=t.n_prompts if t else 0,
+                prefix_lookups=lookups, prefix_hits=hits, tokens_reused=reused,
+                prompt_tokens=m["prompt_tokens"], gen_tokens=m["gen_tokens"],
+                prompt_tokens_per_s=m["prompt_tokens"] / busy if busy else 0.0,
+                gen_tokens_per_s=m["gen_tokens"] / busy if busy else 0.0, busy_s=busy, steps=m["steps"],
+                requests_finished=m["requests_finished"], requests_cancelled=m["requests_cancelled"],
+                requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes)
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _walk_len(tree: PrefixCache, tokens: Sequence[int]) -> int:
+    n = 0
+    for node, j in tree._walk(tokens, len(tokens)):
+        n = node.start + j
+    return n
