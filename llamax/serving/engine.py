@@ -48,6 +48,7 @@ from llamax.context import Context
 from llamax.dtypes import LLAMA_MAX_SEQ
 from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, StateError
 from llamax.generate import N_KEEP_MARGIN, context_shift
+from llamax.model.tokenizer import TextStream
 from llamax.params import ContextParams
 from llamax.sampling import Sampler
 from llamax.serving.prefix_cache import PrefixCache
@@ -450,7 +451,7 @@ class Engine:
             if not self.prefix_cache:
                 return free[0]
             return max(free, key=lambda s: _lcp(s.tokens, req.prompt))
-        have = _walk_len(self.tree, req.prompt)
+        have = self.tree.match_len(req.prompt)
         for s in self._slots:
             if s.req is not None and s.req.state == PREFILL:
                 if _lcp(s.feed, req.prompt) >= have + DEFER_MIN:
@@ -496,8 +497,6 @@ class Engine:
             if n:
                 self._m["slot_hits"] += 1
                 self._m["slot_reused"] += n
-        from llamax.model.tokenizer import TextStream
-
         slot.req, slot.shifted = req, False
         slot.feed, slot.fed, slot.pending = prompt, n, None
         slot.stream = TextStream(self.model.tokenizer)
@@ -869,9 +868,3 @@ def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
         i += 1
     return i
 
-
-def _walk_len(tree: PrefixCache, tokens: Sequence[int]) -> int:
-    n = 0
-    for node, j in tree._walk(tokens, len(tokens)):
-        n = node.start + j
-    return n

@@ -136,6 +136,13 @@ class PrefixCache:
         self.tokens_reused += n
         return n, leaf.seq
 
+    def match_len(self, tokens: Sequence[int]) -> int:
+        """How many leading tokens of tokens the tree holds (no counts, no use times)."""
+        n = 0
+        for node, j in self._walk(tokens, len(tokens)):
+            n = node.start + j
+        return n
+
     def lock(self, tokens: Sequence[int], n: int) -> int:
         """Keep the nodes holding tokens[:n] from being trimmed (a running request's prefix);
         returns the handle for unlock."""
