@@ -52,7 +52,7 @@ from llamax.model.tokenizer import TextStream
 from llamax.params import ContextParams
 from llamax.sampling import Sampler
 from llamax.serving.prefix_cache import PrefixCache
-from llamax.serving.request import DONE, GENERATING, PREFILL, QUEUED, SUSPENDED, Request, Result
+from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 
 log = logging.getLogger("llamax")
 
