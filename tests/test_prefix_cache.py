@@ -5,12 +5,12 @@ Deterministic tests of lookup / insert / lock / evict / clear, then a Hypothesis
 requests that look their prompt up, copy the prefix into their own sequence, decode the rest, give
 it back to the tree and are evicted or cleared, with the tree's invariants checked after each step."""
 import numpy as np
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from llamax import Batch, KVCache, NoKVSlotError
-from llamax.serving.prefix_cache import PrefixCache
+from llamax.serving.prefix_cache import PrefixCache, common_prefix
 
 TREE = (4, 5, 6, 7)  # the tree's sequence ids; 0..3 are requests
 
@@ -21,6 +21,15 @@ def make(kv_size=64, seq_ids=TREE):
 
 
 _rng = np.random.default_rng(0)
+
+
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12), st.integers(0, 13))
+def test_common_prefix_is_the_first_mismatch(a, b, i):
+    n = 0
+    while n < len(a) and i + n < len(b) and a[n] == b[i + n]:
+        n += 1
+    assert common_prefix(a, b, i) == n
+    assert common_prefix(b, b) == len(b)
 
 
 def decode(mem, tokens, seq, start=0):

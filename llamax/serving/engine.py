@@ -51,7 +51,7 @@ from llamax.generate import N_KEEP_MARGIN, context_shift
 from llamax.model.tokenizer import TextStream
 from llamax.params import ContextParams
 from llamax.sampling import Sampler
-from llamax.serving.prefix_cache import PrefixCache
+from llamax.serving.prefix_cache import PrefixCache, common_prefix
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 
 log = logging.getLogger("llamax")
@@ -450,11 +450,11 @@ class Engine:
         if self.tree is None:
             if not self.prefix_cache:
                 return free[0]
-            return max(free, key=lambda s: _lcp(s.tokens, req.prompt))
+            return max(free, key=lambda s: common_prefix(s.tokens, req.prompt))
         have = self.tree.match_len(req.prompt)
         for s in self._slots:
             if s.req is not None and s.req.state == PREFILL:
-                if _lcp(s.feed, req.prompt) >= have + DEFER_MIN:
+                if common_prefix(s.feed, req.prompt) >= have + DEFER_MIN:
                     return None
         return free[0]
 
@@ -466,7 +466,7 @@ class Engine:
         if self.tree is not None:
             n, src = self.tree.lookup(prompt, limit)
         else:
-            n, src = (min(_lcp(slot.tokens, prompt), limit) if self.prefix_cache else 0), None
+            n, src = (min(common_prefix(slot.tokens, prompt), limit) if self.prefix_cache else 0), None
             self._m["slot_lookups"] += 1
         if self.tree is not None:  # take the prefix first: evicting for room must not free it
             mem.seq_rm(slot.seq, -1, -1)
@@ -859,12 +859,4 @@ class Engine:
                 gen_tokens_per_s=m["gen_tokens"] / busy if busy else 0.0, busy_s=busy, steps=m["steps"],
                 requests_finished=m["requests_finished"], requests_cancelled=m["requests_cancelled"],
                 requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes)
-
-
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
+
 
 class Node:
     """A run of tokens at positions [start, start + len(tokens)) below its parent."""
@@ -53,13 +55,13 @@ class Node:
         return tail
 
 
-def _common(a: Sequence[int], b: Sequence[int], i: int) -> int:
-    """Length of the common prefix of a and b[i:]."""
+def common_prefix(a: Sequence[int], b: Sequence[int], i: int = 0) -> int:
+    """Length of the common prefix of a and b[i:] (one vectorised comparison, no per-token loop)."""
     n = min(len(a), len(b) - i)
-    j = 0
-    while j < n and a[j] == b[i + j]:
-        j += 1
-    return j
+    if n <= 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[i:i + n], dtype=np.int64))
+    return int(diff[0]) if diff.size else n
 
 
 class PrefixCache:
@@ -108,7 +110,7 @@ class PrefixCache:
             child = node.children.get(tokens[i])
             if child is None:
                 return
-            j = _common(child.tokens, tokens[:n], i)
+            j = common_prefix(child.tokens, tokens[:n], i)
             yield child, j
             if j < len(child.tokens):
                 return
@@ -176,7 +178,7 @@ class PrefixCache:
             child = node.children.get(tokens[i])
             if child is None:
                 break
-            j = _common(child.tokens, tokens, i)
+            j = common_prefix(child.tokens, tokens, i)
             if j == len(child.tokens):
                 node, i = child, i + j
                 continue
