@@ -50,7 +50,7 @@ from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotErro
 from llamax.generate import N_KEEP_MARGIN, context_shift
 from llamax.model.tokenizer import TextStream
 from llamax.params import ContextParams
-from llamax.sampling import Sampler
+from llamax.sampling import PENALTY_LAST_N, Sampler
 from llamax.serving.prefix_cache import PrefixCache, common_prefix
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 
@@ -576,7 +576,7 @@ class Engine:
                     continue
                 if self.tree is not None and not s.shifted:
                     self._cache(s, len(s.tokens))
-                for t in req.prompt[-64:]:
+                for t in req.prompt[-PENALTY_LAST_N:]:
                     req.sampler.accept(t)
                 req.state = GENERATING
                 if req.max_tokens == 0:
