@@ -195,6 +195,20 @@ def test_stop_strings_and_chat_messages(model):
     assert chat.n_prompt == len(model.tokenize(text, add_special=True, parse_special=True))
 
 
+def test_ignore_eos_generates_past_the_end(model):
+    eng = Engine(model, n_ctx=2048, n_parallel=2)
+    chat = [{"role": "user", "content": "Say hello."}]
+    ended = eng.generate(chat, max_tokens=64, temperature=0)
+    assert ended.stop == "eog" and ended.n_generated < 64
+    both = [eng.submit(chat, max_tokens=ended.n_generated + 8, temperature=0, ignore_eos=True),
+            eng.submit(chat, max_tokens=64, temperature=0)]  # the other request still stops at its end
+    on, off = (r.result() for r in both)
+    assert on.stop == "length" and on.n_generated == ended.n_generated + 8
+    assert on.tokens[:ended.n_generated] == ended.tokens
+    assert not any(model.is_eog(t) for t in on.tokens)
+    assert off.tokens == ended.tokens and off.stop == "eog"
+
+
 def test_background_loop_threads_and_asyncio(model):
     prompts = [f"Tell me about the color number {i}." for i in range(6)]
     ref = Engine(model, n_ctx=2048, n_parallel=3)

@@ -150,7 +150,8 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._error: BaseException | None = None
-        self._eog: np.ndarray | None = None
+        self._eog: np.ndarray | None = None      # the end-of-generation ids, and a scratch row for ignore_eos
+        self._eog_row: np.ndarray | None = None
         self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0,
                        requests_suspended=0, steps=0, busy_s=0.0, slot_lookups=0, slot_hits=0, slot_reused=0)
 
@@ -302,10 +303,14 @@ class Engine:
             self._wake.notify_all()
         return req
 
-    def _eog_ids(self) -> np.ndarray:
+    def _without_eog(self, row: np.ndarray) -> np.ndarray:
+        """row with the end-of-generation tokens at -inf, in the engine's one scratch row (ignore_eos)."""
         if self._eog is None:
             self._eog = np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
-        return self._eog
+            self._eog_row = np.empty(self.model.n_vocab, dtype=np.float32)
+        np.copyto(self._eog_row, row)
+        self._eog_row[self._eog] = -np.inf
+        return self._eog_row
 
     def _adds_bos(self) -> bool:
         return bool(getattr(self.model.tokenizer, "add_bos", False))
@@ -590,8 +595,7 @@ class Engine:
     def _sample(self, s: Slot, row) -> None:
         req = s.req
         if req.ignore_eos:
-            row = row.copy()
-            row[self._eog_ids()] = -np.inf
+            row = self._without_eog(row)
         tok = req.sampler.sample_logits(row)
         req.sampler.accept(tok)
         now = time.perf_counter()
