@@ -32,6 +32,7 @@ prefix with its prompt; that prefix is reused in place, nothing is copied betwee
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pathlib
@@ -62,24 +63,49 @@ DEFER_MIN = 16              # wait for an in-flight prefill that would give this
 SUSPEND_BYTES = 1 << 30     # RAM for the states of suspended requests
 
 
-class Slot:
+@dataclasses.dataclass
+class SeqState:
+    """What a slot holds of its request's sequence: saved whole when the request is suspended."""
+    tokens: list[int] = dataclasses.field(default_factory=list)  # the sequence, in position order (n_past = len)
+    feed: list[int] = dataclasses.field(default_factory=list)    # tokens to prefill
+    fed: int = 0                     # how many of feed are in the cache
+    pending: int | None = None       # the sampled token decoded next
+    shifted: bool = False            # a context shift moved it (its tokens are no longer a prefix)
+    stream: TextStream | None = None # the request's detokenizer
+
+
+@dataclasses.dataclass
+class Suspended:
+    """A suspended request: its sequence's state blob (None: compute it again) and its slot's state."""
+    blob: bytes | None
+    state: SeqState
+
+
+class Slot(SeqState):
     """One sequence of the context and the request decoding on it."""
 
     def __init__(self, i: int) -> None:
+        super().__init__()
         self.id = self.seq = i
         self.req: Request | None = None
-        self.tokens: list[int] = []      # what the sequence holds, in position order (n_past = len)
-        self.feed: list[int] = []        # tokens to prefill
-        self.fed = 0                     # how many of feed are in the cache
-        self.pending: int | None = None  # the sampled token decoded next
         self.lock: int | None = None     # the prefix cache's lock of this request's prefix
-        self.shifted = False
-        self.stream = None               # the request's TextStream
         self.last_tokens: list[int] = [] # the tokens of the last finished request (slot_save)
 
     @property
     def state(self) -> str:
         return "idle" if self.req is None else self.req.state
+
+    def take(self) -> SeqState:
+        """The slot's sequence state, leaving the slot's empty."""
+        names = [f.name for f in dataclasses.fields(SeqState)]
+        out = SeqState(**{k: getattr(self, k) for k in names})
+        for k, v in dataclasses.asdict(SeqState()).items():
+            setattr(self, k, v)
+        return out
+
+    def put(self, st: SeqState) -> None:
+        for f in dataclasses.fields(SeqState):
+            setattr(self, f.name, getattr(st, f.name))
 
 
 class Engine:
@@ -691,12 +717,11 @@ class Engine:
         if self.tree is not None:
             self._release_lock(s)
         self.memory.seq_rm(s.seq, -1, -1)
-        req._saved = dict(blob=blob, tokens=list(s.tokens), feed=list(s.feed), fed=s.fed, pending=s.pending,
-                          shifted=s.shifted, stream=s.stream)
+        req._saved = Suspended(blob, s.take())
         if blob is not None:
             self._suspended_bytes += len(blob)
         req.state = SUSPENDED
-        s.req, s.pending, s.stream, s.feed, s.fed, s.tokens = None, None, None, [], 0, []
+        s.req = None
         self._resume.append(req)
         self._resume.sort(key=lambda r: r.id)
         self._m["requests_suspended"] += 1
@@ -704,7 +729,7 @@ class Engine:
                  f"{len(blob)} bytes saved" if blob is not None else "tokens kept, to be computed again")
 
     def _drop_suspended(self, req: Request) -> None:
-        blob = req._saved["blob"]
+        blob = req._saved.blob
         if blob is not None:
             self._suspended_bytes -= len(blob)
         req._saved = None
@@ -712,30 +737,29 @@ class Engine:
     def _resume_into(self, req: Request, slot: Slot) -> bool:
         """Put a suspended request back on a slot: its saved state restored, or its tokens queued
         to be computed again. False while there is no room for it."""
-        sv = req._saved
+        sv: Suspended = req._saved
         busy = len(self._busy())
-        need = len(sv["tokens"]) + (GROWTH * (busy + 1) if busy else 0)
+        need = len(sv.state.tokens) + (GROWTH * (busy + 1) if busy else 0)
         if need > self._free_cells() and self.tree is not None:
             self.tree.evict(need - self._free_cells())
         if busy and need > self._free_cells():
             return False
-        if sv["blob"] is not None:
+        if sv.blob is not None:
             try:
-                self.ctx.state_seq_set_data(sv["blob"], slot.seq)
+                self.ctx.state_seq_set_data(sv.blob, slot.seq)
             except StateError:  # no room for its cells as they were placed
                 if busy:
                     return False
-                self._suspended_bytes -= len(sv["blob"])  # alone: compute it again instead
-                sv["blob"] = None
-        if sv["blob"] is not None:
-            slot.tokens, slot.feed, slot.fed = sv["tokens"], sv["feed"], sv["fed"]
-        else:  # compute what it held again, then go on where it stopped
+                self._suspended_bytes -= len(sv.blob)  # alone: compute it again instead
+                sv.blob = None
+        st = sv.state
+        if sv.blob is None:  # compute what it held again, then go on where it stopped
             self.memory.seq_rm(slot.seq, -1, -1)
-            slot.tokens, slot.feed, slot.fed = [], sv["tokens"] + sv["feed"][sv["fed"]:], 0
-        req.state = PREFILL if slot.fed < len(slot.feed) else GENERATING
+            st = dataclasses.replace(st, tokens=[], feed=st.tokens + st.feed[st.fed:], fed=0)
+        req.state = PREFILL if st.fed < len(st.feed) else GENERATING
         self._drop_suspended(req)
-        slot.req, slot.pending, slot.shifted, slot.stream = req, sv["pending"], sv["shifted"], sv["stream"]
-        slot.lock = None
+        slot.put(st)
+        slot.req, slot.lock = req, None
         req._slot = slot
         return True
 

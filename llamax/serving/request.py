@@ -103,7 +103,7 @@ class Request:
         self._cancel = False
         self.ignore_eos = False
         self._listeners: list = []      # called (from the engine's thread) when a piece or the result comes
-        self._saved: dict | None = None  # a suspended request's state
+        self._saved = None  # a suspended request's state (engine.Suspended)
         self._slot = None
 
     # ---- the caller's side ---------------------------------------------------------------------
