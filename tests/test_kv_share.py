@@ -55,6 +55,20 @@ def state(mem):
     return mem.cells(), buffers(mem), [s.snapshot(range(s.size)).tobytes() for s in mem.meta.streams]
 
 
+def attend_one(mem, token, seq, *, seed, n_head):
+    """Every layer's attention output for one new token on seq, with random q / k / v from seed."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, n_head, HEAD_DIM)).astype(np.float32)
+    k = rng.standard_normal((1, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+    v = rng.standard_normal((1, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
+    out = []
+    for ub in mem.plan(Batch([token], seq_ids=seq)):
+        for il in range(N_LAYER):
+            mem.store(il, ub, k, v)
+            out.append(mem.attend(il, ub, q))
+    return np.stack(out)
+
+
 def build_shared(t, v_trans, rng):
     """seq 0: tokens 100..109 at 0..9; seq 1: seq 0's cells 0..5 (seq_cp) then its own 6..8;
     seq 2: seq 0's cells 0..3."""
@@ -177,16 +191,7 @@ def test_attention_of_the_other_sequence_is_unchanged_by_unshare(t, v_trans):
             assert mem.seq_unshare(1) == 6
             mem.seq_add(1, 0, -1, 3)
             mem.update()
-        q_rng = np.random.default_rng(6)
-        q = q_rng.standard_normal((1, 4, HEAD_DIM)).astype(np.float32)
-        k = q_rng.standard_normal((1, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
-        v = q_rng.standard_normal((1, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
-        out = []
-        for ub in mem.plan(Batch([7], seq_ids=0)):
-            for il in range(N_LAYER):
-                mem.store(il, ub, k, v)
-                out.append(mem.attend(il, ub, q))
-        outs.append(np.stack(out))
+        outs.append(attend_one(mem, 7, 0, seed=6, n_head=4))
     np.testing.assert_array_equal(outs[1], outs[0])
 
 
@@ -212,15 +217,7 @@ def test_unshared_then_shifted_sequence_attends_as_a_fresh_copy(t, v_trans):
         mem.seq_add(1, 4, -1, -2)
         mem.update()
         assert sorted(cells_of(mem, 1)) == list(range(6))
-        q_rng = np.random.default_rng(8)
-        q = q_rng.standard_normal((1, 2, HEAD_DIM)).astype(np.float32)
-        k = q_rng.standard_normal((1, N_HEAD_KV, HEAD_DIM)).astype(np.float32)
-        out = []
-        for ub in mem.plan(Batch([9], seq_ids=1)):
-            for il in range(N_LAYER):
-                mem.store(il, ub, k, k)
-                out.append(mem.attend(il, ub, q))
-        outs.append(np.stack(out))
+        outs.append(attend_one(mem, 9, 1, seed=8, n_head=2))
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
