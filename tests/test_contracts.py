@@ -120,7 +120,7 @@ def test_every_public_operation_is_serialized(cls):
 def test_lock_is_held_during_native_work():
     """Another thread's seq_rm waits while a plan runs: the lock is held across the whole call."""
     kv = kv_cache()
-    entered, release = threading.Event(), threading.Event()
+    entered = threading.Event()
     done = []
 
     def other():

@@ -2,7 +2,6 @@
 import asyncio
 import threading
 
-import numpy as np
 import pytest
 
 import llamax

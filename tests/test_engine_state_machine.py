@@ -23,7 +23,6 @@ def smollm2(model):
 def seq_cells(mem, seq):
     """{pos: token} of seq's cells (one stream)."""
     c = mem.meta.streams[0]
-    pos = c.pos_view()
     bits = c.seq_view()
     idx = np.flatnonzero(((bits[:, seq >> 6] >> np.uint64(seq & 63)) & np.uint64(1)).astype(bool))
     st_ = c.snapshot(idx)

@@ -24,7 +24,6 @@ store() and attend() refuse the same way once the cells changed after the ubatch
 from __future__ import annotations
 
 import abc
-import dataclasses
 import functools
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
