@@ -1,7 +1,9 @@
-"""The `llamax` command line: run (generate text), bench (throughput tables), pull (fetch a registry model), demo."""
+"""The `llamax` command line: run (generate text), serve (an OpenAI-compatible HTTP server), bench (throughput
+tables), pull (fetch a registry model), demo."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import re
 import sys
@@ -284,6 +286,80 @@ def _bench_serving(a, flat) -> int:
     return 0
 
 
+def _serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the Engine (llama-server's endpoints too)",
+                       description="Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed or not), "
+                       "/v1/models, and llama-server's /health, /metrics, /slots, /tokenize, /detokenize. Requests "
+                       "run through continuous batching and the prefix cache. One log line per request on stderr.")
+    p.add_argument("-m", "--model", default=None, help="GGUF path or registry name (default smollm2-135m)")
+    p.add_argument("-a", "--alias", default=None, help="the model id clients see (default: the registry name or "
+                   "file name)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080; 0: any free port, printed)")
+    p.add_argument("-np", "--parallel", type=int, default=4, help="slots: requests decoded at once (default 4)")
+    p.add_argument("-c", "--ctx-size", type=int, default=4096,
+                   help="KV cells in all (default 4096; 0: the model's); with the unified cache every request may "
+                   "use all of them")
+    p.add_argument("-b", "--batch-size", type=int, default=2048)
+    p.add_argument("-ub", "--ubatch-size", type=int, default=512)
+    p.add_argument("-t", "--threads", type=int, default=None)
+    p.add_argument("-ctk", "--cache-type-k", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-ctv", "--cache-type-v", default="f16", choices=CACHE_TYPES)
+    p.add_argument("-fa", "--flash-attn", choices=["on", "off"], default="on")
+    p.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
+    p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per slot (no cross-slot prefix cache)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt in full")
+    p.add_argument("--no-context-shift", action="store_true",
+                   help="a prompt longer than a slot's context gets 400, and generation stops at the context's end "
+                   "(default: shift it, as llama-server --context-shift)")
+    p.add_argument("--ctx-slot", type=int, default=0, help="one request's context (default 0: all of -c)")
+    p.add_argument("--max-queue", type=int, default=256, help="requests that may wait for a slot; beyond: 503")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="the most tokens one request may generate (default: a slot's context)")
+    p.add_argument("--max-body-bytes", type=int, default=8 << 20, help="larger request bodies get 413 (default 8 MiB)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health (default: $LLAMAX_API_KEY)")
+    p.add_argument("--slot-save-path", default=None, help="the directory for POST /slots/{id}?action=save|restore")
+    p.add_argument("-v", "--verbose", action="store_true", help="log the engine's decisions too")
+
+
+def cmd_serve(a) -> int:
+    import os
+
+    from llamax import models
+    from llamax.model import Model
+
+    try:
+        for dep in ("uvicorn", "starlette", "pydantic", "prometheus_client"):
+            importlib.import_module(dep)
+        from llamax.server.run import serve
+    except ImportError as e:
+        print(f"llamax serve: the server needs its extra packages ({e.name} is missing): "
+              "pip install 'llamax[server]'", file=sys.stderr)
+        return 1
+    from llamax.serving import Engine
+
+    if not 0 <= a.port < 65536:
+        print(f"llamax serve: --port {a.port}: 0..65535", file=sys.stderr)
+        return 2
+    logging.getLogger("llamax.server").setLevel(logging.INFO)
+    name = a.model or models.DEFAULT
+    model = Model.load(name, n_threads=a.threads)
+    engine = Engine(model, n_ctx=a.ctx_size, n_parallel=a.parallel, n_batch=a.batch_size, n_ubatch=a.ubatch_size,
+                    type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
+                    kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
+                    max_queue=a.max_queue, n_threads=a.threads, slot_save_path=a.slot_save_path,
+                    context_shift=not a.no_context_shift, n_ctx_slot=a.ctx_slot)
+    if a.slot_save_path is not None:
+        os.makedirs(a.slot_save_path, exist_ok=True)
+    alias = a.alias or (name if name in models.available() else model.path.name)
+    print(f"llamax serve: {alias}: {engine.n_parallel} slots, {engine.params.n_ctx} cells "
+          f"({engine.n_ctx_seq} per request), K {a.cache_type_k} / V {a.cache_type_v}", file=sys.stderr)
+    return serve(engine, host=a.host, port=a.port, model_name=alias,
+                 api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None,
+                 max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens)
+
+
 def cmd_pull(a) -> int:
     from llamax import models
 
@@ -302,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="llamax", description="llama.cpp's KV-cache runtime for Python")
     sub = parser.add_subparsers(dest="cmd", required=True)
     _run_parser(sub)
+    _serve_parser(sub)
     _bench_parser(sub)
     pp = sub.add_parser("pull", help="fetch a registry model into the cache and print its path")
     pp.add_argument("name", nargs="?", default="smollm2-135m")
@@ -313,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "run":
             return cmd_run(args)
+        if args.cmd == "serve":
+            return cmd_serve(args)
         if args.cmd == "bench":
             return cmd_bench(args)
         if args.cmd == "pull":

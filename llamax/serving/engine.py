@@ -220,6 +220,12 @@ class Engine:
             with self._lock:
                 self._reap_cancelled()
 
+    @property
+    def failed(self) -> BaseException | None:
+        """The error that stopped the background loop (a failed forward pass), or None. Every request
+        it held ended "cancelled"; submit raises LlamaxError from then on."""
+        return self._error
+
     def _has_work(self) -> bool:
         return bool(self._queue or self._resume or any(s.req is not None for s in self._slots))
 
@@ -316,6 +322,8 @@ class Engine:
                                  "cells (one more is needed for the next token) and context shift is off")
             toks, n_trunc = self._truncate(toks, keep)
         with self._qlock:
+            if self._error is not None:
+                raise LlamaxError("the engine stopped after an error") from self._error
             if self._closing and self._thread is not None:
                 raise LlamaxError("the engine is closing")
             if len(self._queue) >= self.max_queue:
@@ -380,7 +388,7 @@ class Engine:
                     yield piece
                 elif finished:
                     return
-                elif self._thread is None:
+                elif self._thread is None or not self._thread.is_alive():  # no loop, or it failed: _drive says
                     await asyncio.to_thread(self._drive, req)
                 else:
                     await wake.wait()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
 from llamax.sampling import Sampler
@@ -146,6 +146,11 @@ class Request:
                 with self._cond:
                     if not self._pieces and self._result is None:
                         self._cond.wait(0.5)
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        """`async for piece in req`: the pieces without blocking the event loop; leaving the loop
+        before the request is done cancels it."""
+        return self._engine._pieces(self)
 
     def __repr__(self) -> str:
         return f"Request(id={self.id}, state={self.state}, prompt={len(self.prompt)}, generated={len(self.generated)})"

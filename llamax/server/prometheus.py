@@ -1,0 +1,87 @@
+"""GET /metrics: the Engine's metrics and the server's request counts in Prometheus' text format.
+
+A prometheus_client Collector reads Engine.metrics() at each scrape (nothing is copied between
+scrapes); the names are llamax_<key>, counters ending in _total as Prometheus asks. Each server has
+its own registry, so two servers in one process (tests, embedding apps) do not mix their figures.
+"""
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Engine.metrics() key -> help; counters only grow, gauges are the state at the scrape
+COUNTERS = {
+    "prompt_tokens": "prompt tokens computed (not taken from the prefix cache)",
+    "gen_tokens": "tokens generated",
+    "requests_finished": "requests that ended (end of generation, length or a stop string)",
+    "requests_cancelled": "requests cancelled (a client gone, or the server stopping)",
+    "requests_suspended": "times a running request was suspended to make room",
+    "prefix_lookups": "prefix-cache lookups",
+    "prefix_hits": "prefix-cache lookups that reused at least one token",
+    "tokens_reused": "prompt tokens taken from the prefix cache",
+    "steps": "scheduler steps (one decode each)",
+    "busy_s": "seconds spent in steps",
+}
+GAUGES = {
+    "slots_busy": "slots decoding a request",
+    "slots_total": "slots",
+    "queue_len": "new requests waiting for a slot",
+    "requests_waiting": "requests waiting for a slot (new and suspended)",
+    "cells_used": "KV cells in use",
+    "cells_total": "KV cells",
+    "cells_cached": "KV cells held only by the prefix cache",
+    "bytes_cached": "bytes of K/V held only by the prefix cache",
+    "cached_prompts": "prompts in the prefix cache",
+    "suspended_bytes": "bytes of suspended requests' saved states",
+    "prompt_tokens_per_s": "prompt tokens computed per busy second",
+    "gen_tokens_per_s": "tokens generated per busy second",
+}
+
+
+class HTTPCounts:
+    """Requests served, by route and status code (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._n: Counter[tuple[str, int]] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, route: str, status: int) -> None:
+        with self._lock:
+            self._n[(route, status)] += 1
+
+    def items(self) -> list[tuple[tuple[str, int], int]]:
+        with self._lock:
+            return sorted(self._n.items())
+
+
+class EngineCollector:
+    def __init__(self, engine, http: HTTPCounts) -> None:
+        self.engine, self.http = engine, http
+
+    def collect(self):
+        m = self.engine.metrics()
+        for key, doc in COUNTERS.items():
+            if key in m:
+                yield CounterMetricFamily(f"llamax_{key}", doc, value=m[key])
+        for key, doc in GAUGES.items():
+            if key in m:
+                yield GaugeMetricFamily(f"llamax_{key}", doc, value=m[key])
+        http = CounterMetricFamily("llamax_http_requests", "HTTP requests answered", labels=["route", "code"])
+        for (route, code), n in self.http.items():
+            http.add_metric([route, str(code)], n)
+        yield http
+
+
+def registry(engine, http: HTTPCounts) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(EngineCollector(engine, http))
+    return reg
+
+
+def render(reg: CollectorRegistry) -> bytes:
+    return generate_latest(reg)
