@@ -247,6 +247,22 @@ def test_async_without_background_loop(model):
     assert a.n_generated == 5 and b.n_generated == 5
 
 
+def test_a_failed_forward_pass_stops_the_loop_and_says_so(model):
+    eng = Engine(model, n_ctx=2048, n_parallel=2)
+    with eng:
+        assert eng.generate("Hello", max_tokens=3, temperature=0).n_generated == 3
+        assert eng.failed is None
+
+        def broken(*a, **kw):
+            raise RuntimeError("forward pass failed")
+        eng.ctx.decode = broken
+        res = eng.submit("Hello", max_tokens=3).result(timeout=60)
+        assert res.stop == "cancelled"
+        assert isinstance(eng.failed, RuntimeError)
+        with pytest.raises(LlamaxError, match="stopped after an error"):
+            eng.submit("Hello again", max_tokens=3)
+
+
 def test_errors(model):
     eng = Engine(model, n_ctx=512, n_parallel=1, max_queue=2)
     with pytest.raises(BatchError, match="empty"):
