@@ -171,6 +171,15 @@ def test_seeds_and_n_choices(client):
     assert [c.index for c in two.choices] == [0, 1]
     assert two.choices[0].text == a
     assert two.choices[1].text == client.completions.create(seed=8, **kw).choices[0].text
+    streamed = {0: "", 1: ""}
+    ends = {}
+    for c in client.completions.create(seed=7, n=2, stream=True, **kw):
+        for ch in c.choices:
+            streamed[ch.index] += ch.text
+            if ch.finish_reason:
+                ends[ch.index] = ch.finish_reason
+    assert streamed == {0: two.choices[0].text, 1: two.choices[1].text} and ends == {0: "length", 1: "length"}
+    assert c.usage.completion_tokens == two.usage.completion_tokens == 32
     both = client.completions.create(model="x", prompt=["Once upon a time", "The capital of France is"],
                                      max_tokens=6, temperature=0)
     assert [c.text for c in both.choices] == [
