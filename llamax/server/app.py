@@ -190,9 +190,9 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
 
-    async def _generate(self, request: Request, reqs, chunk, final, n: int, include_usage: bool):
-        """A Server-Sent Events response of the requests' pieces: chunk(index, text) for each piece,
-        final(index, finish_reason, usage or None) when a choice ends."""
+    def _generate(self, request: Request, reqs, part, n: int, include_usage: bool) -> Response:
+        """A Server-Sent Events response of the requests' pieces: part(index, text, None) for each
+        piece, part(index, "", finish_reason) (with the usage on the last one) when a choice ends."""
         head = self._head(request)
 
         async def events() -> AsyncIterator[bytes]:
@@ -200,12 +200,14 @@ class Server:
             try:
                 async for i, piece in _merged(reqs):
                     if piece is not None:
-                        yield _sse({**head, **chunk(i, piece)})
+                        yield _sse({**head, **part(i, piece, None)})
                         continue
                     results[i] = reqs[i].result()
                     last = all(x is not None for x in results)
-                    usage = self._usage(results, n) if last and not include_usage else None
-                    yield _sse({**head, **final(i, FINISH[results[i].stop], usage)})
+                    end = {**head, **part(i, "", FINISH[results[i].stop])}
+                    if last and not include_usage:
+                        end["usage"] = self._usage(results, n)
+                    yield _sse(end)
                     if last:
                         self._note(request, results)
                         if include_usage:
@@ -233,29 +235,7 @@ class Server:
         body = await self.body(request, CompletionRequest)
         request.state.rid = f"cmpl-{uuid.uuid4().hex}"
         reqs = await self._submit(body.prompts(), body, body.max_tokens)
-        n = body.n
-        if body.stream:
-            include = bool(body.stream_options and body.stream_options.include_usage)
-
-            def chunk(i, text):
-                return {"object": "text_completion",
-                        "choices": [{"index": i, "text": text, "logprobs": None, "finish_reason": None}]}
-
-            def final(i, reason, usage):
-                out = {"object": "text_completion",
-                       "choices": [{"index": i, "text": "", "logprobs": None, "finish_reason": reason}]}
-                return {**out, "usage": usage} if usage is not None else out
-
-            return await self._generate(request, reqs, chunk, final, n, include)
-        results = await self._gather(request, reqs)
-        if results is None:
-            return Response(status_code=499)
-        self._note(request, results)
-        return JSONResponse({
-            **self._head(request), "object": "text_completion",
-            "choices": [{"index": i, "text": r.text, "logprobs": None, "finish_reason": FINISH[r.stop]}
-                        for i, r in enumerate(results)],
-            "usage": self._usage(results, n), "timings": self._timings(results)})
+        return await self._respond(request, body, reqs, chat=False)
 
     async def chat(self, request: Request) -> Response:
         body = await self.body(request, ChatRequest)
@@ -263,35 +243,35 @@ class Server:
         messages = [m.as_template() for m in body.messages]
         asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         reqs = await self._submit([messages], body, asked)
-        n = body.n
+        return await self._respond(request, body, reqs, chat=True)
+
+    async def _respond(self, request: Request, body: Sampling, reqs, *, chat: bool) -> Response:
+        """The requests' answer: an event stream, or one JSON body once all are done."""
         if body.stream:
             include = bool(body.stream_options and body.stream_options.include_usage)
-            started = set()
+            obj, started = ("chat.completion.chunk" if chat else "text_completion"), set()
 
-            def chunk(i, text):
-                delta = {"content": text}
-                if i not in started:
+            def part(i: int, text: str, reason: str | None) -> dict:
+                if chat:  # a choice's first chunk names the role; its last has an empty delta
+                    delta = {"role": "assistant", "content": text} if i not in started else \
+                        {"content": text} if reason is None else {}
                     started.add(i)
-                    delta = {"role": "assistant", "content": text}
-                return {"object": "chat.completion.chunk",
-                        "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}]}
+                    c = {"index": i, "delta": delta}
+                else:
+                    c = {"index": i, "text": text}
+                return {"object": obj, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
 
-            def final(i, reason, usage):
-                delta = {} if i in started else {"role": "assistant", "content": ""}
-                out = {"object": "chat.completion.chunk",
-                       "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]}
-                return {**out, "usage": usage} if usage is not None else out
-
-            return await self._generate(request, reqs, chunk, final, n, include)
+            return self._generate(request, reqs, part, body.n, include)
         results = await self._gather(request, reqs)
         if results is None:
-            return Response(status_code=499)
+            return Response(status_code=499)  # nobody to answer: the client went away
         self._note(request, results)
         return JSONResponse({
-            **self._head(request), "object": "chat.completion",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": r.text}, "logprobs": None,
-                         "finish_reason": FINISH[r.stop]} for i, r in enumerate(results)],
-            "usage": self._usage(results, n), "timings": self._timings(results)})
+            **self._head(request), "object": "chat.completion" if chat else "text_completion",
+            "choices": [{"index": i, **({"message": {"role": "assistant", "content": r.text}} if chat else
+                                        {"text": r.text}), "logprobs": None, "finish_reason": FINISH[r.stop]}
+                        for i, r in enumerate(results)],
+            "usage": self._usage(results, body.n), "timings": self._timings(results)})
 
     async def models(self, request: Request) -> Response:
         m = self.engine.model
