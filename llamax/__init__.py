@@ -3,14 +3,33 @@ attention mask, attention) and the decode loop around it, as a Python library wi
 import os
 import sys
 
-# Threads that spin-wait long after their parallel region steal the cores the next kernel needs:
-# OpenMP's (ours) those of OpenBLAS during prefill, OpenBLAS's those of our attention right after a
-# BLAS call (pp512 377 -> 620 t/s here together). A short spin keeps decode's back-to-back regions
-# fast. Each library reads its variable once when it loads (OpenBLAS with numpy), so this helps only
-# when llamax is imported first; a value the user set wins.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-if "numpy" not in sys.modules:
-    os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+def _load_runtimes() -> None:
+    """Load OpenMP and OpenBLAS with short spin-waits, leaving the process environment as it was.
+
+    Threads that spin-wait long after their parallel region steal the cores the next kernel needs:
+    OpenMP's (ours) those of OpenBLAS during prefill, OpenBLAS's those of our attention right after a
+    BLAS call (pp512 377 -> 620 t/s here together). Each runtime reads its variable once, as it
+    loads: libgomp (GOMP_SPINCOUNT) with libllamax.so, OpenBLAS (OPENBLAS_THREAD_TIMEOUT) with
+    numpy. Neither has a call to set it later, so the variables are set just around those two loads
+    and removed again: the process and its children see no variable llamax set. A value the user set
+    is kept (and wins); OpenBLAS keeps its own when numpy was imported before llamax.
+    """
+    want = {"GOMP_SPINCOUNT": "10000"}
+    if "numpy" not in sys.modules:
+        want["OPENBLAS_THREAD_TIMEOUT"] = "4"
+    ours = [k for k in want if k not in os.environ]
+    for k in ours:
+        os.environ[k] = want[k]
+    try:
+        import numpy  # noqa: F401  (OpenBLAS reads its variable here)
+        from llamax._native import cpu  # noqa: F401  (libllamax.so loads libgomp, which reads its own)
+    finally:
+        for k in ours:
+            os.environ.pop(k, None)
+
+
+_load_runtimes()
 
 from llamax import models  # noqa: E402
 from llamax.batch import Batch
