@@ -1,5 +1,6 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
 attention mask, attention) and the decode loop around it, as a Python library with a C core."""
+import importlib
 import os
 import sys
 
@@ -22,8 +23,8 @@ def _load_runtimes() -> None:
     for k in ours:
         os.environ[k] = want[k]
     try:
-        import numpy  # noqa: F401  (OpenBLAS reads its variable here)
-        from llamax._native import cpu  # noqa: F401  (libllamax.so loads libgomp, which reads its own)
+        importlib.import_module("numpy")  # OpenBLAS reads its variable here
+        importlib.import_module("llamax._native.cpu")  # libllamax.so loads libgomp, which reads its own
     finally:
         for k in ours:
             os.environ.pop(k, None)
