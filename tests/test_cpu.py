@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -21,7 +22,8 @@ def _lift_cap():
 
 
 def test_levels_and_cap():
-    best = cpu.cpu_level()
+    best = cpu.ceiling()  # the CPU's best, or LLAMAX_SIMD's level when this run is capped
+    assert best <= cpu.cpu_level()
     assert cpu.levels() == tuple(range(best + 1))
     assert cpu.simd_level() == best
     assert len(cpu.LEVEL_NAMES) == cpu.VNNI512 + 1
@@ -35,6 +37,30 @@ def test_levels_and_cap():
         with pytest.raises(ValueError, match="SIMD level"):
             cpu.set_simd_level(bad)
     assert cpu.simd_level() == best
+
+
+def run_capped(value: str, code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LLAMAX_SIMD": value}
+    return subprocess.run([sys.executable, "-c", "import llamax\nfrom llamax._native import cpu\n" + code],
+                          env=env, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("name", cpu.LEVEL_NAMES)
+def test_llamax_simd_sets_a_ceiling(name):
+    """LLAMAX_SIMD=name runs as on a CPU whose best is that level: levels() stops there and a lifted
+    cap (-1) or a higher one comes back to it, not to the CPU's best."""
+    top = min(cpu.LEVEL_NAMES.index(name), cpu.cpu_level())
+    r = run_capped(name, "cpu.set_simd_level(-1); a = cpu.simd_level()\n"
+                         "cpu.set_simd_level(cpu.VNNI512); b = cpu.simd_level()\n"
+                         "cpu.set_simd_level(cpu.PORTABLE); c = cpu.simd_level()\n"
+                         "print(','.join(map(str, cpu.levels())), cpu.ceiling(), a, b, c)")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [",".join(str(i) for i in range(top + 1)), str(top), str(top), str(top), "0"]
+
+
+def test_llamax_simd_unknown_name_is_a_clear_error():
+    r = run_capped("sse9", "pass")
+    assert r.returncode != 0 and "LLAMAX_SIMD='sse9': one of portable, avx2, avx512, avx512-vnni" in r.stderr
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps (ELF builds)")

@@ -4,7 +4,12 @@
 Every kernel (quants, matmul, gemm, attention, rope, kq_mask, layer, sampling, hadamard) picks its
 path from `simd_level()` at each call; `set_simd_level` caps them all at once, for the tests that
 hold each fast path against its scalar reference.
+
+LLAMAX_SIMD=portable|avx2|avx512|avx512-vnni (read once, when this module loads) sets a ceiling:
+the process runs as on a CPU whose best level is that one. `levels()` stops there, and
+`set_simd_level` never goes above it, so the whole test suite runs at each level on one machine.
 """
+import os
 # the declarations of csrc/cpu.h come from cpu.pxd (same module name)
 
 PORTABLE = LX_SIMD_PORTABLE
@@ -12,6 +17,23 @@ AVX2 = LX_SIMD_AVX2          # avx2 + fma + f16c
 AVX512 = LX_SIMD_AVX512      # + avx512 f, bw, vl, dq
 VNNI512 = LX_SIMD_VNNI512    # + avx512 vnni
 LEVEL_NAMES = ("portable", "avx2", "avx512", "avx512-vnni")
+
+
+def _ceiling_from_env() -> int:
+    name = os.environ.get("LLAMAX_SIMD", "").strip().lower()
+    if not name:
+        return LX_SIMD_N_LEVELS - 1
+    if name not in LEVEL_NAMES:
+        raise ValueError(f"LLAMAX_SIMD={name!r}: one of {', '.join(LEVEL_NAMES)} (or unset: this CPU's best)")
+    return LEVEL_NAMES.index(name)
+
+
+_CEILING = _ceiling_from_env()
+
+
+def ceiling() -> int:
+    """The best level this process may use: the CPU's, or LLAMAX_SIMD's when lower."""
+    return min(_CEILING, lx_cpu_simd_level())
 
 
 def cpu_level() -> int:
@@ -25,12 +47,19 @@ def simd_level() -> int:
 
 
 def set_simd_level(int level) -> None:
-    """Testing hook: cap every kernel at `level` (PORTABLE .. VNNI512); -1 lifts the cap."""
+    """Testing hook: cap every kernel at `level` (PORTABLE .. VNNI512, never above ceiling());
+    -1 lifts the cap back to ceiling()."""
     if level < -1 or level >= LX_SIMD_N_LEVELS:
         raise ValueError(f"SIMD level {level} is not in -1 .. {LX_SIMD_N_LEVELS - 1}")
+    top = ceiling()
+    if level == -1 or level > top:
+        level = -1 if top == lx_cpu_simd_level() else top
     lx_set_simd_level(level)
 
 
 def levels() -> tuple:
-    """The levels this CPU can run, lowest first (what a test sweeps)."""
-    return tuple(range(lx_cpu_simd_level() + 1))
+    """The levels this process can run (up to ceiling()), lowest first (what a test sweeps)."""
+    return tuple(range(ceiling() + 1))
+
+
+set_simd_level(-1)  # the ceiling from LLAMAX_SIMD, if any
