@@ -3,7 +3,9 @@ extension per concept over it.
 
 Flags: a portable baseline (no -march) with runtime dispatch inside the kernels;
 LLAMAX_NATIVE=1 adds -march=native for a local build; LLAMAX_NO_OPENMP=1 builds
-without OpenMP (the C code guards every pragma with _OPENMP).
+without OpenMP (the C code guards every pragma with _OPENMP); LLAMAX_SANITIZE=1 builds with
+AddressSanitizer and UndefinedBehaviorSanitizer (-O1 -g; the interpreter needs the runtimes
+preloaded: .ci/sanitize does it and runs the suite).
 """
 import os
 import sys
@@ -53,6 +55,11 @@ class BuildExt(build_ext):
             return cflags, lflags
         cflags = ["-O3", "-std=c11", "-fno-math-errno", "-Wall", "-Wno-unused-function", "-Wno-unknown-pragmas"]
         lflags = []
+        if os.environ.get("LLAMAX_SANITIZE") == "1":
+            # every UB check fatal, so a report fails the test that caused it
+            san = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+            cflags = ["-O1", "-g", "-fno-omit-frame-pointer"] + san + cflags[1:]
+            lflags += san
         if os.environ.get("LLAMAX_NATIVE") == "1":
             cflags.append("-march=native")
         if os.environ.get("LLAMAX_NO_OPENMP") != "1" and _compiler_accepts(self.compiler, "-fopenmp"):
