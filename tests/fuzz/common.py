@@ -75,7 +75,7 @@ class Draw:
             return max(0, near + self.below(17) - 8)
         if k == 2:
             return self.uint(8)
-        return near * 2 + 1
+        return (near * 2 + 1) % 2**64
 
     def u32_value(self, near: int = 0) -> int:
         k = self.below(3)
@@ -87,10 +87,10 @@ class Draw:
 
 
 def overwrite(buf: bytearray, at: int, fmt: str, value: int) -> None:
-    """Pack value at `at` when it fits in the buffer (struct format fmt)."""
+    """Pack value (modulo the field's width) at `at` when it fits in the buffer (unsigned format fmt)."""
     n = struct.calcsize(fmt)
     if 0 <= at and at + n <= len(buf):
-        struct.pack_into(fmt, buf, at, value)
+        struct.pack_into(fmt, buf, at, value % (1 << (8 * n)))
 
 
 def peek(buf, at: int, fmt: str) -> int:
