@@ -536,7 +536,8 @@ def open_file(path) -> StateFile:
     Raises:
         StateError: path is not a regular file (a directory, a FIFO, a device: refused without
             reading or waiting), not a llamax state file, an unsupported version, a corrupt token
-            list, or lengths that are not the file's (truncated, trailing bytes).
+            list (its CRC, or a negative id, which save_file never writes), or lengths that are not
+            the file's (truncated, trailing bytes).
         OSError: path cannot be opened (missing, no permission).
     """
     name = os.fsdecode(path)
@@ -573,8 +574,12 @@ def open_file(path) -> StateFile:
         (crc,) = _U32.unpack_from(toks, 4 * n_tokens)
         if zlib.crc32(memoryview(toks)[:-4], zlib.crc32(head)) != crc:
             raise StateError(f"{name}: corrupt state file: checksum of the header and tokens does not match")
+        ids = np.frombuffer(toks, "<i4", count=n_tokens)
+        if n_tokens and ids.min() < 0:   # save_file writes ids in [0, 2**31) only
+            i = int(np.argmax(ids < 0))
+            raise StateError(f"{name}: corrupt state file: token {i} is {int(ids[i])}, outside [0, 2**31)")
         f.seek(at + _HEADER.size)
-        return StateFile(name, f, np.frombuffer(toks, "<i4", count=n_tokens).tolist(), blob_head, h)
+        return StateFile(name, f, ids.tolist(), blob_head, h)
     except BaseException:
         f.close()
         raise

@@ -71,18 +71,22 @@ def _add_key(w: gguf.GGUFWriter, key: str, v) -> None:
 
 def write_model(path: Path, arch: str = "llama", *, keys: dict | None = None, shapes: dict | None = None,
                 drop: tuple[str, ...] = (), output: bool = False, tokens: list[str] = TOKENS,
-                raw: dict | None = None) -> Path:
+                raw: dict | None = None, meta: dict | None = None) -> Path:
     """A tiny model: `keys` overrides {arch}.<key> metadata (None removes a key), `shapes` overrides or
     adds tensors (ggml order), `drop` removes tensors, `raw` gives tensors by their bytes and ggml type (the shape
-    from `shapes` or the valid model's; int8 so that the writer takes the shape as given)."""
+    from `shapes` or the valid model's; int8 so that the writer takes the shape as given), `meta` sets any key
+    to (value, GGUFValueType[, element type]) in place of the tokenizer's own (None removes it)."""
+    T = gguf.GGUFValueType
     w = gguf.GGUFWriter(str(path), arch)
     for k, v in (_keys(arch) | (keys or {})).items():
         if v is not None:
             _add_key(w, f"{arch}.{k}", v)
-    w.add_tokenizer_model("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * len(tokens))
-    w.add_token_merges(MERGES)
+    tok = {"tokenizer.ggml.model": ("gpt2", T.STRING), "tokenizer.ggml.tokens": (tokens, T.ARRAY, T.STRING),
+           "tokenizer.ggml.token_type": ([1] * len(tokens), T.ARRAY, T.INT32),
+           "tokenizer.ggml.merges": (MERGES, T.ARRAY, T.STRING)}
+    for k, v in (tok | (meta or {})).items():
+        if v is not None:
+            w.add_key_value(k, v[0], v[1], sub_type=v[2] if len(v) > 2 else None)
     rng = np.random.default_rng(0)
     for name, ne in (_shapes(arch, output) | (shapes or {})).items():
         if name in drop:
@@ -193,6 +197,53 @@ KEY_CASES = {
 def test_bad_hyperparameter(tmp_path, case):
     arch, keys, texts = KEY_CASES[case]
     _raises(write_model(tmp_path / f"{arch}.gguf", arch, keys=keys), *texts)
+
+
+# ---- metadata of another type than llama.cpp reads (found by tests/fuzz/gguf.py) ------------------------
+_T = gguf.GGUFValueType
+META_CASES = {
+    # id: (key -> (value, type[, element type]), the texts the message holds); each used to leak a
+    # TypeError, ValueError or OverflowError out of Model.load
+    "tokens_not_strings": ({"tokenizer.ggml.tokens": (list(range(N_VOCAB)), _T.ARRAY, _T.INT32)},
+                           ["tokenizer.ggml.tokens", "expected an array of strings"]),
+    "tokens_a_scalar": ({"tokenizer.ggml.tokens": (7, _T.UINT32)}, ["tokenizer.ggml.tokens"]),
+    "scores_a_scalar": ({"tokenizer.ggml.scores": (1.5, _T.FLOAT32)}, ["tokenizer.ggml.scores", "array of numbers"]),
+    "scores_strings": ({"tokenizer.ggml.scores": (TOKENS, _T.ARRAY, _T.STRING)}, ["tokenizer.ggml.scores"]),
+    "token_type_a_scalar": ({"tokenizer.ggml.token_type": (3, _T.INT32)}, ["tokenizer.ggml.token_type"]),
+    "token_type_floats": ({"tokenizer.ggml.token_type": ([1.0] * N_VOCAB, _T.ARRAY, _T.FLOAT32)},
+                          ["tokenizer.ggml.token_type", "integers"]),
+    "bos_id_nan": ({"tokenizer.ggml.bos_token_id": (float("nan"), _T.FLOAT32)},
+                   ["tokenizer.ggml.bos_token_id", "expected an integer"]),
+    "eos_id_inf": ({"tokenizer.ggml.eos_token_id": (float("inf"), _T.FLOAT64)}, ["tokenizer.ggml.eos_token_id"]),
+    "bos_id_array": ({"tokenizer.ggml.bos_token_id": ([1, 2], _T.ARRAY, _T.UINT32)}, ["tokenizer.ggml.bos_token_id"]),
+    "model_array": ({"tokenizer.ggml.model": (["gpt2", "x"], _T.ARRAY, _T.STRING)},
+                    ["tokenizer.ggml.model", "expected a string"]),
+    "name_array": ({"general.name": ([1, 2, 3], _T.ARRAY, _T.UINT8)}, ["general.name"]),
+    "merges_ints": ({"tokenizer.ggml.merges": ([1, 2], _T.ARRAY, _T.INT32)}, ["tokenizer.ggml.merges"]),
+    "add_bos_array": ({"tokenizer.ggml.add_bos_token": ([True, False], _T.ARRAY, _T.BOOL)},
+                      ["tokenizer.ggml.add_bos_token", "expected a bool"]),
+    "chat_template_int": ({"tokenizer.chat_template": (3, _T.UINT32)}, ["tokenizer.chat_template", "not a string"]),
+}
+
+
+@pytest.mark.parametrize("case", META_CASES)
+def test_metadata_of_another_type(tmp_path, case):
+    meta, texts = META_CASES[case]
+    path = write_model(tmp_path / "m.gguf", meta=meta)
+    with pytest.raises(ModelError) as e:
+        Model.load(path)
+    for t in texts:
+        assert t in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("key,value", [("rope.freq_base", -10000.0), ("rope.freq_base", 0.0),
+                                       ("rope.freq_base", float("nan")), ("rope.freq_base", float("inf")),
+                                       ("attention.layer_norm_rms_epsilon", float("nan")),
+                                       ("attention.layer_norm_rms_epsilon", -0.5),
+                                       ("rope.scaling.factor", float("inf")), ("rope.scaling.factor", -2.0)])
+def test_numbers_out_of_range(tmp_path, key, value):
+    # a negative RoPE base leaked RoPE's ValueError out of Model.load; NaN and inf loaded a broken model
+    _raises(write_model(tmp_path / "m.gguf", keys={key: value}), f"llama.{key} is {value}")
 
 
 # ---- tensors ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import numpy as np
 
 from llamax._native import quants
 from llamax.errors import ModelError
-from llamax.model.gguf_reader import GGUFReader
+from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
 ARCHS = ("llama", "gemma3")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
 
@@ -140,6 +140,11 @@ def _brief(v: list) -> str:
     return str(v) if len(v) <= 8 else str(v[:8])[:-1] + ", ...]"
 
 
+def _brief_value(v: Any) -> str:
+    """A metadata value for a message: an array as its first values, a long string cut."""
+    return _brief(v) if isinstance(v, list) else repr(v)[:80]
+
+
 class _Keys:
     """Typed reads of one architecture's keys ({arch}.<key>), each failure a ModelError naming the key."""
 
@@ -156,7 +161,7 @@ class _Keys:
         """An integer key (bools, floats and strings are not integers), at least `minimum`."""
         v = self.g.get(self.key(k), default) if value is None else value
         if isinstance(v, bool) or not isinstance(v, int):
-            raise ModelError(f"{self.file}: {self.key(k)} is {v!r}, not an integer")
+            raise ModelError(f"{self.file}: {self.key(k)} is {_brief_value(v)}, not an integer")
         if v < minimum:
             raise ModelError(f"{self.file}: {self.key(k)} is {v}; it must be "
                              + ("positive" if minimum == 1 else f"at least {minimum}"))
@@ -176,11 +181,16 @@ class _Keys:
             v = v[0]
         return self.integer(k, value=v)
 
-    def number(self, k: str, default: Any = ModelError) -> float:
+    def number(self, k: str, default: Any = ModelError, *, positive: bool = False) -> float:
+        """A finite number (an int or a float, not a bool); > 0 when positive, else >= 0."""
         v = self.g.get(self.key(k), default)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelError(f"{self.file}: {self.key(k)} is {v!r}, not a number")
-        return float(v)
+            raise ModelError(f"{self.file}: {self.key(k)} is {_brief_value(v)}, not a number")
+        v = float(v)
+        if not math.isfinite(v) or v < 0 or (positive and v == 0):
+            raise ModelError(f"{self.file}: {self.key(k)} is {v}; it must be finite and "
+                             + ("positive" if positive else "at least 0"))
+        return v
 
 
 def read_hparams(g: GGUFFile) -> HParams:
@@ -240,8 +250,12 @@ def read_hparams(g: GGUFFile) -> HParams:
     if scaling not in ("none", "linear"):
         raise ModelError(f"{f}: {k.key('rope.scaling.type')} {scaling!r} is not supported (none, linear)")
     toks = g.reader.fields.get("tokenizer.ggml.tokens")
-    if not toks:
+    if toks is None or (isinstance(toks, list) and not toks):
         raise ModelError(f"{f}: no vocabulary (tokenizer.ggml.tokens)")
+    if g.reader.field_type("tokenizer.ggml.tokens") != (GGUFValueType.ARRAY, GGUFValueType.STRING):
+        raise ModelError(f"{f}: tokenizer.ggml.tokens is {g.reader.field_type('tokenizer.ggml.tokens')[0].name}"
+                         f"{'' if not isinstance(toks, np.ndarray) else ' of ' + str(toks.dtype)}, "
+                         "expected an array of strings")
     common = dict(
         arch=arch,
         n_layer=n_layer,
@@ -255,8 +269,8 @@ def read_hparams(g: GGUFFile) -> HParams:
         n_vocab=len(toks),
         rms_eps=k.number("attention.layer_norm_rms_epsilon"),
         n_rot=n_rot,
-        rope_freq_base=k.number("rope.freq_base", 10000.0),
-        rope_freq_scale=1.0 / (k.number("rope.scaling.factor", 1.0) or 1.0),
+        rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True),
+        rope_freq_scale=1.0 / (k.number("rope.scaling.factor", 1.0) or 1.0),   # 0: none, as llama.cpp
         tied_output="output.weight" not in g.tensors,
     )
     if arch == "llama":

@@ -60,6 +60,9 @@ class Model:
         self.n_threads = n_threads
         self.tokenizer = Tokenizer.from_gguf(g.reader)
         self.chat_template = g.get("tokenizer.chat_template", None)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ModelError(f"{g.path.name}: tokenizer.chat_template is a {type(self.chat_template).__name__}, "
+                             "not a string")
         self._apply_chat_template = apply_chat_template
 
     # ---- llama_model's two jobs for a context ----------------------------------------------------

@@ -483,6 +483,74 @@ def _as_texts(items: Sequence[Any]) -> list[str]:
             for t in items]
 
 
+class _Meta:
+    """Typed reads of the tokenizer's metadata, as llama.cpp's get_key / get_arr: a key of another
+    type than the one expected (an int where a string is, a string array where numbers are, ...)
+    is a ModelError naming the key, never a TypeError or ValueError from deep inside. Takes both
+    forms of the metadata (GGUFReader.fields: str and numpy arrays; read_gguf_metadata: bytes and
+    lists)."""
+
+    def __init__(self, meta: Mapping[str, Any]) -> None:
+        self.meta = meta
+
+    def _bad(self, key: str, v: Any, want: str) -> ModelError:
+        shown = f"an array of {len(v)}" if isinstance(v, (list, tuple, np.ndarray)) else repr(v)[:60]
+        return ModelError(f"{key} is {shown} ({type(v).__name__}), expected {want}")
+
+    def string(self, key: str, default: str = "") -> str:
+        v = self.meta.get(key)
+        if v is None:
+            return default
+        if isinstance(v, (bytes, bytearray)):
+            return bytes(v).decode("utf-8", "surrogateescape")
+        if not isinstance(v, str):
+            raise self._bad(key, v, "a string")
+        return v
+
+    def strings(self, key: str) -> list | None:
+        """An array of strings (str or bytes items), or None when absent."""
+        v = self.meta.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, (list, tuple)) or not set(map(type, v)) <= {str, bytes, bytearray}:
+            raise self._bad(key, v, "an array of strings")
+        return v
+
+    def numbers(self, key: str, kinds: str) -> np.ndarray | None:
+        """A numeric array (numpy dtype kinds `kinds`, e.g. "iu" or "iuf"), or None when absent."""
+        v = self.meta.get(key)
+        if v is None:
+            return None
+        if isinstance(v, (list, tuple)) and set(map(type, v)) <= {int, float}:
+            try:
+                a = np.asarray(v)
+            except (OverflowError, ValueError):
+                raise self._bad(key, v, "an array of numbers") from None
+        elif isinstance(v, np.ndarray) and v.ndim == 1:
+            a = v
+        else:
+            raise self._bad(key, v, "an array of numbers")
+        if a.size and a.dtype.kind not in kinds:
+            raise self._bad(key, v, "an array of " + ("integers" if "f" not in kinds else "numbers"))
+        return a
+
+    def integer(self, key: str) -> int | None:
+        v = self.meta.get(key)
+        if v is None:
+            return None
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise self._bad(key, v, "an integer")
+        return int(v)
+
+    def boolean(self, key: str) -> bool | None:
+        v = self.meta.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, (bool, np.bool_, int, np.integer)):
+            raise self._bad(key, v, "a bool")
+        return bool(v)
+
+
 # tokenizer.ggml.token_type (llama_token_type, 0..6) -> attribute, as a lookup table
 _TYPE_TO_ATTR_LUT = np.array([_TYPE_TO_ATTR[t] for t in range(len(_TYPE_TO_ATTR))], dtype=np.int64)
 
@@ -516,13 +584,14 @@ class Tokenizer:
 
         Raises:
             ModelError: no vocabulary, an unsupported tokenizer model or pre-tokenizer, a
-                duplicate token, or add_bos/add_eos set without the token id.
+                duplicate token, add_bos/add_eos set without the token id, or a key of another
+                type than llama.cpp reads (a number for a string, strings for numbers, ...).
         """
-        def get(key: str, default: Any = None) -> Any:
-            return meta.get("tokenizer.ggml." + key, default)
+        m = _Meta(meta)
+        g = "tokenizer.ggml."
 
-        self.model: str = str(get("model", "") or "")
-        self.pre: str = str(get("pre", "") or "")
+        self.model: str = m.string(g + "model")
+        self.pre: str = m.string(g + "pre")
         if self.model == "llama":
             self.vocab_type = "spm"
         elif self.model == "gpt2":
@@ -531,7 +600,7 @@ class Tokenizer:
             raise ModelError(f"tokenizer model {self.model!r} is not supported "
                              "(supported: 'llama' (SPM), 'gpt2' (BPE))")
 
-        raw_tokens = get("tokens")
+        raw_tokens = m.strings(g + "tokens")
         if raw_tokens is None or len(raw_tokens) == 0:
             raise ModelError("cannot find tokenizer vocab in model file (tokenizer.ggml.tokens)")
         n = len(raw_tokens)
@@ -552,12 +621,12 @@ class Tokenizer:
                 if first.setdefault(s, i) != i:
                     raise ModelError(f"duplicate token in vocabulary: {s!r} has ids {first[s]} and {i}")
 
-        scores = get("scores")
+        scores = m.numbers(g + "scores", "iuf")
         if scores is not None and len(scores) < n:
             raise ModelError(f"Index out of array bounds for scores ({len(scores)} < {n})")
         self._scores: list[float] = (np.asarray(scores[:n], dtype=np.float64).tolist()
                                      if scores is not None else [0.0] * n)
-        types = get("token_type")
+        types = m.numbers(g + "token_type", "iu")
         if types is not None and len(types) < n:
             raise ModelError(f"Index out of array bounds for toktypes ({len(types)} < {n})")
         # per-token attributes as one array while they are derived below (self._attrs at the end)
@@ -585,7 +654,7 @@ class Tokenizer:
             for k, v in flags.items():
                 setattr(self, k, v)
             self._regexes = [_translate_regex(r) for r in regexes]
-            merges = get("merges")
+            merges = m.strings(g + "merges")
             if merges is None:
                 raise ModelError("cannot find tokenizer merges in model file (tokenizer.ggml.merges)")
             for rank, s in enumerate(_as_texts(merges)):
@@ -593,7 +662,7 @@ class Tokenizer:
                 pair = (s[:sp], s[sp + 1:]) if sp >= 0 else ("", "")
                 self._ranks.setdefault(pair, rank)
         self._need_collapse = any(c for _, c in self._regexes)
-        add_prefix = get("add_space_prefix")
+        add_prefix = m.boolean(g + "add_space_prefix")
         if add_prefix is not None:
             self.add_space_prefix = bool(add_prefix)
 
@@ -612,14 +681,13 @@ class Tokenizer:
         for suffix, name in _SPECIAL_ID_KEYS:
             if ids[name] >= n:
                 ids[name] = TOKEN_NULL
-            v = get(suffix)
+            v = m.integer(g + suffix)
             if v is None:
                 continue
-            v = int(v)
             if 0 <= v < n:
                 ids[name] = v
         for key, name in (("add_bos_token", "add_bos"), ("add_eos_token", "add_eos"), ("add_sep_token", "add_sep")):
-            v = get(key)
+            v = m.boolean(g + key)
             if v is not None:
                 setattr(self, name, bool(v))
         for flag, name in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
@@ -677,8 +745,8 @@ class Tokenizer:
         self._pieces: dict[int, bytes] = {}
 
         # per-token attributes set by model name (llama.cpp's _set_token_attr)
-        name = str(meta.get("general.name", "") or "").lower()
-        arch = str(meta.get("general.architecture", "") or "")
+        name = m.string("general.name").lower()
+        arch = m.string("general.architecture")
 
         def set_attr(text: str, attr: int, value: bool) -> None:
             i = self._t2i.get(text)
