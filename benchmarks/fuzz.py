@@ -76,6 +76,7 @@ def run(target: str, cases: int, timeout: float, rss_mb: int, work: Path, seed: 
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", target, "--", *args]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("OMP_NUM_THREADS", "1")
+    env["LLAMAX_FUZZ_SCRATCH"] = str(work)   # libFuzzer's child exits without atexit: keep its files here
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                        errors="replace")

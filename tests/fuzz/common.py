@@ -125,8 +125,11 @@ def mutate_bytes(d: Draw, buf: bytearray, lo: int = 0, hi: int | None = None, ma
 
 @functools.lru_cache(maxsize=None)
 def scratch() -> Path:
-    """A private directory for the files of the cases (in RAM when /dev/shm exists)."""
-    base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    """A private directory for the files of the cases: inside $LLAMAX_FUZZ_SCRATCH when set (the long
+    runs' work directory: their children end without exit hooks), else in RAM when /dev/shm exists."""
+    base = os.environ.get("LLAMAX_FUZZ_SCRATCH")
+    if base is None and os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK):
+        base = "/dev/shm"
     return Path(tempfile.mkdtemp(prefix="llamax-fuzz-", dir=base))
 
 
