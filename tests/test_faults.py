@@ -364,3 +364,72 @@ def test_stale_temporary_files_are_removed_at_start_but_not_a_save_in_progress(m
     assert listing(tmp_path) == ["a.bin", "notes.tmp"]
     with pytest.raises(ValueError, match="temporary file"):
         eng.slot_save(0, "x.bin.0123456789abcdef.tmp")
+
+
+# ---- the HTTP server: a full disk, and a kill in the middle of a slot save ------------------------------
+def _ignore_sigxfsz():
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE, write(2) fails with EFBIG
+
+
+def _complete(server, prompt, n=4):
+    r = server.post("/v1/completions", json={"prompt": prompt, "max_tokens": n, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def test_a_server_whose_disk_fills_up_keeps_the_slot_file_and_serves_on(tmp_path):
+    from test_server import LiveServer
+    server = LiveServer("-np", "2", "-c", "1024", "--slot-save-path", str(tmp_path), preexec_fn=_ignore_sigxfsz)
+    try:
+        text = _complete(server, SYSTEM + QUESTIONS[0])
+        r = server.post("/slots/0?action=save", json={"filename": "a.bin"})
+        assert r.status_code == 200, r.text
+        old = digest(tmp_path / "a.bin")
+        _complete(server, SYSTEM + QUESTIONS[1] + " " + QUESTIONS[2], 8)  # slot 0 now holds more
+        resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+        r = server.post("/slots/0?action=save", json={"filename": "a.bin"})
+        assert r.status_code == 500 and "File too large" in r.json()["error"]["message"], r.text
+        resource.prlimit(server.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        assert listing(tmp_path) == ["a.bin"] and digest(tmp_path / "a.bin") == old
+        assert _complete(server, SYSTEM + QUESTIONS[0]) == text
+        r = server.post("/slots/1?action=restore", json={"filename": "a.bin"})
+        assert r.status_code == 200 and r.json()["n_restored"] > 0, r.text
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_server_killed_in_the_middle_of_a_slot_save_leaves_the_previous_file(tmp_path, model):
+    from test_server import LiveServer
+    args = ("-np", "1", "-c", "2048", "--slot-save-path", str(tmp_path))
+    server = LiveServer(*args)
+    try:
+        _complete(server, SYSTEM + QUESTIONS[0])
+        assert server.post("/slots/0?action=save", json={"filename": "a.bin"}).status_code == 200
+        old = digest(tmp_path / "a.bin")
+        big = model.tokenize((SYSTEM + " ".join(QUESTIONS)) * 8)[:1200]  # ~28 MB of K/V to write
+        r = server.post("/v1/completions", json={"prompt": big, "max_tokens": 1, "temperature": 0}, timeout=600)
+        assert r.status_code == 200, r.text
+        saving = threading.Thread(target=lambda: pytest.raises(httpx.HTTPError, server.post, "/slots/0?action=save",
+                                                               json={"filename": "a.bin"}, timeout=120))
+        saving.start()
+        deadline, seen = time.monotonic() + 120, None
+        while seen is None and time.monotonic() < deadline:  # the save's temporary file: kill now
+            seen = next((n for n in os.listdir(tmp_path) if n.endswith(".tmp")), None)
+        assert seen is not None, "the save never started"
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(30)
+        saving.join(60)
+        assert server.proc.returncode == -signal.SIGKILL
+        names = listing(tmp_path)
+        assert names == sorted(["a.bin", seen]), names  # the temporary file, killed mid-save, not renamed
+        assert digest(tmp_path / "a.bin") == old
+    finally:
+        server.stop()
+    again = LiveServer(*args)
+    try:
+        assert listing(tmp_path) == ["a.bin"]  # the new server removed the killed save's temporary file
+        r = again.post("/slots/0?action=restore", json={"filename": "a.bin"})
+        assert r.status_code == 200 and r.json()["n_restored"] > 0, r.text
+        assert again.metrics()["llamax_cells_cached"] == r.json()["n_restored"]
+    finally:
+        assert again.stop() == 0
