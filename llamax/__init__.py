@@ -35,7 +35,7 @@ _load_runtimes()
 from llamax import models  # noqa: E402
 from llamax.batch import Batch
 from llamax.context import Context
-from llamax.errors import BatchError, EngineFullError, LlamaxError, ModelError, NoKVSlotError, StalePlanError, StateError
+from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError, ModelError, NoKVSlotError, StalePlanError, StateError
 from llamax.generate import context_shift, generate, generate_parallel
 from llamax.memory import KVCache, KVCacheISWA, Memory
 from llamax.model import Model
@@ -46,6 +46,6 @@ from llamax.serving import Engine, Request, Result
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "Request", "Result", "EngineFullError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
+__all__ = ["Engine", "Request", "Result", "EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
            "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "Model", "Context", "Sampler", "generate",
            "generate_parallel", "context_shift", "models"]

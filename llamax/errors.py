@@ -30,8 +30,13 @@ class StateError(LlamaxError, ValueError):
     """A truncated, corrupt, foreign or incompatible state blob. The destination is left empty."""
 
 
+class RequestError(LlamaxError, RuntimeError):
+    """One Engine request failed (its forward pass raised; the cause is chained): its cells were
+    taken back out of the cache and the other requests went on."""
+
+
 class EngineFullError(LlamaxError):
     """The Engine's queue is full (max_queue requests wait for a slot); nothing was queued."""
 
 
-__all__ = ["EngineFullError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError"]
+__all__ = ["EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError"]

@@ -55,19 +55,27 @@ A file is never read whole: open_file checks both headers against the file's len
 tokens; restore then reads the metadata (CRC checked before a count is trusted) and each data chunk
 from the file when the memory asks for it, and checks the data's XOR before anything is installed.
 Loading holds at most the metadata and the chunks the memory asked for, never the file. Saving
-writes a new file next to the path and renames it over the path; a path that exists and is not a
-regular file (a directory, a symbolic link, a FIFO, a device) is refused and left as it is.
+writes a new file next to the path (NAME.HEX16.tmp, flock'ed while written), fsyncs it, renames it
+over the path and fsyncs the directory; a failure (a full disk) removes it, a killed process leaves
+it behind for remove_stale_tmp. A path that exists and is not a regular file (a directory, a
+symbolic link, a FIFO, a device) is refused and left as it is.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
+import re
 import secrets
 import stat
 import struct
 import zlib
 from collections.abc import Iterable
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; remove_stale_tmp removes every temporary file
+    fcntl = None
 
 import numpy as np
 
@@ -462,15 +470,39 @@ def _kind_of(mode: int) -> str:
     return f"a file of type {stat.S_IFMT(mode):#o}"
 
 
+TMP_SUFFIX = ".tmp"
+_TMP_NAME = re.compile(r"^(?P<name>.+)\.[0-9a-f]{16}\.tmp$")  # save_file's temporary files: NAME.HEX16.tmp
+
+
+def is_tmp_name(name: str) -> bool:
+    """True for the name of one of save_file's temporary files (NAME.HEX16.tmp)."""
+    return _TMP_NAME.match(name) is not None
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename in directory durable (where directories can be opened and synced)."""
+    try:
+        dfd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # a platform without directory handles (Windows): the rename is as durable as it gets
+        return
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
 def save_file(path, tokens: Iterable[int], parts: list) -> None:
-    """Write the file header with its tokens, then the blob parts, to a new file next to path, then
-    rename it over path (a reader sees the old file or the new one, never half of one).
+    """Write the file header with its tokens, then the blob parts, to a new file next to path
+    (NAME.HEX16.tmp, locked while it is written), fsync it, rename it over path and fsync the
+    directory: a reader, a crash or a kill at any point sees the old file or the new one, never half
+    of one. A kill leaves at most the temporary file (remove_stale_tmp removes it later).
 
     Raises:
         ValueError: a token id outside [0, 2**31) (nothing is written).
         StateError: path exists and is not a regular file (a directory, a symbolic link, even to a
             regular file, a FIFO, a device, ...): it would be replaced; nothing is written.
-        OSError: the directory cannot be written (the temporary file is removed).
+        OSError: the directory cannot be written, the disk is full (ENOSPC, EFBIG, EDQUOT at a write
+            or at the fsync): the temporary file is removed and path is left as it was.
     """
     toks = _tokens_i32(tokens)
     name = os.fsdecode(path)
@@ -481,19 +513,59 @@ def save_file(path, tokens: Iterable[int], parts: list) -> None:
     if not stat.S_ISREG(mode):
         raise StateError(f"{name} is {_kind_of(mode)}, not a regular file: a state file is not saved over it")
     head = _FILE_HEAD.pack(FILE_MAGIC, VERSION, toks.size) + toks.tobytes()
-    tmp = f"{name}.{secrets.token_hex(8)}.tmp"
+    tmp = f"{name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
     # O_EXCL: a new file, never an existing one or the target of a symbolic link planted at tmp
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        with open(fd, "wb") as f:
+        if fcntl is not None:  # held until the fd closes (or the process dies): remove_stale_tmp skips it
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        with open(fd, "wb", closefd=False) as f:
             f.write(head)
             f.write(_U32.pack(zlib.crc32(head)))
             f.writelines(parts)
+            f.flush()
+            os.fsync(fd)  # the data on disk before the name points at it (a full disk may only say so here)
         os.replace(tmp, name)
+        _fsync_dir(os.path.dirname(os.path.abspath(name)))
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.remove(tmp)
         raise
+    finally:
+        os.close(fd)
+
+
+def remove_stale_tmp(directory) -> list[str]:
+    """Remove the temporary files save_file left in directory when its process was killed mid-save
+    (NAME.HEX16.tmp, no process holding its lock: a save in progress, even in another process, is
+    left alone). Returns the names removed.
+
+    Complexity: one pass over the directory; opens only the names that look like temporary files.
+    """
+    removed = []
+    directory = os.fsdecode(directory)
+    for entry in os.scandir(directory):
+        if not is_tmp_name(entry.name) or not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            if fcntl is not None:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:  # a writer holds it: a save in progress
+                    continue
+            # still the file behind that name (not renamed away and replaced meanwhile)
+            if os.fstat(fd).st_ino == os.lstat(entry.path).st_ino:
+                os.remove(entry.path)
+                removed.append(entry.name)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
 
 
 class StateFile:

@@ -247,17 +247,34 @@ def test_async_without_background_loop(model):
     assert a.n_generated == 5 and b.n_generated == 5
 
 
-def test_a_failed_forward_pass_stops_the_loop_and_says_so(model):
+def test_a_failed_forward_pass_fails_its_request_and_the_engine_goes_on(model):
     eng = Engine(model, n_ctx=2048, n_parallel=2)
     with eng:
         assert eng.generate("Hello", max_tokens=3, temperature=0).n_generated == 3
         assert eng.failed is None
+        real = eng.ctx.decode
 
         def broken(*a, **kw):
             raise RuntimeError("forward pass failed")
         eng.ctx.decode = broken
-        res = eng.submit("Hello", max_tokens=3).result(timeout=60)
-        assert res.stop == "cancelled"
+        with pytest.raises(llamax.RequestError, match="forward pass failed") as e:
+            eng.submit("Hello", max_tokens=3).result(timeout=60)
+        assert isinstance(e.value.__cause__, RuntimeError)
+        assert eng.failed is None and eng.metrics()["requests_failed"] == 1
+        eng.ctx.decode = real
+        assert eng.generate("Hello again", max_tokens=3, temperature=0).n_generated == 3
+
+
+def test_an_error_outside_a_forward_pass_stops_the_loop_and_says_so(model):
+    eng = Engine(model, n_ctx=2048, n_parallel=2)
+    with eng:
+        assert eng.generate("Hello", max_tokens=3, temperature=0).n_generated == 3
+
+        def broken(*a, **kw):
+            raise RuntimeError("scheduler bug")
+        eng._build = broken
+        with pytest.raises(llamax.RequestError, match="scheduler bug"):
+            eng.submit("Hello", max_tokens=3).result(timeout=60)
         assert isinstance(eng.failed, RuntimeError)
         with pytest.raises(LlamaxError, match="stopped after an error"):
             eng.submit("Hello again", max_tokens=3)

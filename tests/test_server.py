@@ -28,13 +28,13 @@ SYSTEM = ("You are a careful assistant for a small library. You answer questions
 class LiveServer:
     """`python -m llamax serve --port 0 ...` in a subprocess; its stderr is kept line by line."""
 
-    def __init__(self, *args, key=None):
+    def __init__(self, *args, key=None, **popen):
         cmd = [sys.executable, "-m", "llamax", "serve", "--port", "0", "-t", "2", *args]
         if key:
             cmd += ["--api-key", key]
         self.key = key
         self.proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "LLAMAX_API_KEY": ""})
+                                     env={**os.environ, "LLAMAX_API_KEY": ""}, **popen)
         self.lines: list[str] = []
         self._ready = threading.Event()
         self.url = None

@@ -31,7 +31,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from llamax.errors import BatchError, EngineFullError, LlamaxError, StateError
+from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError, StateError
 from llamax.model.chat import ChatTemplateError
 from llamax.server import prometheus
 from llamax.server.schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Sampling, SlotAction,
@@ -41,7 +41,7 @@ log = logging.getLogger("llamax.server")
 
 MAX_BODY_BYTES = 8 << 20
 OPEN_PATHS = ("/health", "/v1/health")  # no API key needed
-FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
 
 
 class APIError(Exception):
@@ -142,6 +142,8 @@ class Server:
             return APIError(503, str(e))
         if isinstance(e, (BatchError, ChatTemplateError, ValueError, TypeError)):
             return APIError(400, str(e))
+        if isinstance(e, RequestError):
+            return APIError(500, str(e))
         if isinstance(e, LlamaxError):
             return APIError(500 if self.engine.failed is not None else 503, str(e))
         return e
@@ -262,7 +264,10 @@ class Server:
                 return {"object": obj, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
 
             return self._generate(request, reqs, part, body.n, include)
-        results = await self._gather(request, reqs)
+        try:
+            results = await self._gather(request, reqs)
+        except LlamaxError as e:  # a request failed (RequestError) or the engine stopped
+            raise self._engine_error(e) from None
         if results is None:
             return Response(status_code=499)  # nobody to answer: the client went away
         self._note(request, results)
@@ -313,8 +318,10 @@ class Server:
             else:
                 fn = self.engine.slot_save if action == "save" else self.engine.slot_restore
                 out = await asyncio.to_thread(fn, sid, body.filename)
-        except (ValueError, StateError, LlamaxError, OSError) as e:
+        except (ValueError, StateError, LlamaxError, FileNotFoundError) as e:
             raise APIError(400, f"slot {action}: {e}") from None
+        except OSError as e:  # the server's disk (full, read-only): the previous file is left whole
+            raise APIError(500, f"slot {action}: {e}") from None
         ms = (time.perf_counter() - t0) * 1e3
         if action != "erase":
             out["timings"] = {f"{action}_ms": ms}

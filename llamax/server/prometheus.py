@@ -20,6 +20,7 @@ COUNTERS = {
     "gen_tokens": "tokens generated",
     "requests_finished": "requests that ended (end of generation, length or a stop string)",
     "requests_cancelled": "requests cancelled (a client gone, or the server stopping)",
+    "requests_failed": "requests whose forward pass failed (the others went on)",
     "requests_suspended": "times a running request was suspended to make room",
     "prefix_lookups": "prefix-cache lookups",
     "prefix_hits": "prefix-cache lookups that reused at least one token",

@@ -44,6 +44,7 @@ from collections.abc import AsyncIterator, Sequence
 import numpy as np
 
 from llamax import checks
+from llamax import state as _state
 from llamax.batch import Batch
 from llamax.context import Context
 from llamax.dtypes import LLAMA_MAX_SEQ
@@ -121,7 +122,10 @@ class Engine:
         prefix_cache: keep finished requests' cells and reuse prefixes (a radix tree over the cells
             with kv_unified, the slots' own caches without).
         max_queue: requests that may wait for a slot; submit raises EngineFullError beyond.
-        slot_save_path: the directory slot_save / slot_restore use (None: refused).
+        slot_save_path: the directory slot_save / slot_restore use (None: refused). A save writes
+            a temporary file there and renames it over the name (see llamax.state.save_file): a
+            full disk or a killed process leaves the previous file whole; the temporary files a
+            killed process left behind are removed when an Engine starts on the directory.
         n_ctx_slot: the context of one request (0: n_ctx_seq, all of a unified cache); a request
             that reaches it shifts or stops, however much of the cache is free.
         context_shift: a request at its context shifts (keeping its n_keep tokens) instead of
@@ -165,6 +169,11 @@ class Engine:
         self.prefix_cache = bool(prefix_cache)
         self.tree = PrefixCache(self.memory, range(n_parallel, n_seq_max)) if tree else None
         self.slot_save_path = None if slot_save_path is None else pathlib.Path(slot_save_path).resolve()
+        if self.slot_save_path is not None and self.slot_save_path.is_dir():
+            stale = _state.remove_stale_tmp(self.slot_save_path)  # a save killed midway left these
+            if stale:
+                log.warning("llamax engine: removed %d unfinished slot save(s) from %s: %s", len(stale),
+                            self.slot_save_path, ", ".join(stale))
         self._slots = [Slot(i) for i in range(n_parallel)]
         self._queue: deque[Request] = deque()
         self._resume: list[Request] = []   # suspended requests, oldest first
@@ -178,7 +187,7 @@ class Engine:
         self._error: BaseException | None = None
         self._eog: np.ndarray | None = None      # the end-of-generation ids, and a scratch row for ignore_eos
         self._eog_row: np.ndarray | None = None
-        self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0,
+        self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0, requests_failed=0,
                        requests_suspended=0, steps=0, busy_s=0.0, slot_lookups=0, slot_hits=0, slot_reused=0)
 
     def __repr__(self) -> str:
@@ -222,8 +231,11 @@ class Engine:
 
     @property
     def failed(self) -> BaseException | None:
-        """The error that stopped the background loop (a failed forward pass), or None. Every request
-        it held ended "cancelled"; submit raises LlamaxError from then on."""
+        """The error that stopped the background loop, or None. A failed forward pass does not stop
+        it: the requests whose own forward pass fails end with stop "error" (result() raises
+        RequestError) and the others go on. Any other error in a step (a bug, KeyboardInterrupt)
+        stops the loop: every request it held fails the same way; submit raises LlamaxError from
+        then on."""
         return self._error
 
     def _has_work(self) -> bool:
@@ -240,11 +252,11 @@ class Engine:
                     return
             try:
                 self.step()
-            except BaseException as e:  # a failed forward pass: every request ends, the error is kept
+            except BaseException as e:  # outside a forward pass (those fail their requests): the loop stops
                 log.exception("llamax engine: step failed")
                 self._error = e
                 with self._lock:
-                    self._fail_all()
+                    self._fail_all(e)
                 return
 
     def _drive(self, req: Request) -> bool:
@@ -387,6 +399,7 @@ class Engine:
                 if piece is not None:
                     yield piece
                 elif finished:
+                    req._raise_error()
                     return
                 elif self._thread is None or not self._thread.is_alive():  # no loop, or it failed: _drive says
                     await asyncio.to_thread(self._drive, req)
@@ -423,18 +436,21 @@ class Engine:
             if s.req is not None and s.req._cancel:
                 self._finish(s, "cancelled")
 
-    def _end(self, req: Request, stop: str) -> None:
-        req._finish(stop)
-        self._m["requests_cancelled" if stop == "cancelled" else "requests_finished"] += 1
+    def _end(self, req: Request, stop: str, error: BaseException | None = None) -> None:
+        req._finish(stop, error=error)
+        self._count(stop)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, error: BaseException) -> None:
+        """The loop stopped on an error it cannot pin on one request: every request fails with it."""
         for s in self._slots:
             if s.req is not None:
-                self._finish(s, "cancelled", cache=False)
+                self._finish(s, "error", cache=False, error=error)
         with self._qlock:
             waiting, self._queue = list(self._queue), deque()
         for r in waiting + self._resume:
-            self._end(r, "cancelled")
+            if r._saved is not None:
+                self._drop_suspended(r)
+            self._end(r, "error", error)
         self._resume = []
 
     # ---- one step (update_slots) -----------------------------------------------------------------
@@ -575,9 +591,28 @@ class Engine:
             except NoKVSlotError:
                 batch = self._make_room(batch, len(toks))
                 continue
+            except Exception as e:  # a failed forward pass: the context took the batch's tokens back out
+                return self._isolate(batch, e)
             self._after(batch)
             return len(toks)
         return 0
+
+    def _isolate(self, batch, error: Exception) -> int:
+        """The forward pass of batch raised, and the cache holds none of its tokens (Context.decode
+        removed them; every slot's state is as before the step). One request alone: it fails with
+        the error (RequestError from its result()), its cells go back. Several: each is decoded
+        alone, so only those whose own forward pass fails again end; the others go on with the same
+        tokens (the kernels are batch-invariant). Returns the tokens decoded."""
+        if len(batch) == 1:
+            s = batch[0][0]
+            log.error("llamax engine: request %d failed: %s: %s", s.req.id, type(error).__name__, error)
+            self._finish(s, "error", cache=False, error=error)
+            return 0
+        n = 0
+        for part, req in [(b, b[0].req) for b in batch]:
+            if part[0].req is req:  # not suspended or ended by an earlier part's retry
+                n += self._decode([part])
+        return n
 
     def _make_room(self, batch, n_tokens: int):
         """The batch did not fit: evict cached prefixes, else suspend the youngest request, else
@@ -655,8 +690,9 @@ class Engine:
         self._release_lock(s)
         s.lock = self.tree.lock(toks, n)
 
-    def _finish(self, s: Slot, stop: str, *, cache: bool = True) -> None:
-        """End the slot's request: its cells go to the prefix cache, the slot is free."""
+    def _finish(self, s: Slot, stop: str, *, cache: bool = True, error: BaseException | None = None) -> None:
+        """End the slot's request: its cells go to the prefix cache (cache=False: are removed), the
+        slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
         tail = s.stream.flush() if s.stream is not None else ""
         if self.tree is not None:
@@ -672,8 +708,11 @@ class Engine:
             s.tokens = []
         s.req, s.pending, s.stream, s.feed, s.fed = None, None, None, [], 0
         req._slot = None
-        req._finish(stop, tail)
-        self._m["requests_cancelled" if stop == "cancelled" else "requests_finished"] += 1
+        req._finish(stop, tail, error=error)
+        self._count(stop)
+
+    def _count(self, stop: str) -> None:
+        self._m[{"cancelled": "requests_cancelled", "error": "requests_failed"}.get(stop, "requests_finished")] += 1
 
     def _release_lock(self, s: Slot) -> None:
         if s.lock is not None:
@@ -798,12 +837,19 @@ class Engine:
         if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
                 or name.startswith(".") or "\0" in name:
             raise ValueError(f"slot file name {filename!r}: a plain file name inside slot_save_path")
+        if _state.is_tmp_name(name):
+            raise ValueError(f"slot file name {filename!r}: the name of a temporary file (NAME.HEX16.tmp), "
+                             "removed when an Engine starts")
         return self.slot_save_path / name
 
     def slot_save(self, i: int, filename) -> dict:
         """Save slot i's sequence (a running request's cells, or an idle slot's last request as far
         as the cache still holds it) to filename inside slot_save_path; returns n_saved (tokens) and
-        n_written (bytes)."""
+        n_written (bytes).
+
+        Raises:
+            OSError: the file cannot be written (a full disk): filename keeps its previous content
+                (or stays absent), the cache is as it was."""
         path = self._slot_file(filename)
         with self._lock:
             s = self._slot(i)
@@ -894,5 +940,6 @@ class Engine:
                 prompt_tokens_per_s=m["prompt_tokens"] / busy if busy else 0.0,
                 gen_tokens_per_s=m["gen_tokens"] / busy if busy else 0.0, busy_s=busy, steps=m["steps"],
                 requests_finished=m["requests_finished"], requests_cancelled=m["requests_cancelled"],
+                requests_failed=m["requests_failed"],
                 requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes)
 

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 
+from llamax.errors import RequestError
 from llamax.sampling import Sampler
 
 QUEUED, PREFILL, GENERATING, SUSPENDED, DONE = "queued", "prefill", "generating", "suspended", "done"
@@ -23,7 +24,8 @@ class Result:
     """What a finished request gave.
 
     text: the generated text (up to a stop string, which is not included); tokens: the generated
-    ids (an end-of-generation token excluded); stop: "eog", "length", "stop" or "cancelled";
+    ids (an end-of-generation token excluded); stop: "eog", "length", "stop", "cancelled" or
+    "error" (its forward pass failed: Request.result() raises RequestError instead of returning it);
     n_prompt: prompt tokens (after truncation, see Engine); n_cached: prompt tokens taken from the
     prefix cache, not computed; n_generated: len(tokens); ttft_s: submit to first token;
     gen_tps: generated tokens per second after the first; n_shift: context shifts.
@@ -101,6 +103,7 @@ class Request:
         self._cond = threading.Condition()
         self._result: Result | None = None
         self._cancel = False
+        self.error: BaseException | None = None  # why it failed (stop "error")
         self.ignore_eos = False
         self._listeners: list = []      # called (from the engine's thread) when a piece or the result comes
         self._saved = None  # a suspended request's state (engine.Suspended)
@@ -120,6 +123,7 @@ class Request:
 
         Raises:
             TimeoutError: not finished within timeout seconds.
+            RequestError: the request failed (its forward pass raised; the cause is chained).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._result is None:
@@ -132,7 +136,12 @@ class Request:
                         self._cond.wait(left if left is not None else 0.5)
             elif deadline is not None and time.monotonic() >= deadline and self._result is None:
                 raise TimeoutError(f"request {self.id} not finished after {timeout} s")
+        self._raise_error()
         return self._result
+
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise RequestError(f"request {self.id} failed: {type(self.error).__name__}: {self.error}") from self.error
 
     def __iter__(self) -> Iterator[str]:
         while True:
@@ -141,11 +150,12 @@ class Request:
                     yield self._pieces.popleft()
                     continue
                 if self._result is not None:
-                    return
+                    break
             if not self._engine._drive(self):
                 with self._cond:
                     if not self._pieces and self._result is None:
                         self._cond.wait(0.5)
+        self._raise_error()
 
     def __aiter__(self) -> AsyncIterator[str]:
         """`async for piece in req`: the pieces without blocking the event loop; leaving the loop
@@ -180,7 +190,7 @@ class Request:
             self._changed()
         return hit
 
-    def _finish(self, stop: str, tail: str = "") -> Result:
+    def _finish(self, stop: str, tail: str = "", error: BaseException | None = None) -> Result:
         if tail and stop != "stop":
             self._emit(tail)
         rest = self._stop.flush() if stop != "stop" else ""
@@ -194,6 +204,7 @@ class Request:
         with self._cond:
             if rest:
                 self._pieces.append(rest)
+            self.error = error
             self.state = DONE
             self._result = res
             self._cond.notify_all()
