@@ -240,9 +240,13 @@ def read_hparams(g: GGUFFile) -> HParams:
     if scaling not in ("none", "linear"):
         raise ModelError(f"{f}: {k.key('rope.scaling.type')} {scaling!r} is not supported (none, linear)")
     toks = g.reader.fields.get("tokenizer.ggml.tokens")
+    if toks is not None and not isinstance(toks, list):
+        vt, et = g.reader.field_type("tokenizer.ggml.tokens")
+        got = f"an array of {et.name}" if et is not None else vt.name
+        raise ModelError(f"{f}: tokenizer.ggml.tokens is {got}, expected an array of strings")
     if not toks:
         raise ModelError(f"{f}: no vocabulary (tokenizer.ggml.tokens)")
-    common = dict(
+    common: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,
