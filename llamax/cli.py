@@ -58,6 +58,7 @@ def cmd_run(a) -> int:
     from llamax import models
     from llamax.context import Context
     from llamax.generate import generate, generate_parallel
+    from llamax.memory import KVCache, KVCacheISWA
     from llamax.model import Model
     from llamax.sampling import Sampler
 
@@ -82,7 +83,8 @@ def cmd_run(a) -> int:
                   kv_unified=not a.no_kv_unified, type_k=a.cache_type_k, type_v=a.cache_type_v,
                   flash_attn=a.flash_attn == "on", swa_full=a.swa_full, n_threads=a.threads)
     mem = ctx.memory
-    for c in ([mem] if not hasattr(mem, "swa") else [mem.base, mem.swa]):
+    assert isinstance(mem, (KVCache, KVCacheISWA))
+    for c in [mem.base, mem.swa] if isinstance(mem, KVCacheISWA) else [mem]:
         print(f"llama_kv_cache: {c.summary()}", file=sys.stderr)
     if not mem.can_shift and not a.no_context_shift:
         print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
@@ -97,15 +99,15 @@ def cmd_run(a) -> int:
         sys.stdout.write("\n")
         print(f"llamax: {gen.stats}", file=sys.stderr)
         return 0
-    gen = generate_parallel(ctx, prompts, max_tokens=a.n_predict, samplers=[sampler(i) for i in range(a.parallel)],
-                            **opts)
+    pgen = generate_parallel(ctx, prompts, max_tokens=a.n_predict, samplers=[sampler(i) for i in range(a.parallel)],
+                             **opts)
     texts = [""] * a.parallel
-    for i, piece in gen:
+    for i, piece in pgen:
         texts[i] += piece
     for i, text in enumerate(texts):
         sys.stdout.write(f"[sequence {i}] {text}\n")
     sys.stdout.flush()
-    st = gen.stats
+    st = pgen.stats
     print(f"llamax: prompts: {st.prompt_tokens} tokens in {st.prompt_s:.3f} s ({st.prompt_tps:.1f} t/s), "
           f"generation: {st.gen_tokens} tokens over {a.parallel} sequences in {st.gen_s:.3f} s "
           f"({st.gen_tps:.1f} t/s), stop: {st.stop}, context shifts: {st.n_shift}", file=sys.stderr)

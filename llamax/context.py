@@ -21,7 +21,8 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -34,14 +35,18 @@ from llamax.params import ContextParams
 log = logging.getLogger("llamax")
 
 
-def _locked(method):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[Context, _P], _R]) -> Callable[Concatenate[Context, _P], _R]:
     """Run a context's public method under the context's lock and its memory's (in that order), so a
     decode or a restore never interleaves with another thread's use of the context or the memory."""
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: Context, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self.lock, self.memory.lock:
             return method(self, *args, **kwargs)
-    run.locked = True
+    run.locked = True  # type: ignore[attr-defined]  # read by tests/test_contracts.py; mypy has no function attributes
     return run
 
 

@@ -289,6 +289,7 @@ class ParallelGeneration:
         while live:
             step: list[tuple[_Sequence, int]] = []
             for s in live:
+                assert s.logits is not None  # a live sequence holds the logits of its last decode
                 tok = s.sampler.sample_logits(s.logits)
                 s.sampler.accept(tok)
                 if self.model.is_eog(tok):
@@ -374,6 +375,7 @@ class Generation:
 
     def __init__(self, ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
                  n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> None:
+        prompts: list[str] | list[list[int]]
         if isinstance(prompt, str):
             prompts = [prompt]
         else:

@@ -383,7 +383,7 @@ class CodePointError(ValueError):
     """A byte sequence decodes (leniently, as llama.cpp does) to a code point above U+10FFFF."""
 
 
-def _lenient_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+def _lenient_replace(err: UnicodeError) -> tuple[str, int]:
     """Decode error handler: unicode_cpt_from_utf8 at the failing offset (llama.cpp's lenient UTF-8).
 
     Python's strict decoder and llama.cpp's agree on valid UTF-8, so only where Python fails does
@@ -396,6 +396,8 @@ def _lenient_replace(err: UnicodeDecodeError) -> tuple[str, int]:
         CodePointError: the value is above U+10FFFF (llama.cpp's unicode_cpt_to_utf8 throws out of
             llama_tokenize there, which aborts the process).
     """
+    if not isinstance(err, UnicodeDecodeError):  # the handler is registered for decoding only
+        raise err
     data, i = err.object, err.start
     b = data[i]
     k = _UTF8_LEN[b >> 4] if b < 0xF8 else 0
@@ -612,12 +614,12 @@ class Tokenizer:
         for suffix, name in _SPECIAL_ID_KEYS:
             if ids[name] >= n:
                 ids[name] = TOKEN_NULL
-            v = get(suffix)
-            if v is None:
+            got = get(suffix)
+            if got is None:
                 continue
-            v = int(v)
-            if 0 <= v < n:
-                ids[name] = v
+            tid = int(got)
+            if 0 <= tid < n:
+                ids[name] = tid
         for key, name in (("add_bos_token", "add_bos"), ("add_eos_token", "add_eos"), ("add_sep_token", "add_sep")):
             v = get(key)
             if v is not None:
@@ -1339,9 +1341,10 @@ class _SpecialMatcher:
             node = root
             j = m.start()
             while j < n:
-                node = node.get(text[j])
-                if node is None:
+                child = node.get(text[j])
+                if child is None:
                     break
+                node = child
                 t = node.get(None)
                 if t is not None:
                     found.add(t)
