@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from typing import Concatenate, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,9 @@ from llamax import state as _state
 from llamax.batch import Batch, BatchAllocator
 from llamax.memory import Memory
 from llamax.params import ContextParams
+
+if TYPE_CHECKING:
+    from llamax.model import Model
 
 log = logging.getLogger("llamax")
 
@@ -61,7 +64,7 @@ class Context:
         params: ContextParams (defaults when None); keyword overrides replace its fields.
     """
 
-    def __init__(self, model, params: ContextParams | None = None, **overrides) -> None:
+    def __init__(self, model: Model, params: ContextParams | None = None, **overrides: Any) -> None:
         p = params if params is not None else ContextParams()
         if overrides:
             p = dataclasses.replace(p, **overrides)
@@ -155,7 +158,8 @@ class Context:
         seq_id = checks.seq_id(seq_id, self.memory.n_seq_max, "seq_id")
         return _state.writer(self.memory, seq_id), _state.KIND_SEQ
 
-    def _restore(self, data, seq_id: int, *, exact: bool = False) -> int:
+    def _restore(self, data: bytes | bytearray | memoryview | _state.StateFile, seq_id: int, *,
+                 exact: bool = False) -> int:
         kind = _state.KIND_CONTEXT if seq_id < 0 else _state.KIND_SEQ
         try:
             n, outputs = _state.restore(self.memory, data, seq_id, kind=kind, exact=exact,
@@ -168,7 +172,7 @@ class Context:
             self._logits, self._row_of = outputs
         return n
 
-    def _load(self, path, seq_id: int) -> list[int]:
+    def _load(self, path: str | os.PathLike[str], seq_id: int) -> list[int]:
         """Restore a state file: its headers are checked against its length first, then the blob is
         read from the file as the memory asks for it. A file that cannot be opened (OSError) changes
         nothing, as in llama.cpp; on any other failure the destination is left empty."""
@@ -198,7 +202,7 @@ class Context:
         return w.getvalue(kind, self._fingerprint())
 
     @_locked
-    def state_set_data(self, data) -> int:
+    def state_set_data(self, data: bytes | bytearray | memoryview) -> int:
         """Restore a state_get_data blob (llama_state_set_data); returns the bytes read (bytes after
         the blob are not read). Every cell goes back to its own index, so the next decode gives the
         same logits bit for bit.
@@ -240,7 +244,7 @@ class Context:
         return w.getvalue(kind, self._fingerprint())
 
     @_locked
-    def state_seq_set_data(self, data, dest_seq_id: int) -> int:
+    def state_seq_set_data(self, data: bytes | bytearray | memoryview, dest_seq_id: int) -> int:
         """Restore a state_seq_get_data blob as sequence dest_seq_id (llama_state_seq_set_data): the
         sequence is removed, then its saved cells are placed as a ubatch would be (contiguous cells
         when there are, else any free ones). Returns the bytes read.

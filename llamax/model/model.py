@@ -8,6 +8,7 @@ import importlib
 import logging
 import os
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -178,7 +179,7 @@ class Model:
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def detokenize(self, tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         return self.tokenizer.detokenize(tokens, remove_special=remove_special, unparse_special=unparse_special)
 
     def token_to_piece(self, token: int) -> bytes:
@@ -195,7 +196,7 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return self.tokenizer.is_eog(token)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The GGUF's own chat template (llama.cpp's built-in one by name when the GGUF has none)."""
         return self._apply_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.tokenizer.token_text(self.bos) if self.bos is not None
