@@ -1,5 +1,17 @@
 """llamax: llama.cpp's runtime memory system (KV cache, slot finder, batch allocator,
-attention mask, attention) and the decode loop around it, as a Python library with a C core."""
+attention mask, attention) and the decode loop around it, as a Python library with a C core.
+
+The library never writes to stdout or stderr; it reports through `logging` (no handler of its
+own: records show where the application configures logging; the `llamax` CLI does). Loggers:
+
+    llamax                the core: the KV size summary at cache creation (INFO, llama.cpp's
+                          format), derived-parameter notes and warnings (params, batch, context,
+                          memory, generate, serving.engine)
+    llamax.models         model registry fetches: "fetching ...", "verifying ...", "... ready",
+                          the extraction's progress (see llamax.models' docstring)
+    llamax.models.pip     pip's output during a fetch, line by line
+    llamax.server         the HTTP server (requests, errors)
+"""
 import importlib
 import os
 import sys

@@ -691,6 +691,7 @@ class BatchAllocator:
         one_seq = not multi and bool((seq == seq[0]).all())
         known = False  # per-sequence stats known and every position rule holds by construction
         if not filled:
+            assert batch.pos is not None
             pos = batch.pos
         elif one_seq:
             s0 = int(seq[0])
@@ -710,14 +711,14 @@ class BatchAllocator:
             starts = np.flatnonzero(brk)
             counts = np.diff(np.append(starts, n))
             seqs = ss[starts]
-            p0 = np.array([x_of(s) + 1 for s in seqs.tolist()], dtype=np.int64)
-            for s, p, c in zip(seqs.tolist(), p0.tolist(), counts.tolist()):
+            p0s = np.array([x_of(s) + 1 for s in seqs.tolist()], dtype=np.int64)
+            for s, p, c in zip(seqs.tolist(), p0s.tolist(), counts.tolist()):
                 _check_pos_room(s, p, c)
             rank = np.arange(n) - np.repeat(starts, counts)
             pos = np.empty(n, dtype=np.int32)
-            pos[order] = np.repeat(p0, counts) + rank
-            s_min = p0.astype(np.int32)
-            s_max = (p0 + counts - 1).astype(np.int32)
+            pos[order] = np.repeat(p0s, counts) + rank
+            s_min = p0s.astype(np.int32)
+            s_max = (p0s + counts - 1).astype(np.int32)
             known = True
         else:
             # llama.cpp: pos[i] = p0[primary]; then every sequence of the token continues at pos[i] + 1
@@ -1219,6 +1220,11 @@ class _Groups:
     """
 
     __slots__ = ("gid", "tokens", "masks", "seq", "seq_to_group", "_sub_cache")
+    gid: np.ndarray
+    tokens: list[np.ndarray]
+    masks: list[int]
+    seq: np.ndarray
+    seq_to_group: np.ndarray
 
     def __init__(self) -> None:
         self._sub_cache: dict[int, np.ndarray] = {}

@@ -28,6 +28,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def _dominant_type(tensors) -> str:
     by_type: dict[str, int] = {}
     for t in tensors:
         by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
-    return max(by_type, key=by_type.get).upper() if by_type else "?"
+    return max(by_type, key=by_type.__getitem__).upper() if by_type else "?"
 
 
 class _Tokens:
@@ -280,7 +281,7 @@ def run_matrix(models: Sequence[str], tests: Sequence[BenchTest], reps: int = 5,
     """
     from llamax.model import Model
 
-    configs = []
+    configs: list[dict[str, Any]] = []
     for nb, nub, tk, tv, fa in itertools.product(n_batch, n_ubatch, type_k, type_v, flash_attn):
         try:
             ContextParams(n_batch=nb, n_ubatch=nub, type_k=tk, type_v=tv, flash_attn=fa)

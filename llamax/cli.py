@@ -3,10 +3,12 @@ tables), pull (fetch a registry model), demo."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import re
 import sys
+from collections.abc import Iterator
 
 from llamax.dtypes import CACHE_TYPES
 from llamax.errors import LlamaxError
@@ -58,6 +60,7 @@ def cmd_run(a) -> int:
     from llamax import models
     from llamax.context import Context
     from llamax.generate import generate, generate_parallel
+    from llamax.memory import KVCache, KVCacheISWA
     from llamax.model import Model
     from llamax.sampling import Sampler
 
@@ -82,7 +85,8 @@ def cmd_run(a) -> int:
                   kv_unified=not a.no_kv_unified, type_k=a.cache_type_k, type_v=a.cache_type_v,
                   flash_attn=a.flash_attn == "on", swa_full=a.swa_full, n_threads=a.threads)
     mem = ctx.memory
-    for c in ([mem] if not hasattr(mem, "swa") else [mem.base, mem.swa]):
+    assert isinstance(mem, (KVCache, KVCacheISWA))
+    for c in [mem.base, mem.swa] if isinstance(mem, KVCacheISWA) else [mem]:
         print(f"llama_kv_cache: {c.summary()}", file=sys.stderr)
     if not mem.can_shift and not a.no_context_shift:
         print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
@@ -97,15 +101,15 @@ def cmd_run(a) -> int:
         sys.stdout.write("\n")
         print(f"llamax: {gen.stats}", file=sys.stderr)
         return 0
-    gen = generate_parallel(ctx, prompts, max_tokens=a.n_predict, samplers=[sampler(i) for i in range(a.parallel)],
-                            **opts)
+    pgen = generate_parallel(ctx, prompts, max_tokens=a.n_predict, samplers=[sampler(i) for i in range(a.parallel)],
+                             **opts)
     texts = [""] * a.parallel
-    for i, piece in gen:
+    for i, piece in pgen:
         texts[i] += piece
     for i, text in enumerate(texts):
         sys.stdout.write(f"[sequence {i}] {text}\n")
     sys.stdout.flush()
-    st = gen.stats
+    st = pgen.stats
     print(f"llamax: prompts: {st.prompt_tokens} tokens in {st.prompt_s:.3f} s ({st.prompt_tps:.1f} t/s), "
           f"generation: {st.gen_tokens} tokens over {a.parallel} sequences in {st.gen_s:.3f} s "
           f"({st.gen_tps:.1f} t/s), stop: {st.stop}, context shifts: {st.n_shift}", file=sys.stderr)
@@ -367,6 +371,58 @@ def cmd_pull(a) -> int:
     return 0
 
 
+class _FetchHandler(logging.Handler):
+    """The model registry's records (llamax.models, see its docstring) on stderr as a CLI shows
+    them: "llamax: <message>", pip's lines (llamax.models.pip) as pip printed them, and on a
+    terminal the extraction's progress redrawn in place (\\r) until its last record."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self._open = False  # a progress line is on the terminal without its newline
+
+    @staticmethod
+    def tty() -> bool:
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            line = msg if record.name == "llamax.models.pip" else f"llamax: {msg}"
+            progress = getattr(record, "llamax_progress", None)
+            err = sys.stderr  # looked up each time: the stream of the moment (tests swap it)
+            if progress is not None and self.tty():
+                last = bool(progress[2])
+                err.write("\r" + line + "\x1b[K" + ("\n" if last else ""))
+                self._open = not last
+            elif record.levelno >= logging.INFO:  # DEBUG progress updates: only on a terminal
+                err.write(("\n" if self._open else "") + line + "\n")
+                self._open = False
+            err.flush()
+        except Exception:
+            self.handleError(record)
+
+
+@contextlib.contextmanager
+def _show_fetches() -> Iterator[None]:
+    """While a command runs, a model fetch shows on stderr as `llamax pull` shows it (the library
+    only logs); the logger is put back as it was after (main() may run in-process, as in tests)."""
+    lg = logging.getLogger("llamax.models")
+    h = _FetchHandler()
+    saved = lg.level, lg.propagate
+    lg.addHandler(h)
+    lg.setLevel(logging.DEBUG if h.tty() else logging.INFO)
+    lg.propagate = False  # not again through the root handler
+    try:
+        yield
+    finally:
+        lg.removeHandler(h)
+        lg.setLevel(saved[0])
+        lg.propagate = saved[1]
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (no usage block): every input error is one line and exit 2."""
 
@@ -388,18 +444,19 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        if args.cmd == "run":
-            return cmd_run(args)
-        if args.cmd == "serve":
-            return cmd_serve(args)
-        if args.cmd == "bench":
-            return cmd_bench(args)
-        if args.cmd == "pull":
-            return cmd_pull(args)
-        from llamax.demo import run
+        with _show_fetches():
+            if args.cmd == "run":
+                return cmd_run(args)
+            if args.cmd == "serve":
+                return cmd_serve(args)
+            if args.cmd == "bench":
+                return cmd_bench(args)
+            if args.cmd == "pull":
+                return cmd_pull(args)
+            from llamax.demo import run
 
-        run()
-        return 0
+            run()
+            return 0
     except LlamaxError as e:
         print(f"llamax {args.cmd}: {e}", file=sys.stderr)
         return 1

@@ -21,7 +21,8 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -31,17 +32,24 @@ from llamax.batch import Batch, BatchAllocator
 from llamax.memory import Memory
 from llamax.params import ContextParams
 
+if TYPE_CHECKING:
+    from llamax.model import Model
+
 log = logging.getLogger("llamax")
 
 
-def _locked(method):
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _locked(method: Callable[Concatenate[Context, _P], _R]) -> Callable[Concatenate[Context, _P], _R]:
     """Run a context's public method under the context's lock and its memory's (in that order), so a
     decode or a restore never interleaves with another thread's use of the context or the memory."""
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: Context, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self.lock, self.memory.lock:
             return method(self, *args, **kwargs)
-    run.locked = True
+    run.locked = True  # type: ignore[attr-defined]  # read by tests/test_contracts.py; mypy has no function attributes
     return run
 
 
@@ -56,7 +64,7 @@ class Context:
         params: ContextParams (defaults when None); keyword overrides replace its fields.
     """
 
-    def __init__(self, model, params: ContextParams | None = None, **overrides) -> None:
+    def __init__(self, model: Model, params: ContextParams | None = None, **overrides: Any) -> None:
         p = params if params is not None else ContextParams()
         if overrides:
             p = dataclasses.replace(p, **overrides)
@@ -150,7 +158,8 @@ class Context:
         seq_id = checks.seq_id(seq_id, self.memory.n_seq_max, "seq_id")
         return _state.writer(self.memory, seq_id), _state.KIND_SEQ
 
-    def _restore(self, data, seq_id: int, *, exact: bool = False) -> int:
+    def _restore(self, data: bytes | bytearray | memoryview | _state.StateFile, seq_id: int, *,
+                 exact: bool = False) -> int:
         kind = _state.KIND_CONTEXT if seq_id < 0 else _state.KIND_SEQ
         try:
             n, outputs = _state.restore(self.memory, data, seq_id, kind=kind, exact=exact,
@@ -163,7 +172,7 @@ class Context:
             self._logits, self._row_of = outputs
         return n
 
-    def _load(self, path, seq_id: int) -> list[int]:
+    def _load(self, path: str | os.PathLike[str], seq_id: int) -> list[int]:
         """Restore a state file: its headers are checked against its length first, then the blob is
         read from the file as the memory asks for it. A file that cannot be opened (OSError) changes
         nothing, as in llama.cpp; on any other failure the destination is left empty."""
@@ -193,7 +202,7 @@ class Context:
         return w.getvalue(kind, self._fingerprint())
 
     @_locked
-    def state_set_data(self, data) -> int:
+    def state_set_data(self, data: bytes | bytearray | memoryview) -> int:
         """Restore a state_get_data blob (llama_state_set_data); returns the bytes read (bytes after
         the blob are not read). Every cell goes back to its own index, so the next decode gives the
         same logits bit for bit.
@@ -235,7 +244,7 @@ class Context:
         return w.getvalue(kind, self._fingerprint())
 
     @_locked
-    def state_seq_set_data(self, data, dest_seq_id: int) -> int:
+    def state_seq_set_data(self, data: bytes | bytearray | memoryview, dest_seq_id: int) -> int:
         """Restore a state_seq_get_data blob as sequence dest_seq_id (llama_state_seq_set_data): the
         sequence is removed, then its saved cells are placed as a ubatch would be (contiguous cells
         when there are, else any free ones). Returns the bytes read.

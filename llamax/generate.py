@@ -28,6 +28,7 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +36,11 @@ from llamax import checks
 from llamax.batch import Batch
 from llamax.errors import LlamaxError, NoKVSlotError
 from llamax.sampling import Sampler
+
+if TYPE_CHECKING:
+    from llamax.context import Context
+    from llamax.memory import Memory
+    from llamax.model.tokenizer import TextStream
 
 __all__ = [
     "Generation",
@@ -80,7 +86,7 @@ class GenerationStats:
         return s
 
 
-def decode_prompt(ctx, tokens: Sequence[int], seq_id: int = 0) -> None:
+def decode_prompt(ctx: Context, tokens: Sequence[int], seq_id: int = 0) -> None:
     """Feed a prompt to sequence seq_id in chunks of n_batch tokens; logits on its last token.
 
     Raises:
@@ -94,7 +100,7 @@ def decode_prompt(ctx, tokens: Sequence[int], seq_id: int = 0) -> None:
         ctx.decode(Batch(chunk, seq_ids=[seq_id] * len(chunk), logits=[False] * (len(chunk) - 1) + [last]))
 
 
-def context_shift(memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tuple[int, int]:
+def context_shift(memory: Memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tuple[int, int]:
     """llama.cpp's context shift of one sequence: forget positions [keep_end, keep_end + n_discard)
     and move the later ones down by n_discard (seq_rm then seq_add; the K-shift runs at the next decode).
 
@@ -143,7 +149,7 @@ def context_shift(memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tup
 class _Sequence:
     """One sequence being generated: its prompt, sampler, stop state and the tokens it holds."""
 
-    def __init__(self, index: int, seq_id: int, tokens: list[int], sampler: Sampler, stream) -> None:
+    def __init__(self, index: int, seq_id: int, tokens: list[int], sampler: Sampler, stream: TextStream) -> None:
         self.index, self.seq_id = index, seq_id
         self.prompt = tokens
         self.sampler = sampler
@@ -197,7 +203,7 @@ class ParallelGeneration:
         ValueError: empty or too long prompt, bad seq_ids / samplers / n_discard.
     """
 
-    def __init__(self, ctx, prompts: Sequence, max_tokens: int = 128, samplers: Sequence[Sampler] | None = None,
+    def __init__(self, ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None,
                  *, seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
                  context_shift: bool = True) -> None:
         from llamax.model.tokenizer import TextStream
@@ -228,7 +234,7 @@ class ParallelGeneration:
         self.seqs: list[_Sequence] = []
         for i, (p, sid, smp) in enumerate(zip(prompts, seq_ids, samplers)):
             from_text = isinstance(p, str)
-            toks = (self.model.tokenize(p, add_special=True, parse_special=True) if from_text
+            toks = (self.model.tokenize(p, add_special=True, parse_special=True) if isinstance(p, str)
                     else [int(t) for t in p])
             if not toks:
                 raise ValueError(f"prompt {i} is empty")
@@ -289,6 +295,7 @@ class ParallelGeneration:
         while live:
             step: list[tuple[_Sequence, int]] = []
             for s in live:
+                assert s.logits is not None  # a live sequence holds the logits of its last decode
                 tok = s.sampler.sample_logits(s.logits)
                 s.sampler.accept(tok)
                 if self.model.is_eog(tok):
@@ -372,8 +379,9 @@ class Generation:
         position order; stats: GenerationStats.
     """
 
-    def __init__(self, ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
+    def __init__(self, ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
                  n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> None:
+        prompts: list[str] | list[list[int]]
         if isinstance(prompt, str):
             prompts = [prompt]
         else:
@@ -415,7 +423,7 @@ class Generation:
         return next(self._par)[1]
 
 
-def generate(ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
+def generate(ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
              n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> Generation:
     """Stream the text generated after `prompt` on sequence seq_id, shifting the context when it is
     full (see ParallelGeneration for the options)."""
@@ -423,7 +431,7 @@ def generate(ctx, prompt, max_tokens: int = 128, sampler: Sampler | None = None,
                       context_shift=context_shift)
 
 
-def generate_parallel(ctx, prompts: Sequence, max_tokens: int = 128, samplers: Sequence[Sampler] | None = None, *,
+def generate_parallel(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None, *,
                       seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
                       context_shift: bool = True) -> ParallelGeneration:
     """Generate after each prompt on its own sequence of ctx, all decoded together; iterate for

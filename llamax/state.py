@@ -75,7 +75,7 @@ from collections.abc import Iterable
 try:
     import fcntl
 except ImportError:  # Windows: no advisory locks; remove_stale_tmp removes every temporary file
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # a module or None, tested before each use
 
 import numpy as np
 
@@ -324,7 +324,7 @@ class _FileReader(StateReader):
         """The next data chunk of nbytes, read from the file into a new uint8 array."""
         _, step = self._take_data(nbytes, what)
         out = np.empty(step, np.uint8)
-        mv = memoryview(out)
+        mv = out.data  # memoryview(out); numpy types ndarray as a Buffer only for Python >= 3.12
         for at in range(0, step, _CHUNK):
             _read_exactly(self._sf, mv[at:at + _CHUNK])
             self._xor ^= _xor64(out[at:at + _CHUNK])
@@ -411,7 +411,10 @@ def restore(memory, data, seq_id: int = -1, *, kind: int, fingerprint: bytes, ex
             r = data.reader(kind=kind, fingerprint=fingerprint)
         else:
             r = StateReader(data, kind=kind, fingerprint=fingerprint, exact=exact)
-        outputs = read_outputs(r, n_vocab) if kind == KIND_CONTEXT else None
+        outputs = None
+        if kind == KIND_CONTEXT:
+            assert n_vocab is not None, "a context's state holds its logits: restore needs n_vocab"
+            outputs = read_outputs(r, n_vocab)
         install = memory.state_read(r, seq_id)
         r.finish()
         if outputs is not None:

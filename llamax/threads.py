@@ -17,8 +17,8 @@ def _available_cores() -> int:
         except OSError:  # pragma: no cover - exotic platforms
             pass
     process_cpu_count = getattr(os, "process_cpu_count", None)  # Python >= 3.13
-    n = process_cpu_count() if process_cpu_count is not None else os.cpu_count()
-    return max(1, n or 1)
+    count: int | None = process_cpu_count() if process_cpu_count is not None else os.cpu_count()
+    return max(1, count or 1)
 
 
 def resolve_n_threads(n_threads: int | None = None) -> int:

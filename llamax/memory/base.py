@@ -26,7 +26,8 @@ from __future__ import annotations
 import abc
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Callable, Concatenate, Iterator, NamedTuple, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -55,13 +56,18 @@ class LayerView(NamedTuple):
     perm: np.ndarray | None = None  # int32 [n_stream, n_kv]: the cell of each mask column (None: column = cell)
 
 
-def locked(method: Callable) -> Callable:
-    """Run a memory's public method under the memory's own lock."""
+_M = TypeVar("_M", bound="Memory")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def locked(method: Callable[Concatenate[_M, _P], _R]) -> Callable[Concatenate[_M, _P], _R]:
+    """Run a memory's public method under the memory's own lock (the method keeps its signature)."""
     @functools.wraps(method)
-    def run(self, *args, **kwargs):
+    def run(self: _M, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self.lock:
             return method(self, *args, **kwargs)
-    run.locked = True
+    run.locked = True  # type: ignore[attr-defined]  # read by tests/test_contracts.py; mypy has no function attributes
     return run
 
 
@@ -117,6 +123,17 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def seq_pos_max(self, seq_id: int) -> int:
         """Largest position of seq_id in the memory, -1 if none."""
+
+    @abc.abstractmethod
+    def seq_unshare(self, seq_id: int, p0: int = -1, p1: int = -1) -> int:
+        """Give seq_id its own copy of each cell in [p0, p1) it shares with another sequence, so a
+        later seq_add / seq_div of seq_id moves no other sequence (see KVCache.seq_unshare). Returns
+        the cells copied; raises NoKVSlotError (nothing changed) when they do not fit."""
+
+    @abc.abstractmethod
+    def held_only_by(self, seq_ids: Iterable[int]) -> tuple[int, int]:
+        """(cells, K/V bytes) in use whose sequences are all among seq_ids (e.g. held only by a
+        prefix cache)."""
 
     # ---- shape ----------------------------------------------------------------------------------
     @property
@@ -320,6 +337,7 @@ def check_streams(memory: Memory, balloc: BatchAllocator) -> None:
         BatchError: naming the first such token.
     """
     if not getattr(memory, "unified", True):
+        assert balloc.batch is not None, "the allocator holds a validated batch (init() ran)"
         multi = np.flatnonzero(np.asarray(balloc.batch.n_seq_id) > 1)
         if multi.size:
             raise BatchError(f"token {int(multi[0])} belongs to several sequences, but the cache keeps one "

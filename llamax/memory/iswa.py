@@ -19,7 +19,7 @@ order in the cache, and so the summation order, differs). llamax.generate clamps
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from llamax import checks, state
 from llamax.batch import BatchAllocator, UBatch
@@ -215,7 +215,7 @@ class KVCacheISWA(Memory):
         return self.swa.reusable_prefix(seq_id, self.base.reusable_prefix(seq_id, n))
 
     @locked
-    def held_only_by(self, seq_ids) -> tuple[int, int]:
+    def held_only_by(self, seq_ids: Iterable[int]) -> tuple[int, int]:
         seq_ids = list(seq_ids)
         (a, x), (b, y) = self.base.held_only_by(seq_ids), self.swa.held_only_by(seq_ids)
         return a + b, x + y

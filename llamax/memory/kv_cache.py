@@ -20,7 +20,7 @@ import math
 import os
 import struct
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -167,8 +167,8 @@ class KVCache(Memory):
             vs, vdt = (self.n_stream, n_head_kv, self.head_dim_v, kv_size), FLOAT_CACHE_DTYPES[type_v]
         else:
             vs, vdt = _row_layout(type_v, self.n_stream, kv_size, n_head_kv, self.head_dim_v)
-        self.k = [np.zeros(ks, dtype=kdt) for _ in range(n_layer)]
-        self.v = [np.zeros(vs, dtype=vdt) for _ in range(n_layer)]
+        self.k: list[np.ndarray] = [np.zeros(ks, dtype=kdt) for _ in range(n_layer)]
+        self.v: list[np.ndarray] = [np.zeros(vs, dtype=vdt) for _ in range(n_layer)]
         self._pending_copies: list[tuple[int, int]] = []
         self._active: _Active | None = None
         log.info("%s", self.summary())
@@ -373,9 +373,11 @@ class KVCache(Memory):
         if src.size == 0:
             self._changed()
             return 0
-        strm, dst = slot[0]
+        s0 = slot[0]
+        assert s0 is not None  # copy.any(): the return above took the other case
+        strm, dst = s0
         assert int(strm[0]) == st
-        self.apply_ubatch(ub, slot[0])
+        self.apply_ubatch(ub, s0)
         self.release_ubatch()
         dst = np.asarray(dst, dtype=np.int64)
         if np.any(states["x"]) or np.any(states["y"]):
@@ -416,7 +418,7 @@ class KVCache(Memory):
         return n
 
     @locked
-    def held_only_by(self, seq_ids) -> tuple[int, int]:
+    def held_only_by(self, seq_ids: Iterable[int]) -> tuple[int, int]:
         """(cells, K/V bytes) in use whose sequences are all among seq_ids (e.g. held only by a
         prefix cache)."""
         mask = np.zeros(4, dtype=np.uint64)
@@ -469,7 +471,7 @@ class KVCache(Memory):
         check_streams(self, balloc)
         ubatches = split_batch(balloc, n_ubatch, equal=self.n_stream > 1, sequential=not self.unified)
         slots = None if ubatches is None else self.meta.prepare(ubatches)
-        if slots is None:
+        if ubatches is None or slots is None:
             raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
                                 f"({self.n_used}/{self.n_cells} cells used)")
         return MemoryContext(self, ubatches, slots)
@@ -791,15 +793,15 @@ class KVCache(Memory):
         rows_k, rows_v = [int(x) for x in want[:, 0]], [int(x) for x in want[:, 1]]
         chunks = []  # per saved stream: (K chunks per layer per run, V chunks per layer per run)
         for st, runs, cells in streams:
-            lens = [int(n) for n in runs[:, 1]]
+            run_lens = [int(n) for n in runs[:, 1]]
             ks = [[r.data(n * rows_k[li], "K rows").view(self.k[li].dtype).reshape((n,) + self.k[li].shape[2:])
-                   for n in lens] for li in range(n_layer)]
+                   for n in run_lens] for li in range(n_layer)]
             if self.v_trans:
                 vs = [[r.data(n * rows_v[li], "V columns").view(self.v[li].dtype).reshape(self.v[li].shape[1:-1] + (n,))
-                       for n in lens] for li in range(n_layer)]
+                       for n in run_lens] for li in range(n_layer)]
             else:
                 vs = [[r.data(n * rows_v[li], "V rows").view(self.v[li].dtype).reshape((n,) + self.v[li].shape[2:])
-                       for n in lens] for li in range(n_layer)]
+                       for n in run_lens] for li in range(n_layer)]
             chunks.append((ks, vs))
 
         def copy_rows(st: int, lens: list[int], dst_runs: np.ndarray, ks, vs) -> None:

@@ -71,7 +71,8 @@ class Gemma3(Model, arch="gemma3"):
         self.hp = hp
         self.n_threads = n_threads
         self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
-        self.output = self.tok_embd if hp.tied_output else Linear.load(g, "output.weight", n_threads)
+        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
+                                           else Linear.load(g, "output.weight", n_threads))
         self.output_norm = g.f32("output_norm.weight")
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
@@ -96,7 +97,7 @@ class Gemma3(Model, arch="gemma3"):
 
     def _logits(self, xo: np.ndarray) -> np.ndarray:
         hp = self.hp
-        logits = self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+        logits = self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
         if hp.final_logit_softcap > 0.0:
             c = np.float32(hp.final_logit_softcap)
             logits /= c

@@ -256,7 +256,8 @@ def read_hparams(g: GGUFFile) -> HParams:
         raise ModelError(f"{f}: tokenizer.ggml.tokens is {g.reader.field_type('tokenizer.ggml.tokens')[0].name}"
                          f"{'' if not isinstance(toks, np.ndarray) else ' of ' + str(toks.dtype)}, "
                          "expected an array of strings")
-    common = dict(
+    assert isinstance(toks, list)
+    common: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
         n_embd=n_embd,

@@ -286,6 +286,7 @@ class GGUFReader:
                 raise self._error(f"general.alignment has type {self._describe_type('general.alignment')}, "
                                   "expected UINT32")
             a = self.fields["general.alignment"]
+            assert isinstance(a, int)  # a UINT32 scalar, checked above
             if a == 0 or a & (a - 1):
                 raise self._error(f"general.alignment {a} is not a power of 2")
             self.alignment = int(a)

@@ -43,7 +43,8 @@ class Llama(Model, arch="llama"):
         self.hp = hp
         self.tok_embd = Embedding(g, "token_embd.weight", n_threads)          # raw rows [n_vocab, n_embd]
         self.output_norm = g.f32("output_norm.weight")
-        self.output = self.tok_embd if hp.tied_output else Linear.load(g, "output.weight", n_threads)
+        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
+                                           else Linear.load(g, "output.weight", n_threads))
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         self.rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
@@ -57,7 +58,7 @@ class Llama(Model, arch="llama"):
         if h.shape[0] == 0:
             return np.zeros((0, hp.n_vocab), np.float32)
         xo = rms_norm(h, self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
 
     def forward_reference(self, mem, ub) -> np.ndarray:
         """forward composed in Python, step by step: the products, RoPE, the memory's store and
@@ -83,4 +84,4 @@ class Llama(Model, arch="llama"):
         if not out.any():
             return np.zeros((0, hp.n_vocab), np.float32)
         xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if self.output is self.tok_embd else self.output(xo)
+        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)

@@ -8,7 +8,9 @@ import importlib
 import logging
 import os
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +20,9 @@ from llamax.memory import KVCache, KVCacheISWA, Memory, swa_cache_size
 from llamax.model.gguf import ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
+
+if TYPE_CHECKING:
+    from llamax._native.layer import Stack
 
 log = logging.getLogger("llamax")
 
@@ -35,6 +40,7 @@ class Model:
 
     _by_arch: dict[str, type["Model"]] = {}
     TENSORS: TensorTable
+    stack: Stack  # the subclass's decoder layers (_native_stack), built in its __init__
 
     def __init_subclass__(cls, arch: str, **kw) -> None:
         super().__init_subclass__(**kw)
@@ -69,9 +75,9 @@ class Model:
     def create_memory(self, params: ContextParams) -> Memory:
         """The memory a context of these (derived) parameters gets (llama_model::create_memory)."""
         hp = self.hparams
-        common = dict(head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
-                      type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn,
-                      n_threads=params.n_threads)
+        common: dict[str, Any] = dict(
+            head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
+            type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn, n_threads=params.n_threads)
         rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         if hp.n_swa > 0 and hp.swa_layers:
             rope_swa = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
@@ -87,7 +93,7 @@ class Model:
         return KVCache(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, rope=rope, **common)
 
     def _native_stack(self, layers, ropes: list[RoPE], *, kq_scale: float, q_scale: float = 1.0,
-                      softcap: float = 0.0, act: str = "silu", gelu_table: np.ndarray | None = None):
+                      softcap: float = 0.0, act: str = "silu", gelu_table: np.ndarray | None = None) -> Stack:
         """The layers as one native stack (llamax._native.layer.Stack): each layer object has
         attn_norm, ffn_norm, wqkv, wo, w_gate_up, w_down and may have q_norm, k_norm,
         post_attn_norm, post_ffw_norm; ropes[il] is layer il's RoPE."""
@@ -111,8 +117,8 @@ class Model:
         of the rows that want logits (ubatch order), K/V stored into the memory's cells."""
         rows = np.flatnonzero(ubatch.output)
         with memory.lock:   # the cells stay as the views show them until the stack is done
-            views = memory.layer_views(ubatch)
-            views = [views[il] for il in range(self.hparams.n_layer)]
+            by_layer = memory.layer_views(ubatch)
+            views = [by_layer[il] for il in range(self.hparams.n_layer)]
             return self.stack.forward(x, ubatch.pos, views, out_rows=rows, n_threads=self.n_threads)
 
     def forward(self, memory: Memory, ubatch: UBatch) -> np.ndarray:
@@ -176,7 +182,7 @@ class Model:
     def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
         return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
 
-    def detokenize(self, tokens, remove_special: bool = False, unparse_special: bool = False) -> str:
+    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         return self.tokenizer.detokenize(tokens, remove_special=remove_special, unparse_special=unparse_special)
 
     def token_to_piece(self, token: int) -> bytes:
@@ -193,7 +199,7 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return self.tokenizer.is_eog(token)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         """The GGUF's own chat template (llama.cpp's built-in one by name when the GGUF has none)."""
         return self._apply_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
                                          bos_token=self.tokenizer.token_text(self.bos) if self.bos is not None

@@ -383,7 +383,7 @@ class CodePointError(ValueError):
     """A byte sequence decodes (leniently, as llama.cpp does) to a code point above U+10FFFF."""
 
 
-def _lenient_replace(err: UnicodeDecodeError) -> tuple[str, int]:
+def _lenient_replace(err: UnicodeError) -> tuple[str, int]:
     """Decode error handler: unicode_cpt_from_utf8 at the failing offset (llama.cpp's lenient UTF-8).
 
     Python's strict decoder and llama.cpp's agree on valid UTF-8, so only where Python fails does
@@ -396,6 +396,8 @@ def _lenient_replace(err: UnicodeDecodeError) -> tuple[str, int]:
         CodePointError: the value is above U+10FFFF (llama.cpp's unicode_cpt_to_utf8 throws out of
             llama_tokenize there, which aborts the process).
     """
+    if not isinstance(err, UnicodeDecodeError):  # the handler is registered for decoding only
+        raise err
     data, i = err.object, err.start
     b = data[i]
     k = _UTF8_LEN[b >> 4] if b < 0xF8 else 0
@@ -514,7 +516,7 @@ class _Meta:
             return None
         if not isinstance(v, (list, tuple)) or not set(map(type, v)) <= {str, bytes, bytearray}:
             raise self._bad(key, v, "an array of strings")
-        return v
+        return list(v)
 
     def numbers(self, key: str, kinds: str) -> np.ndarray | None:
         """A numeric array (numpy dtype kinds `kinds`, e.g. "iu" or "iuf"), or None when absent."""
@@ -681,15 +683,15 @@ class Tokenizer:
         for suffix, name in _SPECIAL_ID_KEYS:
             if ids[name] >= n:
                 ids[name] = TOKEN_NULL
-            v = m.integer(g + suffix)
-            if v is None:
+            tid = m.integer(g + suffix)
+            if tid is None:
                 continue
-            if 0 <= v < n:
-                ids[name] = v
+            if 0 <= tid < n:
+                ids[name] = tid
         for key, name in (("add_bos_token", "add_bos"), ("add_eos_token", "add_eos"), ("add_sep_token", "add_sep")):
-            v = m.boolean(g + key)
-            if v is not None:
-                setattr(self, name, bool(v))
+            on = m.boolean(g + key)
+            if on is not None:
+                setattr(self, name, on)
         for flag, name in (("add_bos", "bos"), ("add_eos", "eos"), ("add_sep", "sep")):
             if getattr(self, flag) and ids[name] == TOKEN_NULL:
                 raise ModelError(f"tokenizer.ggml.{flag}_token is true, but tokenizer.ggml.{name}_token_id is not set")
@@ -1407,9 +1409,10 @@ class _SpecialMatcher:
             node = root
             j = m.start()
             while j < n:
-                node = node.get(text[j])
-                if node is None:
+                child = node.get(text[j])
+                if child is None:
                     break
+                node = child
                 t = node.get(None)
                 if t is not None:
                     found.add(t)

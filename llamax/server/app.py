@@ -36,6 +36,7 @@ from llamax.model.chat import ChatTemplateError
 from llamax.server import prometheus
 from llamax.server.schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Sampling, SlotAction,
                                    TokenizeRequest)
+from llamax.serving import Result
 
 log = logging.getLogger("llamax.server")
 
@@ -198,15 +199,15 @@ class Server:
         head = self._head(request)
 
         async def events() -> AsyncIterator[bytes]:
-            results = [None] * len(reqs)
+            results: list[Result | None] = [None] * len(reqs)
             try:
                 async for i, piece in _merged(reqs):
                     if piece is not None:
                         yield _sse({**head, **part(i, piece, None)})
                         continue
-                    results[i] = reqs[i].result()
+                    res = results[i] = reqs[i].result()
                     last = all(x is not None for x in results)
-                    end = {**head, **part(i, "", FINISH[results[i].stop])}
+                    end = {**head, **part(i, "", FINISH[res.stop])}
                     if last and not include_usage:
                         end["usage"] = self._usage(results, n)
                     yield _sse(end)
@@ -316,6 +317,7 @@ class Server:
             if action == "erase":
                 out = await asyncio.to_thread(self.engine.slot_erase, sid)
             else:
+                assert body is not None  # save / restore read their body above
                 fn = self.engine.slot_save if action == "save" else self.engine.slot_restore
                 out = await asyncio.to_thread(fn, sid, body.filename)
         except (ValueError, StateError, LlamaxError, FileNotFoundError) as e:
@@ -469,7 +471,8 @@ def _route_name(scope) -> str:
     return getattr(route, "path", None) or "other"
 
 
-async def _api_error(request: Request, exc: APIError) -> Response:
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)  # registered for APIError only (Starlette types handlers over Exception)
     return exc.response()
 
 

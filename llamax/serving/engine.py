@@ -96,6 +96,12 @@ class Slot(SeqState):
     def state(self) -> str:
         return "idle" if self.req is None else self.req.state
 
+    @property
+    def running(self) -> Request:
+        """The request on the slot; note: only for a busy slot."""
+        assert self.req is not None, f"slot {self.id} is idle"
+        return self.req
+
     def take(self) -> SeqState:
         """The slot's sequence state, leaving the slot's empty."""
         names = [f.name for f in dataclasses.fields(SeqState)]
@@ -354,6 +360,7 @@ class Engine:
         if self._eog is None:
             self._eog = np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
             self._eog_row = np.empty(self.model.n_vocab, dtype=np.float32)
+        assert self._eog_row is not None
         np.copyto(self._eog_row, row)
         self._eog_row[self._eog] = -np.inf
         return self._eog_row
@@ -526,6 +533,7 @@ class Engine:
         if self.tree is not None:  # take the prefix first: evicting for room must not free it
             mem.seq_rm(slot.seq, -1, -1)
             if n:
+                assert src is not None  # a hit names the sequence holding the prefix
                 mem.seq_cp(src, slot.seq, 0, n)
                 slot.lock = self.tree.lock(prompt, n)
         need = len(prompt) - n + GROWTH * (len(self._busy()) + 1)
@@ -562,13 +570,15 @@ class Engine:
 
     def _build(self) -> list[tuple[Slot, list[int], bool]]:
         """(slot, tokens, wants logits) of the step's batch: generating slots first, then prefill chunks."""
-        out, budget = [], self.n_batch
+        out: list[tuple[Slot, list[int], bool]] = []
+        budget = self.n_batch
         for s in self._slots:
             if s.req is None or s.req.state != GENERATING or budget == 0:
                 continue
             if len(s.tokens) + 1 >= self.n_ctx_seq and not self._shift(s):
                 self._finish(s, "length")
                 continue
+            assert s.pending is not None  # a generating slot holds its next token
             out.append((s, [s.pending], True))
             budget -= 1
         for s in self._slots:
@@ -621,7 +631,7 @@ class Engine:
             return batch
         busy = self._busy()
         if len(busy) > 1:
-            victim = max(busy, key=lambda s: s.req.id)
+            victim = max(busy, key=lambda s: s.running.id)
             self._suspend(victim)
             return [b for b in batch if b[0] is not victim]
         s, chunk, want = batch[0]
@@ -662,7 +672,7 @@ class Engine:
                 self._sample(s, self.ctx.get_logits_ith(j - 1))
 
     def _sample(self, s: Slot, row) -> None:
-        req = s.req
+        req = s.running
         if req.ignore_eos:
             row = self._without_eog(row)
         tok = req.sampler.sample_logits(row)
@@ -675,6 +685,7 @@ class Engine:
             self._finish(s, "eog")
             return
         req.generated.append(tok)
+        assert s.stream is not None
         if req._emit(s.stream.push(tok)):
             self._finish(s, "stop")
             return
@@ -685,6 +696,7 @@ class Engine:
 
     def _cache(self, s: Slot, n: int) -> None:
         """Give the slot's first n tokens to the prefix cache and lock them for the running request."""
+        assert self.tree is not None
         toks = s.tokens[:n]
         self.tree.insert(toks, s.seq, n)
         self._release_lock(s)
@@ -695,6 +707,7 @@ class Engine:
         slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
         tail = s.stream.flush() if s.stream is not None else ""
+        assert req is not None
         if self.tree is not None:
             self._release_lock(s)
             if cache and not s.shifted and s.tokens:
@@ -716,6 +729,7 @@ class Engine:
 
     def _release_lock(self, s: Slot) -> None:
         if s.lock is not None:
+            assert self.tree is not None  # only the prefix cache locks
             self.tree.unlock(s.lock)
         s.lock = None
 
@@ -726,7 +740,7 @@ class Engine:
         do not move for the others. False when shifting is off or impossible."""
         if not self.context_shift:
             return False
-        mem, req = self.memory, s.req
+        mem, req = self.memory, s.running
         keep = min(req.n_keep, len(s.tokens))
         n_past = len(s.tokens)
         n = (n_past - keep) // 2
@@ -755,7 +769,7 @@ class Engine:
     def _suspend(self, s: Slot) -> None:
         """Save the slot's sequence to RAM (or keep only its tokens beyond the byte budget), free the
         slot and put its request first in line to resume."""
-        req = s.req
+        req = s.running
         blob = None
         if s.tokens:
             blob = self.ctx.state_seq_get_data(s.seq)
@@ -776,6 +790,7 @@ class Engine:
                  f"{len(blob)} bytes saved" if blob is not None else "tokens kept, to be computed again")
 
     def _drop_suspended(self, req: Request) -> None:
+        assert req._saved is not None
         blob = req._saved.blob
         if blob is not None:
             self._suspended_bytes -= len(blob)
@@ -784,7 +799,8 @@ class Engine:
     def _resume_into(self, req: Request, slot: Slot) -> bool:
         """Put a suspended request back on a slot: its saved state restored, or its tokens queued
         to be computed again. False while there is no room for it."""
-        sv: Suspended = req._saved
+        sv = req._saved
+        assert sv is not None
         busy = len(self._busy())
         need = len(sv.state.tokens) + (GROWTH * (busy + 1) if busy else 0)
         if need > self._free_cells() and self.tree is not None:
@@ -862,6 +878,7 @@ class Engine:
                 toks = s.last_tokens[:n]
                 try:
                     if n:
+                        assert src is not None
                         self.memory.seq_cp(src, s.seq, 0, n)
                     self.ctx.state_seq_save_file(path, s.seq, toks)
                 finally:
@@ -870,6 +887,7 @@ class Engine:
 
     def _lookup_quiet(self, tokens: list[int]) -> tuple[int, int | None]:
         t = self.tree
+        assert t is not None
         counts = (t.lookups, t.hits, t.tokens_reused)
         n, src = t.lookup(tokens, len(tokens))
         t.lookups, t.hits, t.tokens_reused = counts
@@ -927,7 +945,7 @@ class Engine:
             else:
                 idle = [s.seq for s in self._slots if s.req is None]
                 cached, cached_bytes = mem.held_only_by(idle) if idle else (0, 0)
-                lookups, hits, reused = m["slot_lookups"], m["slot_hits"], m["slot_reused"]
+                lookups, hits, reused = int(m["slot_lookups"]), int(m["slot_hits"]), int(m["slot_reused"])
             busy = m["busy_s"]
             with self._qlock:
                 qlen = len(self._queue)

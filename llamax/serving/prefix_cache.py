@@ -85,7 +85,7 @@ class PrefixCache:
     # ---- views ---------------------------------------------------------------------------------
     def leaves(self) -> Iterator[tuple[int, list[int]]]:
         """(sequence id, path tokens) of every leaf."""
-        stack = [(self.root, [])]
+        stack: list[tuple[Node, list[int]]] = [(self.root, [])]
         while stack:
             node, path = stack.pop()
             path = path + node.tokens
@@ -157,7 +157,7 @@ class PrefixCache:
 
     def _locked(self) -> set[int]:
         """ids of the nodes on a locked path."""
-        out = set()
+        out: set[int] = set()
         for tokens, n in self._locks.values():
             out.update(id(node) for node, _ in self._walk(tokens, n))
         return out
@@ -242,13 +242,13 @@ class PrefixCache:
 
     def _trim(self, leaf: Node, k: int) -> None:
         """Forget the last k tokens of a leaf (all of them: the leaf goes, its parent may become one)."""
-        seq = leaf.seq
+        seq, parent = leaf.seq, leaf.parent
+        assert seq is not None and parent is not None, "only a leaf below the root is trimmed"
         k = min(k, len(leaf.tokens))
         self.mem.seq_rm(seq, leaf.end - k, -1)
         if k < len(leaf.tokens):
             leaf.tokens = leaf.tokens[:len(leaf.tokens) - k]
             return
-        parent = leaf.parent
         del parent.children[leaf.tokens[0]]
         leaf.seq = None
         if parent is not self.root and not parent.children:
@@ -264,8 +264,9 @@ class PrefixCache:
             return False
         leaf = min(cand, key=lambda c: c.last_use)
         locked = self._locked()
-        while leaf is not None and leaf.seq is not None:
+        while leaf.seq is not None:
             parent = leaf.parent
+            assert parent is not None, "the root holds no sequence"
             self._trim(leaf, len(leaf.tokens))
             if parent.seq is None or id(parent) in locked:
                 break

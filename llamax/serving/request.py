@@ -12,11 +12,15 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from llamax.errors import RequestError
 from llamax.sampling import Sampler
 
 QUEUED, PREFILL, GENERATING, SUSPENDED, DONE = "queued", "prefill", "generating", "suspended", "done"
+
+if TYPE_CHECKING:
+    from llamax.serving.engine import Slot, Suspended
 
 
 @dataclass(frozen=True)
@@ -106,8 +110,8 @@ class Request:
         self.error: BaseException | None = None  # why it failed (stop "error")
         self.ignore_eos = False
         self._listeners: list = []      # called (from the engine's thread) when a piece or the result comes
-        self._saved = None  # a suspended request's state (engine.Suspended)
-        self._slot = None
+        self._saved: Suspended | None = None  # a suspended request's state
+        self._slot: Slot | None = None
 
     # ---- the caller's side ---------------------------------------------------------------------
     @property

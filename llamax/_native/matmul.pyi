@@ -1,0 +1,15 @@
+"""Type stub of matmul.pyx (y = x @ W.T for every GGUF weight type, csrc/matmul.h; w_type a ggml type number)."""
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+TILE: int
+ROWS: int
+NT: int
+
+def dot_type(w_type: int, act: str = "q8") -> int: ...
+def err_factor(w_type: int, n_in: int, act: str = "q8") -> float: ...
+def mul_mat(w: NDArray[Any], w_type: int, x: NDArray[np.float32], out: NDArray[np.float32] | None = None,
+            n_threads: int | None = None, act: str = "q8") -> NDArray[np.float32]: ...
+def mul_mat_ref(w: NDArray[Any], w_type: int, x: NDArray[np.float32], act: str = "q8") -> NDArray[np.float32]: ...
