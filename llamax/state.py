@@ -473,8 +473,12 @@ def _kind_of(mode: int) -> str:
     return f"a file of type {stat.S_IFMT(mode):#o}"
 
 
-TMP_SUFFIX = ".tmp"
 _TMP_NAME = re.compile(r"^(?P<name>.+)\.[0-9a-f]{16}\.tmp$")  # save_file's temporary files: NAME.HEX16.tmp
+
+
+def _tmp_name(name: str) -> str:
+    """A new temporary name beside name, of the form is_tmp_name recognises."""
+    return f"{name}.{secrets.token_hex(8)}.tmp"
 
 
 def is_tmp_name(name: str) -> bool:
@@ -516,7 +520,7 @@ def save_file(path, tokens: Iterable[int], parts: list) -> None:
     if not stat.S_ISREG(mode):
         raise StateError(f"{name} is {_kind_of(mode)}, not a regular file: a state file is not saved over it")
     head = _FILE_HEAD.pack(FILE_MAGIC, VERSION, toks.size) + toks.tobytes()
-    tmp = f"{name}.{secrets.token_hex(8)}{TMP_SUFFIX}"
+    tmp = _tmp_name(name)
     # O_EXCL: a new file, never an existing one or the target of a symbolic link planted at tmp
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:

@@ -85,3 +85,12 @@ def check_top5(logits, tops, where, logit_tol, gap):
     assert d.max() <= logit_tol, (where, d.max(axis=1).tolist())
     check_top1_against(logits, ids, vals, gap)
     return float(d.max())
+
+
+def without(cells, seq: int):
+    """The cell list after seq_rm(seq) (unified cache: cells left with no sequence are empty)."""
+    out = []
+    for p, s in cells:
+        s = s - {seq}
+        out.append((p, s) if s else (-1, frozenset()))
+    return out

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from llamax import Batch, KVCache, KVCacheISWA, RoPE, StateError, state
 from llamax.context import Context
 
+from helpers import without
+
 SMALL = dict(n_layer=2, n_head_kv=2, head_dim=8, kv_size=32, n_seq_max=3)
 
 
@@ -45,15 +47,6 @@ def rows_of(kv: KVCache, seq: int) -> dict:
                 k = b"".join(a[s, i].tobytes() for a in kv.k)
                 v = b"".join((a[s, ..., i] if kv.v_trans else a[s, i]).tobytes() for a in kv.v)
                 out[p] = (k, v)
-    return out
-
-
-def without(cells, seq: int):
-    """The cell list after seq_rm(seq) (unified cache: cells left with no sequence are empty)."""
-    out = []
-    for p, s in cells:
-        s = s - {seq}
-        out.append((p, s) if s else (-1, frozenset()))
     return out
 
 

@@ -42,7 +42,7 @@ log = logging.getLogger("llamax.server")
 
 MAX_BODY_BYTES = 8 << 20
 OPEN_PATHS = ("/health", "/v1/health")  # no API key needed
-FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "error": "stop"}
+FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 
 
 class APIError(Exception):

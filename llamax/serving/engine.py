@@ -615,14 +615,12 @@ class Engine:
         tokens (the kernels are batch-invariant). Returns the tokens decoded."""
         if len(batch) == 1:
             s = batch[0][0]
-            log.error("llamax engine: request %d failed: %s: %s", s.req.id, type(error).__name__, error)
+            log.error("llamax engine: request %d failed: %s: %s", s.running.id, type(error).__name__, error)
             self._finish(s, "error", cache=False, error=error)
             return 0
-        n = 0
-        for part, req in [(b, b[0].req) for b in batch]:
-            if part[0].req is req:  # not suspended or ended by an earlier part's retry
-                n += self._decode([part])
-        return n
+        reqs = [s.req for s, _, _ in batch]
+        return sum(self._decode([part]) for part, req in zip(batch, reqs)
+                   if part[0].req is req)  # not suspended or ended by an earlier part's retry
 
     def _make_room(self, batch, n_tokens: int):
         """The batch did not fit: evict cached prefixes, else suspend the youngest request, else

@@ -25,6 +25,7 @@ from llamax.batch import Batch
 from llamax.context import Context
 from llamax.errors import BatchError, NoKVSlotError, StateError
 from llamax.memory import KVCacheISWA
+from tests.helpers import without
 from tests.fuzz.common import Draw, Finding, mutate_bytes, overwrite, peek, scratch, tiny_model
 
 N_SEQ = 3
@@ -123,15 +124,6 @@ def mutate_blob(d: Draw, buf: bytearray) -> None:
         fix_checksums(buf)
 
 
-def _norm(cells, s: int):
-    """The cells as the other sequences than s see them."""
-    out = []
-    for pos, seqs in cells:
-        rest = seqs - {s}
-        out.append((pos, rest) if rest else (-1, frozenset()))
-    return out
-
-
 def _check_empty(mem, dest: int, before) -> None:
     if dest < 0:
         if mem.n_used != 0:
@@ -139,7 +131,7 @@ def _check_empty(mem, dest: int, before) -> None:
         return
     if mem.seq_pos_max(dest) != -1:
         raise Finding(f"a failed restore left sequence {dest} with cells (max pos {mem.seq_pos_max(dest)})")
-    if _norm(mem.cells(), dest) != _norm(before, dest):
+    if without(mem.cells(), dest) != without(before, dest):  # the cells as the other sequences see them
         raise Finding(f"a failed restore of sequence {dest} changed the other sequences' cells")
 
 
