@@ -16,6 +16,7 @@ from llamax import (Batch, BatchError, Context, ContextParams, KVCache, KVCacheI
                     StalePlanError)
 from llamax import state
 from llamax.dtypes import POS_MAX
+from llamax.generate import Generation
 
 
 def kv_cache(**kw):
@@ -175,6 +176,43 @@ def test_context_decodes_from_several_threads(model):
     for s in range(2):
         n = len(model.tokenize(f"Sequence {s} says hello", add_special=True)) + 12
         assert ctx.memory.seq_pos_min(s) == 0 and ctx.memory.seq_pos_max(s) == n - 1
+
+
+def test_two_contexts_on_two_threads_give_each_alone_tokens_and_logits(model, gemma):
+    """Two Contexts (SmolLM2 and Gemma 3, each with two threads) generating at the same time from two
+    Python threads: the same tokens and the same logits bits as each run alone. The kernels release the
+    GIL and share the OpenMP runtime, so nothing of one context may leak into the other's buffers."""
+    jobs = [(model, "The capital of France is", 2), (gemma, "Water boils at a temperature of", 1)]
+
+    def run(job):
+        m, text, seed = job
+        ctx = Context(m, n_ctx=256, n_threads=2)
+        g = Generation(ctx, text, max_tokens=24, sampler=Sampler(temperature=0.8, seed=seed))
+        rows = []
+        for _ in g:
+            rows.append(ctx.get_logits_ith(-1).copy())
+        return g.generated, np.stack(rows)
+
+    alone = [run(j) for j in jobs]
+    for _ in range(2):
+        out: list = [None, None]
+        errors: list = []
+
+        def worker(i):
+            try:
+                out[i] = run(jobs[i])
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=300)
+        assert not errors, errors
+        for (tok_a, log_a), (tok_b, log_b) in zip(alone, out):
+            assert tok_b == tok_a
+            np.testing.assert_array_equal(log_b, log_a)
 
 
 # ---- 2. destination -1 ------------------------------------------------------------------------
