@@ -361,7 +361,8 @@ def cmd_serve(a) -> int:
           f"({engine.n_ctx_seq} per request), K {a.cache_type_k} / V {a.cache_type_v}", file=sys.stderr)
     return serve(engine, host=a.host, port=a.port, model_name=alias,
                  api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None,
-                 max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens)
+                 max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
+                 ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 
 
 def cmd_pull(a) -> int:

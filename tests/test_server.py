@@ -407,3 +407,38 @@ def test_full_queue_is_503():
             assert c.get("/v1/models").status_code == 200  # no key on this one
     finally:
         assert srv.stop() == 0
+
+
+EMBEDDED = """
+import logging, sys
+import llamax
+from llamax.server import serve
+logging.basicConfig(level=logging.INFO, format="REC %(name)s %(message)s", stream=sys.stdout, force=True)
+engine = llamax.Engine(llamax.Model.load("smollm2-135m"), n_ctx=256, n_parallel=1)
+sys.exit(serve(engine, port=0))
+"""
+
+
+def test_embedded_serve_reports_through_logging_only():
+    """serve() from an application of one's own: the listening URL is a logging record on
+    llamax.server (here routed to stdout), and nothing is written to stderr by llamax."""
+    proc = subprocess.Popen([sys.executable, "-c", EMBEDDED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "LLAMAX_API_KEY": ""})
+    try:
+        url = None
+        for line in proc.stdout:
+            m = re.match(r"REC llamax\.server listening on (http://\S+)$", line.strip())
+            if m:
+                url = m.group(1)
+                break
+        assert url, proc.stderr.read()
+        assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0
+        assert err == "", err
+        assert "REC llamax.server" in out  # the request's line and the shutdown's, through logging too
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,8 +1,9 @@
 """`llamax serve`: load the model, build the Engine and its app, and run it under uvicorn.
 
 The listening socket is bound here, before uvicorn starts, so that `--port 0` works (the kernel
-picks a free port and the line printed once the server accepts requests names it):
-`llamax serve: listening on http://HOST:PORT` on stderr. SIGINT / SIGTERM stop the server: the
+picks a free port and the URL reported once the server accepts requests names it): serve() hands
+the URL to its `ready` callback, or logs "listening on http://HOST:PORT" on llamax.server; the CLI
+prints `llamax serve: listening on http://HOST:PORT` on stderr. SIGINT / SIGTERM stop the server: the
 Engine's requests are cancelled first, so open streams end at once instead of holding the
 shutdown, then uvicorn closes the connections.
 """
@@ -12,8 +13,8 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger("llamax.server")
 
@@ -36,8 +37,12 @@ def _url(host: str, port: int) -> str:
 
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str = "llamax",
           api_key: str | None = None, max_body_bytes: int | None = None, max_tokens: int | None = None,
-          max_connections: int = 2048) -> int:
-    """Serve engine over HTTP until SIGINT / SIGTERM; returns the exit status."""
+          max_connections: int = 2048, ready: Callable[[str], None] | None = None) -> int:
+    """Serve engine over HTTP until SIGINT / SIGTERM; returns the exit status.
+
+    ready: called with the server's URL once it accepts requests (default: an INFO record on the
+    llamax.server logger).
+    """
     import uvicorn
 
     from llamax.server.app import MAX_BODY_BYTES, create_app
@@ -52,7 +57,11 @@ def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str 
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                print(f"llamax serve: listening on {_url(host, port)}", file=sys.stderr, flush=True)
+                url = _url(host, port)
+                if ready is None:
+                    log.info("listening on %s", url)
+                else:
+                    ready(url)
 
         @contextlib.contextmanager
         def capture_signals(self):
