@@ -3,14 +3,16 @@
 Each request is a short prompt (a few sentences from a fixed pool, so prompts share prefixes and the
 prefix cache both hits and evicts) and 1-4 generated tokens; about one in five is cancelled, either
 while it waits in the queue or after its first piece. After the warm-up (the first --warmup
-requests) the process's RSS and a tracemalloc snapshot are taken; at the end they are compared.
+requests) the process's RSS, its count of live GC-tracked objects and tracemalloc's traced bytes are
+measured, then again after each tenth of the remaining requests: a leak shows as a steady climb.
 
     python benchmarks/soak.py --requests 10000 --n-parallel 4 --threads 1
 
-prints RSS at warm-up and at the end and their ratio, tracemalloc's top growth, the cells in use
+prints RSS at warm-up and at the end and their ratio, the table of measures, tracemalloc's top growth, the cells in use
 against the cells the prefix cache holds at the end, requests/s and the wall time, and exits 1 when
 RSS grew by more than --max-rss-growth, cells are held by anything but the prefix cache, or the
-traced Python memory grew by more than --max-traced-growth bytes.
+traced Python memory grew by more than --max-traced-growth bytes, or the live objects by more than
+--max-objects-per-request per measured request.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import random
 import sys
 import time
 import tracemalloc
+from typing import NamedTuple
 
 import llamax
 
@@ -40,6 +43,20 @@ def rss_bytes() -> int:
     except OSError:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Point(NamedTuple):
+    """One measure: after how many requests, RSS, live GC-tracked objects, traced Python bytes."""
+    requests: int
+    rss: int
+    objects: int
+    traced: int
+
+
+def measure(requests: int, no_tracemalloc: bool) -> Point:
+    gc.collect()
+    traced = 0 if no_tracemalloc else tracemalloc.get_traced_memory()[0]
+    return Point(requests, rss_bytes(), len(gc.get_objects()), traced)
 
 
 def prompt(rng: random.Random) -> str:
@@ -83,6 +100,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-rss-growth", type=float, default=0.05)
     p.add_argument("--max-traced-growth", type=int, default=1 << 20)
+    p.add_argument("--max-objects-per-request", type=float, default=0.1,
+                   help="GC-tracked objects the measured part may add, per request (a leak adds >= 1)")
     p.add_argument("--no-tracemalloc", action="store_true", help="skip tracemalloc (it slows Python down)")
     a = p.parse_args(argv)
     warmup = a.warmup if a.warmup is not None else max(200, a.requests // 10)
@@ -90,40 +109,45 @@ def main(argv=None) -> int:
 
     rng = random.Random(a.seed)
     model = llamax.Model.load(a.model, n_threads=a.threads)
+    n_meas = a.requests - warmup
+    n_points = min(10, max(1, n_meas))
     t0 = time.perf_counter()
+    if not a.no_tracemalloc:
+        tracemalloc.start(8)  # from before the warm-up, so that its measure holds every live allocation
     with llamax.Engine(model, n_ctx=a.n_ctx, n_parallel=a.n_parallel, n_threads=a.threads) as engine:
         stops = run_batch(engine, rng, warmup, cancel_rate=a.cancel_rate, max_tokens=a.max_tokens)
-        gc.collect()
-        rss0 = rss_bytes()
+        points = [measure(warmup, a.no_tracemalloc)]
         if not a.no_tracemalloc:
-            tracemalloc.start(8)
             snap0 = tracemalloc.take_snapshot()
-            traced0 = tracemalloc.get_traced_memory()[0]
         t1 = time.perf_counter()
-        more = run_batch(engine, rng, a.requests - warmup, cancel_rate=a.cancel_rate, max_tokens=a.max_tokens)
+        done = warmup
+        for k in range(n_points):  # the measured part in n_points pieces, a measure after each
+            n = (n_meas * (k + 1)) // n_points - (done - warmup)
+            for key, v in run_batch(engine, rng, n, cancel_rate=a.cancel_rate, max_tokens=a.max_tokens).items():
+                stops[key] = stops.get(key, 0) + v
+            done += n
+            points.append(measure(done, a.no_tracemalloc))
         t2 = time.perf_counter()
-        for k, v in more.items():
-            stops[k] = stops.get(k, 0) + v
-        gc.collect()
-        rss1 = rss_bytes()
         growth = []
-        traced_growth = 0
         if not a.no_tracemalloc:
-            snap1 = tracemalloc.take_snapshot()
-            traced_growth = tracemalloc.get_traced_memory()[0] - traced0
-            growth = snap1.compare_to(snap0, "lineno")[:10]
+            growth = tracemalloc.take_snapshot().compare_to(snap0, "lineno")[:10]
             tracemalloc.stop()
         m = engine.metrics()
         slot_seqs = set(range(engine.n_parallel))
         held_by_slots = sum(1 for _, seqs in engine.memory.cells() if seqs & slot_seqs)
     wall = time.perf_counter() - t0
 
-    n_meas = a.requests - warmup
+    first, last = points[0], points[-1]
     print(f"requests        {a.requests} ({warmup} warm-up), stops {dict(sorted(stops.items()))}")
     print(f"wall time       {wall:.1f} s; measured part {t2 - t1:.1f} s, {n_meas / (t2 - t1) if n_meas else 0:.1f} requests/s")
-    print(f"RSS             warm-up {rss0 / 2**20:.1f} MiB, end {rss1 / 2**20:.1f} MiB, ratio {rss1 / rss0:.4f}")
+    print(f"RSS             warm-up {first.rss / 2**20:.1f} MiB, end {last.rss / 2**20:.1f} MiB, "
+          f"ratio {last.rss / first.rss:.4f}")
+    print("after requests  RSS MiB   GC objects  traced Python bytes")
+    for pt in points:
+        print(f"    {pt.requests:>8}  {pt.rss / 2**20:8.1f}  {pt.objects:>10}  "
+              f"{pt.traced if not a.no_tracemalloc else '-':>10}")
     if not a.no_tracemalloc:
-        print(f"traced Python   {traced_growth:+d} bytes over the measured part; top growth:")
+        print(f"traced Python   {last.traced - first.traced:+d} bytes over the measured part; top growth:")
         for st in growth:
             print(f"    {st}")
     print(f"cells           used {m['cells_used']}, cached {m['cells_cached']}, held by slots {held_by_slots}, "
@@ -131,14 +155,18 @@ def main(argv=None) -> int:
     print(f"engine          finished {m['requests_finished']}, cancelled {m['requests_cancelled']}, "
           f"prefix hits {m['prefix_hits']}/{m['prefix_lookups']}, tokens reused {m['tokens_reused']}")
     ok = True
-    if rss1 > rss0 * (1 + a.max_rss_growth):
+    if last.rss > first.rss * (1 + a.max_rss_growth):
         print(f"FAIL: RSS grew by more than {a.max_rss_growth:.0%}")
         ok = False
     if m["cells_used"] != m["cells_cached"] or held_by_slots:
         print("FAIL: cells are held by something other than the prefix cache")
         ok = False
-    if not a.no_tracemalloc and traced_growth > a.max_traced_growth:
-        print(f"FAIL: traced Python memory grew by {traced_growth} bytes (> {a.max_traced_growth})")
+    if not a.no_tracemalloc and last.traced - first.traced > a.max_traced_growth:
+        print(f"FAIL: traced Python memory grew by {last.traced - first.traced} bytes (> {a.max_traced_growth})")
+        ok = False
+    if last.objects - first.objects > n_meas * a.max_objects_per_request:
+        print(f"FAIL: {last.objects - first.objects} more GC objects after {n_meas} requests "
+              f"(> {a.max_objects_per_request} per request)")
         ok = False
     if sum(stops.values()) != a.requests:
         print("FAIL: not every request ended")
