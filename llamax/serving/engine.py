@@ -75,6 +75,14 @@ class SeqState:
     stream: TextStream | None = None # the request's detokenizer
 
 
+@dataclasses.dataclass(frozen=True)
+class PrefixState:
+    """A cached prefix handed from one Engine to another (export_prefix / import_prefix): its
+    tokens and the versioned, fingerprinted state_seq_get_data blob of their cells."""
+    tokens: list[int]
+    data: bytes
+
+
 @dataclasses.dataclass
 class Suspended:
     """A suspended request: its sequence's state blob (None: compute it again) and its slot's state."""
@@ -931,6 +939,71 @@ class Engine:
                 if s.req is None:
                     self.memory.seq_rm(s.seq, -1, -1)
                     s.tokens = []
+
+    # ---- handing a cached prefix to another engine -----------------------------------------------
+    def _tree_for(self, what: str) -> PrefixCache:
+        if self.tree is None:
+            raise LlamaxError(f"{what} needs the prefix cache over a unified cache (prefix_cache=True, kv_unified=True)")
+        return self.tree
+
+    def export_prefix(self, tokens: Sequence[int], min_tokens: int = 1) -> PrefixState | None:
+        """The longest prefix of tokens that the prefix cache holds, as a PrefixState: its tokens and
+        the state_seq_get_data blob of their cells (versioned, with the model's fingerprint), for
+        import_prefix on another Engine of the same model and cache configuration, so that a
+        conversation moved there does not compute its prompt again. None when the cache holds fewer
+        than min_tokens of them. The cache is left as it was (the lookup is not counted)."""
+        tree = self._tree_for("export_prefix")
+        toks = self._tokens(list(tokens))
+        with self._lock:
+            self.memory.update()
+            n, src = self._lookup_quiet(toks)
+            if n < max(1, min_tokens) or src is None:
+                return None
+            scratch = tree.borrow()
+            if scratch is None:
+                return None
+            try:
+                self.memory.seq_cp(src, scratch, 0, n)
+                data = self.ctx.state_seq_get_data(scratch)
+            finally:
+                tree.give_back(scratch)
+        return PrefixState(toks[:n], data)
+
+    def import_prefix(self, prefix: PrefixState) -> int:
+        """Put another engine's export_prefix into this one's prefix cache (least recently used
+        prefixes are evicted for room, as for a request); returns the tokens it did not hold yet
+        (0 when it held them all already).
+
+        Raises:
+            StateError: a blob of another model or cache configuration, a corrupt one, or one whose
+                cells are not positions [0, len(tokens)); the cache keeps every prefix it had
+                unless room had to be made first, and holds nothing of the blob.
+        """
+        tree = self._tree_for("import_prefix")
+        if not isinstance(prefix, PrefixState):
+            raise TypeError(f"import_prefix takes a PrefixState, not {type(prefix).__name__}")
+        toks = self._tokens(list(prefix.tokens))
+        # the header, both checksums, the kind and the model: before anything is evicted for room
+        _state.StateReader(prefix.data, kind=_state.KIND_SEQ, fingerprint=self.ctx._fingerprint(), exact=True)
+        with self._lock:
+            self.memory.update()
+            if tree.match_len(toks) >= len(toks):
+                return 0
+            scratch = tree.borrow()
+            if scratch is None:
+                raise LlamaxError("import_prefix: every sequence of the prefix cache is in use")
+            try:
+                short = len(toks) - self._free_cells()
+                if short > 0:
+                    tree.evict(short)
+                self.ctx.state_seq_set_data(prefix.data, scratch)
+                lo, hi = self.memory.seq_pos_min(scratch), self.memory.seq_pos_max(scratch)
+                if (lo, hi) != (0, len(toks) - 1):
+                    raise StateError(f"import_prefix: the blob holds positions [{lo}, {hi}], its "
+                                     f"{len(toks)} tokens need [0, {len(toks) - 1}]")
+                return tree.insert(toks, scratch, len(toks))
+            finally:
+                tree.give_back(scratch)
 
     # ---- metrics ---------------------------------------------------------------------------------
     def metrics(self) -> dict:

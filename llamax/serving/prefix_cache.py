@@ -14,6 +14,7 @@ as seq_cp shares them, so a prefix is stored once however many prompts start wit
     lock / unlock        a running request's prefix: the nodes on its path are not trimmed while
                          it runs (the locks are token paths, walked on the tree as it is when
                          evicting, so splits and inserts never leave a count behind)
+    borrow / give_back   a free tree sequence as scratch space (a prefix exported or imported whole)
 
 On a cache with a sliding window (Gemma 3's iSWA without swa_full), a leaf's old SWA cells are
 reused by the slot finder once the window hides them from their only sequence; lookup then reuses
@@ -228,6 +229,19 @@ class PrefixCache:
                 return None
             node = next(iter(node.children.values()))
         return node.seq
+
+    # ---- a scratch sequence ----------------------------------------------------------------------
+    def borrow(self) -> int | None:
+        """A free sequence id of the tree's, held out of use until give_back (a leaf is evicted
+        for it when none is free); None when every id belongs to a locked leaf."""
+        while not self._free and self._evict_one():
+            pass
+        return self._free.pop() if self._free else None
+
+    def give_back(self, seq: int) -> None:
+        """Return a borrowed id, its cells removed."""
+        self.mem.seq_rm(seq, -1, -1)
+        self._free.append(seq)
 
     # ---- eviction ------------------------------------------------------------------------------
     def _evictable(self) -> list[Node]:
