@@ -324,6 +324,15 @@ def _serve_parser(sub) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $LLAMAX_API_KEY)")
     p.add_argument("--slot-save-path", default=None, help="the directory for POST /slots/{id}?action=save|restore")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="run N Engine replicas as a Ray Serve deployment behind the one endpoint "
+                   "(pip install 'llamax[ray]'); -t is then each replica's threads")
+    p.add_argument("--ray-address", default=None,
+                   help="with --replicas: a Ray cluster to deploy on (auto, or HEAD:PORT); default: a local Ray "
+                   "instance on loopback, stopped on exit")
+    p.add_argument("--routing", choices=["prefix", "round_robin"], default="prefix",
+                   help="with --replicas: send a request to the replica holding the longest prefix of its prompt "
+                   "(within a load bound; default), or take the replicas in turn")
     p.add_argument("-v", "--verbose", action="store_true", help="log the engine's decisions too")
 
 
@@ -348,6 +357,11 @@ def cmd_serve(a) -> int:
         return 2
     logging.getLogger("llamax.server").setLevel(logging.INFO)
     name = a.model or models.DEFAULT
+    if a.replicas is not None:
+        return _serve_replicas(a, name)
+    if a.ray_address is not None or a.routing != "prefix":
+        print("llamax serve: --ray-address and --routing need --replicas N", file=sys.stderr)
+        return 2
     model = Model.load(name, n_threads=a.threads)
     engine = Engine(model, n_ctx=a.ctx_size, n_parallel=a.parallel, n_batch=a.batch_size, n_ubatch=a.ubatch_size,
                     type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
@@ -363,6 +377,44 @@ def cmd_serve(a) -> int:
                  api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None,
                  max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
                  ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
+
+
+def _serve_replicas(a, name: str) -> int:
+    """`llamax serve --replicas N`: the same endpoint over N Engine replicas on Ray Serve."""
+    import os
+
+    from llamax import models
+    from llamax.model import ModelInfo
+
+    try:
+        importlib.import_module("ray.serve")
+    except ImportError:
+        print("llamax serve --replicas: needs Ray Serve: pip install 'llamax[ray]'", file=sys.stderr)
+        return 1
+    from llamax.cluster.run import serve_replicas
+
+    if a.replicas < 1:
+        print(f"llamax serve: --replicas {a.replicas}: at least 1", file=sys.stderr)
+        return 2
+    threads = a.threads or max(1, (os.cpu_count() or 1) // a.replicas)
+    path = models.path(name) if name in models.available() else name
+    info = ModelInfo.read(path)  # a bad model file fails here, before Ray starts
+    slot_dir = None if a.slot_save_path is None else os.path.abspath(a.slot_save_path)
+    if slot_dir is not None:
+        os.makedirs(slot_dir, exist_ok=True)
+    alias = a.alias or (name if name in models.available() else info.path.name)
+    engine_kw = dict(n_ctx=a.ctx_size, n_parallel=a.parallel, n_batch=a.batch_size, n_ubatch=a.ubatch_size,
+                     type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
+                     kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
+                     max_queue=a.max_queue, slot_save_path=slot_dir, context_shift=not a.no_context_shift,
+                     n_ctx_slot=a.ctx_slot)
+    server_kw = dict(model_name=alias, max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
+                     api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None)
+    print(f"llamax serve: {alias}: {a.replicas} replicas x {threads} threads on "
+          f"{a.ray_address or 'a local Ray instance'}, routing {a.routing}", file=sys.stderr)
+    return serve_replicas(str(path), replicas=a.replicas, threads=threads, ray_address=a.ray_address,
+                          routing=a.routing, host=a.host, port=a.port, engine_kw=engine_kw, server_kw=server_kw,
+                          ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 
 
 def cmd_pull(a) -> int:

@@ -1,5 +1,5 @@
 """Models: GGUF loading, tokenizer, one module per architecture."""
 from llamax.model.gguf import GGUFFile, HParams, read_hparams
-from llamax.model.model import Model
+from llamax.model.model import Model, ModelInfo
 
-__all__ = ["GGUFFile", "HParams", "Model", "read_hparams"]
+__all__ = ["GGUFFile", "HParams", "Model", "ModelInfo", "read_hparams"]

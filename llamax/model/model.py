@@ -27,7 +27,107 @@ if TYPE_CHECKING:
 log = logging.getLogger("llamax")
 
 
-class Model:
+def _model_path(name_or_path: str | os.PathLike) -> Path:
+    """A GGUF path as given, or a registry name's file (fetched on first use)."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return p
+    from llamax import models
+
+    if str(name_or_path) in models.available():
+        return models.path(str(name_or_path))
+    if p.suffix == ".gguf" or os.sep in str(name_or_path):
+        raise ModelError(f"no model file at {p}")
+    raise ModelError(f"{name_or_path!r} is neither a file nor a registry name ({', '.join(models.available())})")
+
+
+class ModelInfo:
+    """What a GGUF says without its weights: the hyperparameters, the tokenizer, the chat template
+    and the fingerprint a saved state must match. Reading one maps the file and reads no tensor data
+    (a front end that tokenizes for engines elsewhere needs nothing more); Model adds the weights
+    and the forward pass."""
+
+    def __init__(self, g: GGUFFile, hparams: HParams) -> None:
+        from llamax.model.chat import apply_chat_template
+        from llamax.model.tokenizer import Tokenizer
+
+        self.path = g.path
+        self.gguf = g
+        self.hparams = hparams
+        self.tokenizer = Tokenizer.from_gguf(g.reader)
+        self.chat_template = g.get("tokenizer.chat_template", None)
+        if self.chat_template is not None and not isinstance(self.chat_template, str):
+            raise ModelError(f"{g.path.name}: tokenizer.chat_template is a {type(self.chat_template).__name__}, "
+                             "not a string")
+        self._apply_chat_template = apply_chat_template
+
+    @classmethod
+    def read(cls, name_or_path: str | os.PathLike) -> ModelInfo:
+        """A GGUF path, or a name from the model registry (fetched on first use).
+
+        Raises:
+            ModelError: as Model.load, for everything but the tensors.
+        """
+        g = GGUFFile(_model_path(name_or_path))
+        return ModelInfo(g, read_hparams(g))
+
+    # ---- identity ------------------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return self.hparams.arch
+
+    @property
+    def n_vocab(self) -> int:
+        return self.hparams.n_vocab
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A hex digest (blake2b-128) of the architecture, the hyperparameters and every tensor's name,
+        type and shape: what a saved state must match. Reads no tensor data."""
+        h = hashlib.blake2b(digest_size=16)
+        hp = self.hparams
+        h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare]).encode())
+        for name in sorted(self.gguf.tensors):
+            t = self.gguf.tensors[name]
+            h.update(repr((name, t.ggml_type, [int(x) for x in t.shape])).encode())
+        return h.hexdigest()
+
+    def __repr__(self) -> str:
+        kind = "ModelInfo" if type(self) is ModelInfo else "Model"
+        return f"{kind}({self.path.name}, arch={self.arch}, n_layer={self.hparams.n_layer})"
+
+    # ---- tokenizer -----------------------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
+        return self.tokenizer.detokenize(tokens, remove_special=remove_special, unparse_special=unparse_special)
+
+    def token_to_piece(self, token: int) -> bytes:
+        return self.tokenizer.token_to_piece(token)
+
+    @property
+    def bos(self) -> int:
+        return self.tokenizer.bos
+
+    @property
+    def eos(self) -> int:
+        return self.tokenizer.eos
+
+    def is_eog(self, token: int) -> bool:
+        return self.tokenizer.is_eog(token)
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The GGUF's own chat template (llama.cpp's built-in one by name when the GGUF has none)."""
+        return self._apply_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                         bos_token=self.tokenizer.token_text(self.bos) if self.bos is not None
+                                         and self.bos >= 0 else "",
+                                         eos_token=self.tokenizer.token_text(self.eos) if self.eos is not None
+                                         and self.eos >= 0 else "",
+                                         arch=self.arch)
+
+
+class Model(ModelInfo):
     """A loaded model (llama_model): hyperparameters, tokenizer, weights and the forward pass.
 
     Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
@@ -56,20 +156,9 @@ class Model:
         return cls._by_arch[arch]
 
     def __init__(self, g: GGUFFile, hparams: HParams, n_threads: int) -> None:
-        from llamax.model.chat import apply_chat_template
-        from llamax.model.tokenizer import Tokenizer
-
         check_tensors(g, hparams, type(self).TENSORS)   # ModelError naming the tensor and both shapes
-        self.path = g.path
-        self.gguf = g
-        self.hparams = hparams
+        super().__init__(g, hparams)
         self.n_threads = n_threads
-        self.tokenizer = Tokenizer.from_gguf(g.reader)
-        self.chat_template = g.get("tokenizer.chat_template", None)
-        if self.chat_template is not None and not isinstance(self.chat_template, str):
-            raise ModelError(f"{g.path.name}: tokenizer.chat_template is a {type(self.chat_template).__name__}, "
-                             "not a string")
-        self._apply_chat_template = apply_chat_template
 
     # ---- llama_model's two jobs for a context ----------------------------------------------------
     def create_memory(self, params: ContextParams) -> Memory:
@@ -135,17 +224,7 @@ class Model:
                 fails read_hparams' checks, a tensor missing, unexpected or of another shape than
                 the hyperparameters give (check_tensors), or a registry name that cannot be fetched.
         """
-        p = Path(name_or_path)
-        if not p.is_file():
-            from llamax import models
-
-            if str(name_or_path) in models.available():
-                p = models.path(str(name_or_path))
-            elif p.suffix == ".gguf" or os.sep in str(name_or_path):
-                raise ModelError(f"no model file at {p}")
-            else:
-                raise ModelError(f"{name_or_path!r} is neither a file nor a registry name "
-                                 f"({', '.join(models.available())})")
+        p = _model_path(name_or_path)
         g = GGUFFile(p)
         hp = read_hparams(g)
         t0 = time.perf_counter()
@@ -154,56 +233,3 @@ class Model:
                  hp.n_layer, hp.n_vocab, time.perf_counter() - t0)
         return model
 
-    # ---- identity ------------------------------------------------------------------------------
-    @property
-    def arch(self) -> str:
-        return self.hparams.arch
-
-    @property
-    def n_vocab(self) -> int:
-        return self.hparams.n_vocab
-
-    @functools.cached_property
-    def fingerprint(self) -> str:
-        """A hex digest (blake2b-128) of the architecture, the hyperparameters and every tensor's name,
-        type and shape: what a saved state must match. Reads no tensor data."""
-        h = hashlib.blake2b(digest_size=16)
-        hp = self.hparams
-        h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare]).encode())
-        for name in sorted(self.gguf.tensors):
-            t = self.gguf.tensors[name]
-            h.update(repr((name, t.ggml_type, [int(x) for x in t.shape])).encode())
-        return h.hexdigest()
-
-    def __repr__(self) -> str:
-        return f"Model({self.path.name}, arch={self.arch}, n_layer={self.hparams.n_layer})"
-
-    # ---- tokenizer -----------------------------------------------------------------------------
-    def tokenize(self, text: str | bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        return self.tokenizer.tokenize(text, add_special=add_special, parse_special=parse_special)
-
-    def detokenize(self, tokens: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
-        return self.tokenizer.detokenize(tokens, remove_special=remove_special, unparse_special=unparse_special)
-
-    def token_to_piece(self, token: int) -> bytes:
-        return self.tokenizer.token_to_piece(token)
-
-    @property
-    def bos(self) -> int:
-        return self.tokenizer.bos
-
-    @property
-    def eos(self) -> int:
-        return self.tokenizer.eos
-
-    def is_eog(self, token: int) -> bool:
-        return self.tokenizer.is_eog(token)
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
-        """The GGUF's own chat template (llama.cpp's built-in one by name when the GGUF has none)."""
-        return self._apply_chat_template(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
-                                         bos_token=self.tokenizer.token_text(self.bos) if self.bos is not None
-                                         and self.bos >= 0 else "",
-                                         eos_token=self.tokenizer.token_text(self.eos) if self.eos is not None
-                                         and self.eos >= 0 else "",
-                                         arch=self.arch)

@@ -6,8 +6,8 @@ validated here from the raw bytes, so every malformed input, from invalid JSON t
 value out of range, gets the same OpenAI-style 400 body; FastAPI's dependency injection and
 generated docs would add a layer without changing what a client sees.
 
-One request's path: the body is read (bounded by max_body_bytes) and validated -> Engine.submit in
-a worker thread (tokenizing and templating a long prompt does not stall the event loop) -> the
+One request's path: the body is read (bounded by max_body_bytes) and validated -> Engine.asubmit
+(submit in a worker thread: tokenizing and templating a long prompt does not stall the event loop) -> the
 Engine's background loop batches it with every other request -> the text pieces come back through
 `async for piece in req` as Server-Sent Events, or gathered into one JSON response. A client that
 goes away cancels its requests at once (the Engine frees the slot before its next step): streams
@@ -22,7 +22,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -131,7 +131,7 @@ class Server:
             for prompt in prompts:
                 for i in range(body.n):
                     seed = None if body.seed in (None, -1) else body.seed + i
-                    reqs.append(await asyncio.to_thread(self.engine.submit, prompt, seed=seed, **kw))
+                    reqs.append(await self.engine.asubmit(prompt, seed=seed, **kw))
         except BaseException as e:
             for r in reqs:
                 r.cancel()
@@ -488,17 +488,18 @@ async def _server_error(request: Request, exc) -> Response:
 
 def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None,
-               own_engine: bool = True) -> Starlette:
+               own_engine: bool = True, routes: Sequence[Route] = ()) -> Starlette:
     """The ASGI app serving engine.
 
     Args:
-        engine: a llamax.Engine; its background loop is started with the app (and closed with it
-            when own_engine).
+        engine: a llamax.Engine (or what stands for one: llamax.cluster's replica set); its
+            background loop is started with the app (and closed with it when own_engine).
         model_name: the id /v1/models gives and the responses carry.
         api_key: when set, every route but /health needs `Authorization: Bearer KEY` (or X-Api-Key).
         max_body_bytes: larger request bodies get 413.
         max_tokens: the most tokens one request may ask for (default: a slot's context); a request
             without max_tokens (or with -1) generates until its end, at most this many.
+        routes: more routes, behind the same API key, errors and log lines.
     """
     srv = Server(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
                  max_tokens=max_tokens)
@@ -523,6 +524,7 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         Route("/slots/{id:int}", srv.slot_action, methods=["POST"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
+        *routes,
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found,

@@ -1,7 +1,7 @@
 """GET /metrics: the Engine's metrics and the server's request counts in Prometheus' text format.
 
 A prometheus_client Collector reads Engine.metrics() at each scrape (nothing is copied between
-scrapes); the names are llamax_<key>, counters ending in _total as Prometheus asks. Each server has
+scrapes; a replica set's metrics are summed, and given per replica too); the names are llamax_<key>, counters ending in _total as Prometheus asks. Each server has
 its own registry, so two servers in one process (tests, embedding apps) do not mix their figures.
 """
 from __future__ import annotations
@@ -61,21 +61,45 @@ class HTTPCounts:
 
 
 class EngineCollector:
+    """The engine's metrics as llamax_<key>; an engine of several replicas (llamax.cluster) has them
+    summed there and also each replica's as llamax_replica_<key>{replica="ID"}."""
+
     def __init__(self, engine, http: HTTPCounts) -> None:
         self.engine, self.http = engine, http
 
     def collect(self):
-        m = self.engine.metrics()
+        per = self.engine.metrics_by_replica() if hasattr(self.engine, "metrics_by_replica") else None
+        m = self.engine.metrics() if per is None else sum_metrics(per.values())
         for key, doc in COUNTERS.items():
             if key in m:
                 yield CounterMetricFamily(f"llamax_{key}", doc, value=m[key])
         for key, doc in GAUGES.items():
             if key in m:
                 yield GaugeMetricFamily(f"llamax_{key}", doc, value=m[key])
+        if per is not None:
+            yield GaugeMetricFamily("llamax_replicas", "replicas running", value=len(per))
+            for table, family in ((COUNTERS, CounterMetricFamily), (GAUGES, GaugeMetricFamily)):
+                for key, doc in table.items():
+                    f = family(f"llamax_replica_{key}", f"{doc}, per replica", labels=["replica"])
+                    for rid, rm in sorted(per.items()):
+                        if key in rm:
+                            f.add_metric([rid], rm[key])
+                    yield f
         http = CounterMetricFamily("llamax_http_requests", "HTTP requests answered", labels=["route", "code"])
         for (route, code), n in self.http.items():
             http.add_metric([route, str(code)], n)
         yield http
+
+
+def sum_metrics(per_replica) -> dict:
+    """Several engines' metrics as one: counters and gauges summed (rates too: the aggregate
+    tokens per busy second of replicas working side by side)."""
+    out: dict = {}
+    for m in per_replica:
+        for k, v in m.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] = out.get(k, 0) + v
+    return out
 
 
 def registry(engine, http: HTTPCounts) -> CollectorRegistry:

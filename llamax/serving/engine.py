@@ -123,6 +123,41 @@ class Slot(SeqState):
             setattr(self, f.name, getattr(st, f.name))
 
 
+def prompt_tokens(model, prompt) -> list[int]:
+    """The token ids of a request's prompt (Engine.submit's rules): a str tokenized with special
+    tokens, chat messages through the model's template, token ids checked against the vocabulary.
+
+    Raises:
+        BatchError: an empty prompt, or a token id outside the vocabulary.
+        TypeError: anything else.
+    """
+    m = model
+    if isinstance(prompt, str):
+        toks = m.tokenize(prompt, add_special=True, parse_special=True)
+    elif isinstance(prompt, Sequence) and prompt and all(isinstance(x, dict) for x in prompt):
+        toks = m.tokenize(m.apply_chat_template(list(prompt)), add_special=True, parse_special=True)
+    elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
+        toks = []
+        for i, t in enumerate(prompt):
+            if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
+                raise BatchError(f"prompt token {i}: {t!r} is not a token id")
+            t = int(t)
+            if not 0 <= t < m.n_vocab:
+                raise BatchError(f"prompt token {i}: id {t} outside the vocabulary [0, {m.n_vocab})")
+            toks.append(t)
+    else:
+        raise TypeError(f"prompt: a str, a list of token ids or a list of chat messages, not {type(prompt).__name__}")
+    if not toks:
+        raise BatchError("empty prompt")
+    return toks
+
+
+def bos_offset(model, prompt) -> int:
+    """1 when tokenizing prompt adds a BOS token before the text (a str prompt, a model that adds
+    one): a request's n_keep counts prompt tokens after it."""
+    return int(isinstance(prompt, str) and bool(getattr(model.tokenizer, "add_bos", False)))
+
+
 class Engine:
     """Serve many requests from one model (see the module docstring for one step).
 
@@ -290,25 +325,7 @@ class Engine:
 
     # ---- submitting ------------------------------------------------------------------------------
     def _tokens(self, prompt) -> list[int]:
-        m = self.model
-        if isinstance(prompt, str):
-            toks = m.tokenize(prompt, add_special=True, parse_special=True)
-        elif isinstance(prompt, Sequence) and prompt and all(isinstance(x, dict) for x in prompt):
-            toks = m.tokenize(m.apply_chat_template(list(prompt)), add_special=True, parse_special=True)
-        elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-            toks = []
-            for i, t in enumerate(prompt):
-                if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
-                    raise BatchError(f"prompt token {i}: {t!r} is not a token id")
-                t = int(t)
-                if not 0 <= t < m.n_vocab:
-                    raise BatchError(f"prompt token {i}: id {t} outside the vocabulary [0, {m.n_vocab})")
-                toks.append(t)
-        else:
-            raise TypeError(f"prompt: a str, a list of token ids or a list of chat messages, not {type(prompt).__name__}")
-        if not toks:
-            raise BatchError("empty prompt")
-        return toks
+        return prompt_tokens(self.model, prompt)
 
     def submit(self, prompt, *, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
                top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
@@ -339,7 +356,7 @@ class Engine:
             raise TypeError("stop: a string or a list of strings")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
-        keep = len(toks) if n_keep < 0 else n_keep + int(isinstance(prompt, str) and self._adds_bos())
+        keep = len(toks) if n_keep < 0 else n_keep + bos_offset(self.model, prompt)
         keep = min(keep, len(toks), self.n_ctx_seq - N_KEEP_MARGIN)
         n_trunc = 0
         if len(toks) + 1 >= self.n_ctx_seq:
@@ -363,6 +380,11 @@ class Engine:
             self._wake.notify_all()
         return req
 
+    async def asubmit(self, prompt, **kw) -> Request:
+        """submit() from asyncio: tokenizing and templating a long prompt run in a worker thread,
+        not on the event loop."""
+        return await asyncio.to_thread(self.submit, prompt, **kw)
+
     def _without_eog(self, row: np.ndarray) -> np.ndarray:
         """row with the end-of-generation tokens at -inf, in the engine's one scratch row (ignore_eos)."""
         if self._eog is None:
@@ -372,9 +394,6 @@ class Engine:
         np.copyto(self._eog_row, row)
         self._eog_row[self._eog] = -np.inf
         return self._eog_row
-
-    def _adds_bos(self) -> bool:
-        return bool(getattr(self.model.tokenizer, "add_bos", False))
 
     def _truncate(self, toks: list[int], keep: int) -> tuple[list[int], int]:
         """llama-server's prompt truncation: keep the first `keep` tokens, drop whole blocks of half
