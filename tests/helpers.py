@@ -94,3 +94,76 @@ def without(cells, seq: int):
         s = s - {seq}
         out.append((p, s) if s else (-1, frozenset()))
     return out
+
+
+# ---- a serving workload: conversations in groups sharing a system prompt --------------------------
+_ORGS = ["a small public library", "a mountain railway", "a city bicycle-hire scheme", "a seaside aquarium",
+         "a night school for adults", "a community orchestra", "a repair cafe", "a harbour ferry line"]
+_RULES = ["Answer in at most two short sentences.", "Be friendly, exact and brief.",
+          "If you do not know, say so plainly.", "Never invent prices, dates or names.",
+          "Use plain words a child would understand.", "Do not repeat the question back.",
+          "Mention opening hours only when asked.", "Refer complaints to the front desk.",
+          "Keep a calm and polite tone at all times.", "Prefer metric units.",
+          "Give one example when it helps.", "Do not give legal or medical advice."]
+_QUESTIONS = ["When do you open on Sundays?", "How much does it cost for a child?", "Can I bring my dog?",
+              "Is there parking nearby?", "Do you have a lost property office?", "Can I pay by card?",
+              "Is the building accessible by wheelchair?", "What should I bring on my first visit?",
+              "Are there discounts for students?", "How do I book for a group of ten?"]
+
+
+def system_prompt(group: int) -> str:
+    """A system prompt of its own for each group (~200 tokens), the same in every run."""
+    org = _ORGS[group % len(_ORGS)]
+    rules = " ".join(_RULES[(group * 5 + k) % len(_RULES)] for k in range(8))
+    return (f"You are the help desk assistant of {org} (desk number {group + 1}). You answer visitors' questions "
+            f"about {org}: its services, its prices, its rules and its opening hours. {rules} "
+            f"Every answer you give is about {org} and nothing else. {rules}")
+
+
+def grouped_chats(n_groups: int = 4, per_group: int = 8, seed: int = 0) -> list[tuple[int, list[dict]]]:
+    """(group, chat messages) for n_groups * per_group requests, shuffled with seed: requests of one
+    group share its system prompt and differ in the question."""
+    import random
+
+    out = [(g, [{"role": "system", "content": system_prompt(g)},
+                {"role": "user", "content": _QUESTIONS[(g + 3 * i) % len(_QUESTIONS)] + f" (ticket {g}-{i})"}])
+           for g in range(n_groups) for i in range(per_group)]
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def run_chat_workload(url: str, chats, *, model: str = "smollm2-135m", max_tokens: int = 16,
+                      api_key: str = "none", timeout: float = 600, concurrency: int | None = None) -> dict:
+    """Send the chats (streamed, greedy) through the openai client, all at once or at most
+    `concurrency` at a time (clients arriving as others leave); returns per-request {group, text,
+    prompt, cached, completion, ttft (from its own sending)} in order, and the wall time."""
+    import asyncio
+    import time
+
+    from openai import AsyncOpenAI
+
+    async def one(client, gate, group, messages):
+        async with gate:
+            t0 = time.perf_counter()
+            stream = await client.chat.completions.create(
+                model=model, messages=messages, max_tokens=max_tokens, temperature=0, stream=True,
+                stream_options={"include_usage": True})
+            text, ttft, usage = [], None, None
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    ttft = ttft if ttft is not None else time.perf_counter() - t0
+                    text.append(chunk.choices[0].delta.content)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else 0
+        return dict(group=group, text="".join(text), prompt=usage.prompt_tokens, cached=cached or 0,
+                    completion=usage.completion_tokens, ttft=ttft)
+
+    async def run():
+        async with AsyncOpenAI(base_url=url + "/v1", api_key=api_key, timeout=timeout, max_retries=0) as client:
+            gate = asyncio.Semaphore(concurrency or len(chats))
+            t0 = time.perf_counter()
+            out = await asyncio.gather(*(one(client, gate, g, m) for g, m in chats))
+            return {"requests": out, "wall": time.perf_counter() - t0}
+
+    return asyncio.run(run())

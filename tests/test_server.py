@@ -28,7 +28,7 @@ SYSTEM = ("You are a careful assistant for a small library. You answer questions
 class LiveServer:
     """`python -m llamax serve --port 0 ...` in a subprocess; its stderr is kept line by line."""
 
-    def __init__(self, *args, key=None, **popen):
+    def __init__(self, *args, key=None, start_timeout=180, **popen):
         cmd = [sys.executable, "-m", "llamax", "serve", "--port", "0", "-t", "2", *args]
         if key:
             cmd += ["--api-key", key]
@@ -39,7 +39,7 @@ class LiveServer:
         self._ready = threading.Event()
         self.url = None
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(180) or self.url is None:
+        if not self._ready.wait(start_timeout) or self.url is None:
             self.stop()
             raise RuntimeError("llamax serve did not start:\n" + "".join(self.lines))
 
@@ -77,11 +77,11 @@ class LiveServer:
             time.sleep(0.05)
         raise AssertionError(f"server still busy after {timeout} s: {m}")
 
-    def stop(self):
+    def stop(self, timeout=20):
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()

@@ -94,7 +94,6 @@ class Policy:
         """The replicas Ray runs now (the router calls this on every change)."""
         with self._lock:
             self._replicas = sorted(replicas)
-            self._dead &= set(replicas)
             self._draining &= set(replicas)
 
     def replicas(self) -> list[str]:
@@ -112,7 +111,7 @@ class Policy:
             return set(self._draining)
 
     def dead(self, replica: str) -> None:
-        """A replica seen to die: never chosen again (a restarted replica has a new id)."""
+        """A replica seen to die: never chosen again (Ray gives a restarted replica a new id)."""
         with self._lock:
             self._dead.add(replica)
             self._inflight.pop(replica, None)

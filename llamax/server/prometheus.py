@@ -27,6 +27,12 @@ COUNTERS = {
     "tokens_reused": "prompt tokens taken from the prefix cache",
     "steps": "scheduler steps (one decode each)",
     "busy_s": "seconds spent in steps",
+    # llamax serve --replicas: conversations moved between replicas with their cached prefix
+    "handovers_in": "cached prefixes fetched from another replica",
+    "handovers_tokens_in": "prompt tokens fetched from another replica's cache",
+    "handovers_out": "cached prefixes sent to another replica",
+    "handovers_tokens_out": "prompt tokens sent to another replica",
+    "handovers_failed": "handovers that failed (the prompt was computed instead)",
 }
 GAUGES = {
     "slots_busy": "slots decoding a request",
