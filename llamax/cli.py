@@ -412,7 +412,8 @@ def _serve_replicas(a, name: str) -> int:
                      api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None)
     print(f"llamax serve: {alias}: {a.replicas} replicas x {threads} threads on "
           f"{a.ray_address or 'a local Ray instance'}, routing {a.routing}", file=sys.stderr)
-    return serve_replicas(str(path), replicas=a.replicas, threads=threads, ray_address=a.ray_address,
+    # a registry name travels as a name: each replica's machine fetches the model into its own cache
+    return serve_replicas(name if name in models.available() else str(path), replicas=a.replicas, threads=threads, ray_address=a.ray_address,
                           routing=a.routing, host=a.host, port=a.port, engine_kw=engine_kw, server_kw=server_kw,
                           ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 

@@ -128,6 +128,28 @@ def test_a_conversation_handed_over_continues_with_the_same_tokens(cluster, clie
     assert cluster.post("/replicas/nope?action=drain").status_code == 404
 
 
+def test_a_client_that_goes_away_frees_its_replica_slot(cluster):
+    def cancelled():
+        return sum(per_replica(cluster, "llamax_replica_requests_cancelled_total").values())
+
+    before = cancelled()
+    body = {"prompt": "Write a long story about a lighthouse.", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", cluster.url + "/v1/completions", json=body, headers=cluster.headers(),
+                      timeout=60) as s:
+        for line in s.iter_lines():
+            if line.startswith("data: ") and '"text"' in line:
+                break  # the first piece: then hang up
+    with pytest.raises(httpx.ReadTimeout):  # and one that is not streamed, given up while it waits
+        cluster.post("/v1/completions", json={**body, "stream": False}, timeout=httpx.Timeout(60, read=1.0))
+    deadline = time.monotonic() + 30
+    while cancelled() < before + 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cancelled() == before + 2
+    busy = sum(per_replica(cluster, "llamax_replica_slots_busy").values())
+    assert busy == 0
+
+
 def test_a_killed_replica_fails_only_its_own_requests_and_is_replaced(cluster):
     reps = cluster.get("/replicas").json()
     assert len(reps) == 2
