@@ -82,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--groups", type=int, default=4)
     ap.add_argument("--per-group", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="requests in flight at once (clients arriving as others leave; default: all at once)")
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
@@ -93,7 +95,8 @@ def main(argv=None) -> int:
             srv = Server(["-m", a.model, "--replicas", str(a.replicas), "-t", str(a.threads), "-np", str(a.parallel),
                           "-c", str(a.ctx_size), "--routing", routing])
             try:
-                out = run_chat_workload(srv.url, chats, model=a.model, max_tokens=a.max_tokens)
+                out = run_chat_workload(srv.url, chats, model=a.model, max_tokens=a.max_tokens,
+                                        concurrency=a.concurrency)
             finally:
                 srv.stop()
             reqs = out["requests"]
@@ -109,7 +112,8 @@ def main(argv=None) -> int:
         return statistics.median(f(r) for r in runs[routing])
 
     print(f"\n{a.replicas} replicas x {a.threads} threads, {a.parallel} slots and {a.ctx_size} cells each; "
-          f"{len(chats)} chat requests in {a.groups} groups, {a.max_tokens} tokens each; medians of {a.reps}\n")
+          f"{len(chats)} chat requests in {a.groups} groups, {a.max_tokens} tokens each, "
+          f"{a.concurrency or len(chats)} at a time; medians of {a.reps}\n")
     print("| routing | cached prompt tokens | share of prompt | gen t/s | req/s | TTFT p50 | TTFT p95 |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for routing in runs:
