@@ -12,7 +12,8 @@ One decode runs one way, context -> batch -> memory -> model -> native:
                                     the native kernels, logits for the tokens that asked
     logits                          put back in batch order
 Nothing mutates the cache but apply and the seq_* operations. If the forward pass itself fails,
-the tokens of the batch are removed from the memory again, as llama.cpp does.
+the memory forgets the batch (Memory.forget_batch: its tokens removed again, as llama.cpp does; a
+recurrent memory's states put back as they were).
 """
 from __future__ import annotations
 
@@ -115,12 +116,8 @@ class Context:
         self._row_of = self.balloc.output_ids()
 
     def _forget(self) -> None:
-        """Remove the batch's tokens from the memory after a failed forward pass."""
-        b = self.balloc
-        for s in b.seq_id_unq:
-            lo = b.seq_pos_min(int(s))
-            if lo >= 0:
-                self.memory.seq_rm(int(s), lo, -1)
+        """Undo the batch in the memory after a failed forward pass (Memory.forget_batch)."""
+        self.memory.forget_batch(self.balloc)
         self._clear_outputs()
 
     def _clear_outputs(self) -> None:

@@ -36,6 +36,12 @@ Metadata, in order (little-endian; `u32[n]` is an array of n):
                     cells CELL_DTYPE[n_cells] (pos, ext x y tok, sequence bitset) in cell order
         -> data, per stream: per layer the K rows of each run ([n, row]); per layer the V rows of each
            run, or with v_trans the V columns of each run ([n_head_kv, head_dim_v, n])
+    the memory, for a recurrent memory (RecurrentMemory.state_write):
+        tag u32 (3 = memory_recurrent), n_layer u32 (layers with a state), mem_size u32, n_seq_max u32,
+        seq_id i32, rank of r u32, rank of s u32, layer ids u32[n_layer], r and s shapes u32[...],
+        n_cells u32, cells (cell u32, pos i32, seq i32)[n_cells]
+        -> data: per layer the conv rows of the cells ([n_cells, *r]), then per layer their ssm rows
+    a hybrid memory (HybridMemory) writes tag 4, then its KV cache's section, then its recurrent one.
 
 Only cells inside the sliding window are written: a cell the window hides from every sequence
 holding it (for one sequence: from that sequence) can never be attended again and is skipped.
@@ -94,7 +100,10 @@ KIND_NAMES = {KIND_CONTEXT: "whole-context", KIND_MEMORY: "whole-memory", KIND_S
 
 TAG_KV = 1
 TAG_ISWA = 2
-TAG_NAMES = {TAG_KV: "kv_cache", TAG_ISWA: "kv_cache_iswa"}
+TAG_RECURRENT = 3
+TAG_HYBRID = 4
+TAG_NAMES = {TAG_KV: "kv_cache", TAG_ISWA: "kv_cache_iswa", TAG_RECURRENT: "memory_recurrent",
+             TAG_HYBRID: "memory_hybrid"}
 
 NO_FINGERPRINT = bytes(16)
 

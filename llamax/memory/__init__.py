@@ -1,6 +1,8 @@
-"""The memory family (llama_memory_i): the KV cache and the interleaved SWA cache."""
-from llamax.memory.base import LayerView, Memory, MemoryContext, Plan
+"""The memory family (llama_memory_i): the KV cache, the interleaved SWA cache, the recurrent memory."""
+from llamax.memory.base import KVMemory, LayerView, Memory, MemoryContext, Plan
 from llamax.memory.iswa import KVCacheISWA, swa_cache_size
 from llamax.memory.kv_cache import KVCache
+from llamax.memory.recurrent import RecurrentMemory, RecurrentView
 
-__all__ = ["LayerView", "Memory", "MemoryContext", "KVCache", "KVCacheISWA", "Plan", "swa_cache_size"]
+__all__ = ["LayerView", "Memory", "MemoryContext", "KVCache", "KVCacheISWA", "KVMemory", "Plan", "RecurrentMemory",
+           "RecurrentView", "swa_cache_size"]

@@ -7,8 +7,10 @@ A memory holds what a context remembers between decodes. A decode reaches it in 
                                    of them (prepare, then roll every cell back): a MemoryContext, or
                                    NoKVSlotError with nothing changed (llama_memory_i::init_batch)
     mctx.apply(i)                  ubatch i's cells are written (apply_ubatch), i = 0, 1, ...
-    store(il, ub, k, v), attend(il, ub, q)   per layer, for the ubatch just applied
+    store(il, ub, k, v), attend(il, ub, q)   per attention layer, for the ubatch just applied (KVMemory)
     layer_view(il, ub)             or: what a native layer step needs to store and attend itself
+    recurrent_view(il, ub)         per recurrent layer: the states a Mamba step reads and updates
+                                   (RecurrentMemory)
 
 Nothing mutates the cells except the seq_* operations, apply_ubatch and a state restore. plan()
 is the same path for Python model code that runs without a Context: it makes the batch allocator
@@ -72,7 +74,7 @@ def locked(method: Callable[Concatenate[_M, _P], _R]) -> Callable[Concatenate[_M
 
 
 class Memory(abc.ABC):
-    """Abstract base of KVCache and KVCacheISWA.
+    """Abstract base of every memory: KVMemory (KVCache, KVCacheISWA), RecurrentMemory, HybridMemory.
 
     Subclasses call Memory.__init__ first (the lock and the generation), run every public
     operation under @locked and call _changed() after each change of the cells."""
@@ -197,6 +199,16 @@ class Memory(abc.ABC):
         """Forget the ubatch applied last: store() and attend() refuse until the next apply."""
 
     @locked
+    def forget_batch(self, balloc: BatchAllocator) -> None:
+        """Undo a batch whose forward pass failed (after some of its ubatches were applied): remove
+        its tokens from their sequences again, as llama.cpp's decode does. (A recurrent memory, whose
+        states cannot lose tokens, puts back what it held before the batch instead.)"""
+        for s in balloc.seq_id_unq:
+            lo = balloc.seq_pos_min(int(s))
+            if lo >= 0:
+                self.seq_rm(int(s), lo, -1)
+
+    @locked
     def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
              n_batch: int | None = None, output_all: bool = False) -> "Plan":
         """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
@@ -215,22 +227,6 @@ class Memory(abc.ABC):
         balloc.init(batch, self, output_all=output_all)
         return Plan(self.init_batch(balloc, n_ubatch), balloc)
 
-    @abc.abstractmethod
-    def store(self, il: int, ubatch, k, v) -> None:
-        """Write the K/V rows of the ubatch being applied for layer il."""
-
-    @abc.abstractmethod
-    def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0):
-        """Attention of the ubatch's queries over layer il of the cache."""
-
-    @abc.abstractmethod
-    def layer_view(self, il: int, ubatch) -> LayerView:
-        """Layer il's buffers, cells and mask for the ubatch being applied (a native layer step)."""
-
-    @abc.abstractmethod
-    def layer_views(self, ubatch) -> dict[int, LayerView]:
-        """layer_view of every layer, by layer number (one check and one mask for all of them)."""
-
     # ---- state (llama_state_*; the format is in llamax/state.py) --------------------------------
     @abc.abstractmethod
     def state_write(self, w: "StateWriter", seq_id: int = -1) -> None:
@@ -246,6 +242,27 @@ class Memory(abc.ABC):
         Raises:
             StateError: the section does not fit this memory (configuration, counts, ids).
         """
+
+
+class KVMemory(Memory):
+    """A memory of K/V cells (KVCache, KVCacheISWA): what an attention layer stores into and attends
+    over, for the ubatch being applied."""
+
+    @abc.abstractmethod
+    def store(self, il: int, ubatch, k, v) -> None:
+        """Write the K/V rows of the ubatch being applied for layer il."""
+
+    @abc.abstractmethod
+    def attend(self, il: int, ubatch, q, *, scale: float | None = None, softcap: float = 0.0):
+        """Attention of the ubatch's queries over layer il of the cache."""
+
+    @abc.abstractmethod
+    def layer_view(self, il: int, ubatch) -> LayerView:
+        """Layer il's buffers, cells and mask for the ubatch being applied (a native layer step)."""
+
+    @abc.abstractmethod
+    def layer_views(self, ubatch) -> dict[int, LayerView]:
+        """layer_view of every layer, by layer number (one check and one mask for all of them)."""
 
 
 class MemoryContext:

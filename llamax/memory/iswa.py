@@ -25,7 +25,7 @@ from llamax import checks, state
 from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import N_CTX_PAD, pad
 from llamax.errors import LlamaxError, NoKVSlotError
-from llamax.memory.base import Memory, MemoryContext, check_streams, locked, split_batch
+from llamax.memory.base import KVMemory, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.memory.kv_cache import KVCache
 from llamax.rope import RoPE
 
@@ -40,7 +40,7 @@ def swa_cache_size(kv_size: int, n_swa: int, n_seq_max: int, unified: bool, n_ub
     return min(kv_size, pad(n_swa * (n_seq_max if unified else 1) + n_ubatch, N_CTX_PAD))
 
 
-class KVCacheISWA(Memory):
+class KVCacheISWA(KVMemory):
     """A base KVCache for the full-attention layers and a SWA KVCache for `swa_layers`.
 
     Args:

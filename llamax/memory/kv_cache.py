@@ -35,7 +35,7 @@ from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES,
                            SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
 from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
-from llamax.memory.base import LayerView, Memory, MemoryContext, check_streams, locked, split_batch
+from llamax.memory.base import KVMemory, LayerView, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
 from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
@@ -81,7 +81,7 @@ class _Active:
     perm: np.ndarray | None = None  # the mask's column -> cell map (None: column j is cell j)
 
 
-class KVCache(Memory):
+class KVCache(KVMemory):
     """llama.cpp's KV cache, usable on its own by Python model code.
 
     Args:

@@ -20,7 +20,7 @@ from llamax._native import quants
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
-ARCHS = ("llama", "gemma3")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
+ARCHS = ("llama", "gemma3", "mamba")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,14 @@ class HParams:
     attn_logit_softcap: float = 0.0
     final_logit_softcap: float = 0.0
     tied_output: bool = True
+    # the selective state space (llama.cpp's ssm_*; 0 for an attention-only model) and the layers that
+    # keep a recurrent state instead of K/V cells (every layer of a Mamba)
+    ssm_d_conv: int = 0
+    ssm_d_inner: int = 0
+    ssm_d_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_dt_b_c_rms: bool = False
+    recurrent_layers: tuple[int, ...] = ()
     # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
     # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
     attn_scale: float = field(default=0.0, compare=False)
@@ -58,6 +66,16 @@ class HParams:
     @property
     def n_embd_k_gqa(self) -> int:
         return self.n_embd_head_k * self.n_head_kv
+
+    @property
+    def r_shape(self) -> tuple[int, int]:
+        """One sequence's conv state in a recurrent layer (llama.cpp's n_embd_r, Mamba-1): [d_inner, d_conv - 1]."""
+        return (self.ssm_d_inner, self.ssm_d_conv - 1)
+
+    @property
+    def s_shape(self) -> tuple[int, int]:
+        """One sequence's SSM state in a recurrent layer (llama.cpp's n_embd_s): [d_inner, d_state]."""
+        return (self.ssm_d_inner, self.ssm_d_state)
 
 
 class GGUFFile:
@@ -214,6 +232,8 @@ def read_hparams(g: GGUFFile) -> HParams:
     if arch not in ARCHS:
         raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
     f, k = g.path.name, _Keys(g, arch)
+    if arch == "mamba":
+        return _read_mamba(g, k)
     n_layer = k.integer("block_count")
     n_embd = k.integer("embedding_length")
     n_head = k.per_layer("attention.head_count", n_layer)
@@ -249,14 +269,6 @@ def read_hparams(g: GGUFFile) -> HParams:
     scaling = g.get(k.key("rope.scaling.type"), "linear")
     if scaling not in ("none", "linear"):
         raise ModelError(f"{f}: {k.key('rope.scaling.type')} {scaling!r} is not supported (none, linear)")
-    toks = g.reader.fields.get("tokenizer.ggml.tokens")
-    if toks is None or (isinstance(toks, list) and not toks):
-        raise ModelError(f"{f}: no vocabulary (tokenizer.ggml.tokens)")
-    if g.reader.field_type("tokenizer.ggml.tokens") != (GGUFValueType.ARRAY, GGUFValueType.STRING):
-        raise ModelError(f"{f}: tokenizer.ggml.tokens is {g.reader.field_type('tokenizer.ggml.tokens')[0].name}"
-                         f"{'' if not isinstance(toks, np.ndarray) else ' of ' + str(toks.dtype)}, "
-                         "expected an array of strings")
-    assert isinstance(toks, list)
     common: dict[str, Any] = dict(
         arch=arch,
         n_layer=n_layer,
@@ -267,7 +279,7 @@ def read_hparams(g: GGUFFile) -> HParams:
         n_embd_head_v=head_v,
         n_ff=n_ff,
         n_ctx_train=k.integer("context_length"),
-        n_vocab=len(toks),
+        n_vocab=_n_vocab(g),
         rms_eps=k.number("attention.layer_norm_rms_epsilon"),
         n_rot=n_rot,
         rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True),
@@ -299,6 +311,52 @@ def read_hparams(g: GGUFFile) -> HParams:
         swa_layers = tuple(il for il in range(n_layer) if n == 0 or il % n < n - 1)
     return HParams(rope_kind="neox", n_swa=n_swa, swa_type="standard", swa_layers=swa_layers,
                    rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0, attn_scale=attn_scale, **common)
+
+
+def _n_vocab(g: GGUFFile) -> int:
+    """The vocabulary's token count (llama.cpp's vocab.n_tokens()).
+
+    Raises:
+        ModelError: no tokenizer.ggml.tokens, or not an array of strings."""
+    toks = g.reader.fields.get("tokenizer.ggml.tokens")
+    if toks is None or (isinstance(toks, list) and not toks):
+        raise ModelError(f"{g.path.name}: no vocabulary (tokenizer.ggml.tokens)")
+    if g.reader.field_type("tokenizer.ggml.tokens") != (GGUFValueType.ARRAY, GGUFValueType.STRING):
+        raise ModelError(f"{g.path.name}: tokenizer.ggml.tokens is "
+                         f"{g.reader.field_type('tokenizer.ggml.tokens')[0].name}"
+                         f"{'' if not isinstance(toks, np.ndarray) else ' of ' + str(toks.dtype)}, "
+                         "expected an array of strings")
+    assert isinstance(toks, list)
+    return len(toks)
+
+
+def _read_mamba(g: GGUFFile, k: _Keys) -> HParams:
+    """llama.cpp's LLM_ARCH_MAMBA hyperparameters (Mamba-1): no attention, every layer recurrent.
+
+    Checks: block_count, embedding_length, context_length and the ssm sizes (conv_kernel at most
+    the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; no
+    ssm.group_count (Mamba-2 is not supported); a vocabulary."""
+    from llamax._native import ssm as _ssm
+
+    f = g.path.name
+    n_layer = k.integer("block_count")
+    if k.has("ssm.group_count") and k.integer("ssm.group_count", minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('ssm.group_count')} is set: a Mamba-2 model, which llamax does not support")
+    d_conv = k.integer("ssm.conv_kernel")
+    if d_conv > _ssm.MAX_CONV:
+        raise ModelError(f"{f}: {k.key('ssm.conv_kernel')} {d_conv} is wider than llamax's convolution "
+                         f"({_ssm.MAX_CONV})")
+    dt_b_c_rms = g.get(k.key("ssm.dt_b_c_rms"), False)
+    if not isinstance(dt_b_c_rms, bool):
+        raise ModelError(f"{f}: {k.key('ssm.dt_b_c_rms')} is {_brief_value(dt_b_c_rms)}, not a bool")
+    return HParams(
+        arch="mamba", n_layer=n_layer, n_embd=k.integer("embedding_length"), n_head=0, n_head_kv=0,
+        n_embd_head_k=0, n_embd_head_v=0, n_ff=0, n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
+        rms_eps=k.number("attention.layer_norm_rms_epsilon"), n_rot=0, rope_kind="none", rope_freq_base=10000.0,
+        tied_output="output.weight" not in g.tensors,
+        ssm_d_conv=d_conv, ssm_d_inner=k.integer("ssm.inner_size"), ssm_d_state=k.integer("ssm.state_size"),
+        ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms,
+        recurrent_layers=tuple(range(n_layer)))
 
 
 # ---- the tensors against the hyperparameters ---------------------------------------------------------
@@ -334,9 +392,37 @@ DENSE_DECODER = TensorTable(
            "ffn_down.weight": ("n_ff", "n_embd")})
 
 
+#: llama.cpp's LLM_ARCH_MAMBA tensors (Mamba-1); ssm_a and ssm_d have no ".weight" in their names
+MAMBA = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",),
+           "ssm_in.weight": ("n_embd", "2*d_inner"),
+           "ssm_conv1d.weight": ("d_conv", "d_inner"),
+           "ssm_conv1d.bias": ("d_inner",),
+           "ssm_x.weight": ("d_inner", "dt_rank+2*d_state"),
+           "ssm_dt.weight": ("dt_rank", "d_inner"),
+           "ssm_dt.bias": ("d_inner",),
+           "ssm_a": ("d_state", "d_inner"),
+           "ssm_d": ("d_inner",),
+           "ssm_out.weight": ("d_inner", "n_embd")})
+
+
 def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
     """llama.cpp's names of the dimensions (LLAMA_LOAD_LOCALS): each value and where it comes from."""
     a, k, v = hp.arch, hp.n_embd_head_k, hp.n_embd_head_v
+    if hp.ssm_d_inner:
+        di, ds, dr = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank
+        ssm = {
+            "d_inner": (di, f"d_inner {di} from {a}.ssm.inner_size"),
+            "2*d_inner": (2 * di, f"2 * d_inner {di} from {a}.ssm.inner_size"),
+            "d_conv": (hp.ssm_d_conv, f"d_conv {hp.ssm_d_conv} from {a}.ssm.conv_kernel"),
+            "d_state": (ds, f"d_state {ds} from {a}.ssm.state_size"),
+            "dt_rank": (dr, f"dt_rank {dr} from {a}.ssm.time_step_rank"),
+            "dt_rank+2*d_state": (dr + 2 * ds, f"dt_rank {dr} + 2 * d_state {ds}"),
+        }
+    else:
+        ssm = {}
     head_k = (f"n_embd_head_k {k} = n_embd {hp.n_embd} / n_head {hp.n_head}" if k * hp.n_head == hp.n_embd
               else f"n_embd_head_k {k} from {a}.attention.key_length")
     return {
@@ -349,6 +435,7 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
                                            f"n_embd_head_k {k}"),
         "n_embd_v_gqa": (hp.n_head_kv * v, f"n_embd_v_gqa {hp.n_head_kv * v} = n_head_kv {hp.n_head_kv} * "
                                            f"n_embd_head_v {v}"),
+        **ssm,
     }
 
 

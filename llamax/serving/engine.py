@@ -199,6 +199,10 @@ class Engine:
         n_parallel = checks.in_range(n_parallel, "n_parallel", 1, LLAMA_MAX_SEQ + 1)
         self.max_queue = checks.in_range(max_queue, "max_queue", 0, 2**31)
         self.suspend_bytes = checks.in_range(suspend_bytes, "suspend_bytes", 0, 2**62)
+        if model.hparams.recurrent_layers:
+            raise LlamaxError(f"{model.path.name} is a {model.arch} model: its layers keep recurrent states, which "
+                              f"the Engine's prefix cache and context shift cannot cut; run it with a Context "
+                              f"(llamax.generate, `llamax run`)")
         self.model = model
         self.n_parallel = n_parallel
         tree = bool(prefix_cache) and bool(kv_unified) and n_parallel < LLAMA_MAX_SEQ

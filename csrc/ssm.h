@@ -1,0 +1,56 @@
+/* ssm.h: the two recurrent steps of a Mamba layer (llama.cpp's ggml_ssm_conv and ggml_ssm_scan,
+ * Mamba-1), reading and writing the per-sequence states of a recurrent memory.
+ *
+ * A recurrent memory keeps, per layer, one state row per cell (llamax/memory/recurrent.py):
+ *
+ *   conv state  [n_cells][d][d_conv - 1]   the last d_conv - 1 inputs of each channel
+ *   ssm state   [n_cells][d][d_state]      the selective scan's hidden state
+ *
+ * (ggml's r_l / s_l rows, ne0 fastest: the same bytes.) A ubatch of a recurrent memory is split
+ * equally (llama.cpp's split_equal): n_seqs sequences of n_t tokens each, token j of sequence s at
+ * row s * n_t + j, and cells[s] is the cell holding sequence s's state. Both kernels read that
+ * state, run the ubatch's tokens through it in order and leave the state after the last token in
+ * the same cell.
+ *
+ * Determinism: every channel c is computed by one thread, in token order, with the same float
+ * operations whatever the thread count, so the results are bit-identical for any n_threads and
+ * any split of a sequence into ubatches.
+ */
+#ifndef LX_SSM_H
+#define LX_SSM_H
+
+#include <stdint.h>
+
+#include "common.h"
+
+#define LX_SSM_MAX_CONV 64   /* the widest convolution lx_ssm_conv takes (Mamba's is 4) */
+
+/* The causal depthwise convolution of one Mamba layer, its bias and SiLU
+ * (llm_build_mamba: ggml_ssm_conv, + ssm_conv1d.bias, ggml_silu):
+ *
+ *   w_c = state[cells[s]][c] ++ x[s*n_t + 0 .. n_t - 1][c]          (d_conv - 1 + n_t values)
+ *   out[s*n_t + t][c] = silu(sum_{k < d_conv} w_c[t + k] * w[c][k] + b[c])
+ *   state[cells[s]][c] <- the last d_conv - 1 values of w_c
+ *
+ * x [n_seqs * n_t] rows of stride ldx (the x half of the in-projection); w [d][d_conv]; b [d] or
+ * NULL; out [n_seqs * n_t][d]. The sum runs k = 0, 1, ... in float, as ggml's.
+ * note: cells distinct, each < the state's rows; 1 <= d_conv <= LX_SSM_MAX_CONV; n_threads >= 1. */
+void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int d_conv,
+                 const float *x, int64_t ldx, const float *w, const float *b, float *out, int n_threads);
+
+/* The selective scan of one Mamba-1 layer with its skip and gate (ggml_ssm_scan, then
+ * y + x * D and silu(z) * y, as llm_build_mamba): for each sequence s, token t, channel c:
+ *
+ *   dt' = softplus(dt[t][c])                  (log1pf(expf(v)), v itself above 20, as ggml)
+ *   h[c][n] <- h[c][n] * expf(dt' * A[c][n]) + B[t][n] * (x[t][c] * dt')      n < d_state
+ *   y[t][c] = (sum_n h[c][n] * C[t][n] + x[t][c] * D[c]) * silu(z[t][c])
+ *
+ * with h = state[cells[s]], left after the sequence's last token. x, dt, y [n_seqs * n_t][d]
+ * (x and dt contiguous rows); B and C rows of stride ldbc; z rows of stride ldz; A [d][d_state];
+ * D [d]. The sum over n runs in float in order n = 0, 1, ...
+ * note: cells distinct; n_threads >= 1. */
+void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
+                 const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
+                 const float *D, const float *z, int64_t ldz, float *y, int n_threads);
+
+#endif /* LX_SSM_H */

@@ -1,0 +1,517 @@
+"""The recurrent memory (llama.cpp's llama_memory_recurrent): one state per sequence, not cells per token.
+
+A recurrent layer (Mamba, RWKV) does not keep its past tokens; it folds each one into a fixed-size
+state. The memory holds mem_size = n_seq_max cells; a sequence owns at most one cell (its tail), and
+the cell's pos is the position of the last token folded into it. Per stateful layer, two buffers with
+a row per cell:
+
+    conv  [mem_size, *r_shape]   llama.cpp's r_l (Mamba: the last d_conv - 1 inputs of each channel,
+                                 [d_inner, d_conv - 1])
+    ssm   [mem_size, *s_shape]   llama.cpp's s_l (Mamba: the scan's state, [d_inner, d_state])
+
+float32 always: a state feeds back into itself every token, so quantization error would compound.
+
+What follows from one state per sequence, as in llama.cpp:
+    - seq_rm cannot cut a state: it removes a sequence's state whole or not at all, and returns False
+      (changing nothing) for a range that covers only part of it. A state holds every position up to
+      its pos, so [p0, p1) must reach from 0 (or before) to past pos, or lie entirely after pos.
+    - seq_cp gives the destination a copy of the source's state (its own cell, the bytes copied), so
+      the two continue independently; the whole state is copied whatever [p0, p1).
+    - seq_add / seq_div move the pos of the state only (there is no K to rotate); can_shift is True.
+    - seq_pos_min == seq_pos_max == the state's pos.
+    - A batch is split with split_equal (sequential): every ubatch holds n_seqs sequences of the
+      same number of tokens, and a token may belong to one sequence only (BatchError otherwise: decode
+      the shared prefix for one sequence and seq_cp it).
+
+llamax departs from llama.cpp where llama.cpp loses data: a forward pass that fails in the middle of
+a batch leaves every state as it was before the batch (forget_batch puts back the rows it saved at
+the batch's first ubatch), where llama.cpp's seq_rm of the batch's tokens can only fail.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Callable, Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+from llamax import checks
+from llamax.batch import BatchAllocator, UBatch
+from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX
+from llamax.errors import BatchError, NoKVSlotError, StalePlanError, StateError
+from llamax.memory.base import Memory, MemoryContext, locked, split_batch
+from llamax.state import TAG_RECURRENT, StateReader, StateWriter, read_tag, write_tag
+
+#: the recurrent section of a state: n_layer, mem_size, n_seq_max, seq_id, the ranks of r and s
+_RS_HEAD = struct.Struct("<IIIiII")
+#: one saved cell: its index, pos and sequence
+CELL_DTYPE = np.dtype([("cell", "<u4"), ("pos", "<i4"), ("seq", "<i4")])
+
+
+class RecurrentView(NamedTuple):
+    """Layer il of a recurrent memory for the ubatch being applied: the buffers a Mamba step reads
+    and updates in place, and the cell of each of the ubatch's sequences (csrc/ssm.h)."""
+
+    conv: np.ndarray     # float32 [mem_size, *r_shape]
+    ssm: np.ndarray      # float32 [mem_size, *s_shape]
+    cells: np.ndarray    # int32 [n_seqs]: sequence s of the ubatch (tokens s*n_t .. s*n_t+n_t-1) is in cells[s]
+
+
+@dataclass
+class _Slot:
+    """What init_batch reserved for one ubatch: each sequence's cell, and which cells are new (their
+    state starts from zeros)."""
+
+    cells: np.ndarray    # int32 [n_seqs]
+    fresh: np.ndarray    # bool [n_seqs]
+    first: bool          # the batch's first ubatch: the rows it will touch are saved before it applies
+    touched: np.ndarray  # int32: every cell the whole batch writes
+
+
+@dataclass
+class _Undo:
+    """The cells and rows before a batch, to put back if its forward pass fails."""
+
+    pos: np.ndarray
+    owner: np.ndarray
+    tail: np.ndarray
+    touched: np.ndarray
+    rows: list[tuple[np.ndarray, np.ndarray]]
+    generation: int = -1
+
+
+class RecurrentMemory(Memory):
+    """llama.cpp's llama_memory_recurrent, usable on its own by Python model code.
+
+    Args:
+        n_layer: the model's layer count.
+        r_shape, s_shape: one cell's conv and ssm state in a layer (Mamba: (d_inner, d_conv - 1) and
+            (d_inner, d_state)).
+        n_seq_max: sequence ids accepted, [1, 256]; the memory has as many cells (mem_size).
+        layer_ids: the layers with a state (default all; a hybrid model's recurrent layers).
+        n_threads: threads of the native steps that read this memory (None or -1: every core).
+    """
+
+    def __init__(self, n_layer: int, r_shape: Sequence[int], s_shape: Sequence[int], *, n_seq_max: int = 1,
+                 layer_ids: Sequence[int] | None = None, n_threads: int | None = None,
+                 name: str = "llama_memory_recurrent") -> None:
+        super().__init__()
+        n_layer = checks.positive(n_layer, "n_layer")
+        self.n_layer_model = n_layer
+        self.r_shape = tuple(checks.in_range(x, "r_shape", 0, 2**31) for x in r_shape)
+        self.s_shape = tuple(checks.in_range(x, "s_shape", 0, 2**31) for x in s_shape)
+        self._n_seq_max = checks.in_range(n_seq_max, "n_seq_max", 1, LLAMA_MAX_SEQ + 1)
+        ids = list(range(n_layer)) if layer_ids is None else [checks.in_range(i, "layer_ids", 0, n_layer)
+                                                              for i in layer_ids]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"layer_ids repeat a layer: {ids}")
+        self.layer_ids = ids
+        self._layer = {il: i for i, il in enumerate(ids)}
+        self.n_threads = n_threads
+        self.name = name
+        self.mem_size = self._n_seq_max
+        self.conv = [np.zeros((self.mem_size,) + self.r_shape, np.float32) for _ in ids]
+        self.ssm = [np.zeros((self.mem_size,) + self.s_shape, np.float32) for _ in ids]
+        self._pos = np.full(self.mem_size, -1, np.int32)      # last position folded into the cell
+        self._owner = np.full(self.mem_size, -1, np.int32)    # the sequence holding the cell, -1: free
+        self._tail = np.full(self._n_seq_max, -1, np.int32)   # each sequence's cell, -1: none
+        self._active: tuple[UBatch, np.ndarray, int] | None = None
+        self._undo: _Undo | None = None
+
+    # ---- shape ----------------------------------------------------------------------------------
+    @property
+    def n_seq_max(self) -> int:
+        return self._n_seq_max
+
+    @property
+    def can_shift(self) -> bool:
+        return True
+
+    @property
+    def n_cells(self) -> int:
+        return self.mem_size
+
+    @property
+    def n_used(self) -> int:
+        return int(np.count_nonzero(self._owner >= 0))
+
+    def _cell_bytes(self) -> int:
+        return 4 * len(self.layer_ids) * (int(np.prod(self.r_shape)) + int(np.prod(self.s_shape)))
+
+    def breakdown(self) -> dict[str, int]:
+        return {"r": sum(a.nbytes for a in self.conv), "s": sum(a.nbytes for a in self.ssm)}
+
+    @locked
+    def cells(self) -> list[tuple[int, frozenset[int]]]:
+        return [(int(p), frozenset() if o < 0 else frozenset((int(o),)))
+                for p, o in zip(self._pos, self._owner)]
+
+    def summary(self) -> str:
+        """The size line llama.cpp logs when it creates a recurrent memory."""
+        b, mib = self.breakdown(), 1024.0 * 1024.0
+        return ("size = %7.2f MiB (%6u cells, %3d layers, %2u seqs), R (f32): %7.2f MiB, S (f32): %7.2f MiB"
+                % ((b["r"] + b["s"]) / mib, self.mem_size, len(self.layer_ids), self._n_seq_max, b["r"] / mib,
+                   b["s"] / mib))
+
+    def __repr__(self) -> str:
+        return f"RecurrentMemory({self.summary()}, used {self.n_used})"
+
+    # ---- cells ----------------------------------------------------------------------------------
+    def _seq(self, seq_id, what: str = "seq_id", every: bool = False) -> int:
+        return checks.seq_id(seq_id, self._n_seq_max, what, every=every)
+
+    def _free(self, c: int) -> None:
+        s = int(self._owner[c])
+        if s >= 0 and self._tail[s] == c:
+            self._tail[s] = -1
+        self._owner[c] = -1
+        self._pos[c] = -1
+
+    @staticmethod
+    def _find_free(owner: np.ndarray) -> int:
+        """The first free cell (there always is one for a sequence without a cell: each sequence
+        holds at most one of the n_seq_max cells)."""
+        free = np.flatnonzero(owner < 0)
+        assert free.size, "a sequence without a cell always finds a free one"
+        return int(free[0])
+
+    def _zero(self, c: int) -> None:
+        for a in self.conv + self.ssm:
+            a[c] = 0
+
+    # ---- sequences ------------------------------------------------------------------------------
+    @locked
+    def clear(self, data: bool = True) -> None:
+        self._pos.fill(-1)
+        self._owner.fill(-1)
+        self._tail.fill(-1)
+        self._active = None
+        self._undo = None
+        if data:
+            for a in self.conv + self.ssm:
+                a.fill(0)
+        self._changed()
+
+    @locked
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove seq_id's state (every state if seq_id is -1) if [p0, p1) covers all of it.
+
+        Returns False, changing nothing, when the range covers only part of a state (a state cannot
+        lose tokens): for one sequence, p0 in (0, pos] or p1 in (0, pos]; for every sequence, any
+        range but everything or nothing. True otherwise (also when the range misses the state)."""
+        seq_id = self._seq(seq_id, every=True)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        lo, hi = max(p0, 0), (p1 if p1 >= 0 else POS_MAX)
+        if seq_id >= 0:
+            c = int(self._tail[seq_id])
+            if c < 0:
+                return True
+            pos = int(self._pos[c])
+            if 0 < lo <= pos or 0 < hi <= pos:
+                return False
+            if lo <= pos < hi:
+                self._free(c)
+                self._changed()
+            return True
+        if lo != hi and not (lo == 0 and hi == POS_MAX):
+            return False
+        hit = np.flatnonzero((self._owner >= 0) & (self._pos >= lo) & (self._pos < hi))
+        for cell in hit.tolist():
+            self._free(cell)
+        if hit.size:
+            self._changed()
+        return True
+
+    @locked
+    def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
+        """dst gets a copy of src's state in a cell of its own (its old state is dropped); without a
+        state, src leaves dst empty. The whole state is copied whatever [p0, p1) (it cannot be cut)."""
+        src, dst = self._seq(seq_id_src, "seq_id_src"), self._seq(seq_id_dst, "seq_id_dst")
+        checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        if src == dst:
+            return
+        if self._tail[dst] >= 0:
+            self._free(int(self._tail[dst]))
+        cs = int(self._tail[src])
+        if cs >= 0:
+            cd = self._find_free(self._owner)
+            for a in self.conv + self.ssm:
+                a[cd] = a[cs]
+            self._owner[cd] = dst
+            self._pos[cd] = self._pos[cs]
+            self._tail[dst] = cd
+        self._changed()
+
+    @locked
+    def seq_keep(self, seq_id: int) -> None:
+        seq_id = self._seq(seq_id)
+        for c in np.flatnonzero((self._owner >= 0) & (self._owner != seq_id)):
+            self._free(int(c))
+        self._changed()
+
+    def _move(self, seq_id: int, p0: int, p1: int, f: Callable[[int], int]) -> None:
+        c = int(self._tail[seq_id])
+        if c < 0:
+            return
+        pos = int(self._pos[c])
+        if max(p0, 0) <= pos and (p1 < 0 or pos < p1):
+            new = f(pos)
+            if new < 0:      # shifted before the start, as a KV cache drops such cells
+                self._free(c)
+            else:
+                self._pos[c] = new
+            self._changed()
+
+    @locked
+    def seq_add(self, seq_id: int, p0: int, p1: int, shift: int) -> None:
+        """Add shift to the state's pos if it lies in [p0, p1) (a pos moved below 0 drops the state)."""
+        seq_id = self._seq(seq_id)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        shift = checks.integer(shift, "shift")
+        c = int(self._tail[seq_id])
+        if shift > 0 and c >= 0 and int(self._pos[c]) + shift >= POS_MAX and \
+                max(p0, 0) <= int(self._pos[c]) and (p1 < 0 or int(self._pos[c]) < p1):
+            raise ValueError(f"seq_add({seq_id}, {p0}, {p1}, {shift}) would move position {int(self._pos[c])} "
+                             f"beyond the largest position {POS_MAX - 1}")
+        if shift:
+            self._move(seq_id, p0, p1, lambda p: p + int(shift))
+
+    @locked
+    def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
+        """Divide the state's pos by d > 0 if it lies in [p0, p1)."""
+        seq_id = self._seq(seq_id)
+        p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
+        d = checks.integer(d, "d")
+        if d <= 0:
+            raise ValueError(f"seq_div by {d}: the divisor must be positive")
+        if d != 1:
+            self._move(seq_id, p0, p1, lambda p: p // d)
+
+    @locked
+    def seq_pos_min(self, seq_id: int) -> int:
+        c = int(self._tail[self._seq(seq_id)])
+        return -1 if c < 0 else int(self._pos[c])
+
+    @locked
+    def seq_pos_max(self, seq_id: int) -> int:
+        return self.seq_pos_min(seq_id)
+
+    @locked
+    def seq_unshare(self, seq_id: int, p0: int = -1, p1: int = -1) -> int:
+        """Nothing to do: a recurrent cell is never shared (seq_cp copies). Returns 0."""
+        self._seq(seq_id)
+        return 0
+
+    @locked
+    def held_only_by(self, seq_ids: Iterable[int]) -> tuple[int, int]:
+        ids = [self._seq(s) for s in seq_ids]
+        n = int(np.count_nonzero(np.isin(self._owner, ids)))
+        return n, n * self._cell_bytes()
+
+    # ---- decoding -------------------------------------------------------------------------------
+    @locked
+    def update(self) -> bool:
+        """Nothing is ever pending (no K to rotate, copies are made at seq_cp)."""
+        return False
+
+    @locked
+    def init_batch(self, balloc: BatchAllocator, n_ubatch: int) -> MemoryContext:
+        """Split the batch with split_equal (sequential, as llama_memory_recurrent::init_batch) and
+        give each sequence its cell (a free one, zeroed when applied, for a sequence without a state).
+        Nothing changes.
+
+        Raises:
+            BatchError: a token belongs to several sequences.
+            NoKVSlotError: the batch cannot be split (not reached: every sequence fits).
+        """
+        assert balloc.batch is not None, "the allocator holds a validated batch (init() ran)"
+        multi = np.flatnonzero(np.asarray(balloc.batch.n_seq_id) > 1)
+        if multi.size:
+            raise BatchError(f"token {int(multi[0])} belongs to several sequences, but a recurrent memory keeps "
+                             f"one state per sequence: decode it for one sequence, then seq_cp the state")
+        ubatches = split_batch(balloc, n_ubatch, equal=True, sequential=True)
+        if ubatches is None:
+            raise NoKVSlotError(f"{self.name}: the batch of {balloc.n_tokens} tokens cannot be split into "
+                                f"equal sequences")
+        owner, slots = self._owner.copy(), list[_Slot]()
+        for ub in ubatches:
+            seqs = ub.seq_id[::ub.n_seq_tokens]          # each sequence's first token (one id per token)
+            cells = np.empty(ub.n_seqs, np.int32)
+            fresh = np.zeros(ub.n_seqs, np.bool_)
+            for j, s in enumerate(seqs.tolist()):
+                held = np.flatnonzero(owner == s)          # its cell, or one an earlier ubatch takes
+                c = int(held[0]) if held.size else -1
+                if c < 0:
+                    c = self._find_free(owner)
+                    owner[c] = s
+                    fresh[j] = True
+                cells[j] = c
+            slots.append(_Slot(cells, fresh, not slots, np.empty(0, np.int32)))
+        if slots:
+            slots[0].touched = np.unique(np.concatenate([sl.cells for sl in slots]))
+        return MemoryContext(self, ubatches, slots)
+
+    @locked
+    def apply_ubatch(self, ubatch: UBatch, slot: _Slot) -> None:
+        """Give each sequence of the ubatch its cell (a new one starts from zero states) and set the
+        cells' pos to each sequence's last position in the ubatch; the states themselves are written
+        by the layers (recurrent_view)."""
+        if slot.first:
+            self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, [(a[slot.touched].copy(), b[slot.touched].copy())
+                                              for a, b in zip(self.conv, self.ssm)])
+        n_t = ubatch.n_seq_tokens
+        seqs = ubatch.seq_id[::n_t]
+        for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):
+            if slot.fresh[j]:
+                self._zero(c)
+                self._owner[c] = s
+                self._tail[s] = c
+            self._pos[c] = ubatch.pos[j * n_t + n_t - 1]
+        self._changed()
+        self._active = (ubatch, slot.cells, self._generation)
+        if self._undo is not None:
+            self._undo.generation = self._generation
+
+    @locked
+    def release_ubatch(self) -> None:
+        self._active = None
+        self._undo = None
+
+    @locked
+    def forget_batch(self, balloc: BatchAllocator) -> None:
+        """Put back the cells and states as they were before the batch (saved at its first ubatch),
+        if nothing else changed them since its last ubatch was applied."""
+        u, self._undo = self._undo, None
+        self._active = None
+        if u is None or u.generation != self._generation:
+            return
+        self._pos[:], self._owner[:], self._tail[:] = u.pos, u.owner, u.tail
+        for (r, s), a, b in zip(u.rows, self.conv, self.ssm):
+            a[u.touched] = r
+            b[u.touched] = s
+        self._changed()
+
+    def recurrent_view(self, il: int, ubatch: UBatch) -> RecurrentView:
+        """Layer il's states and the ubatch's cells, for the ubatch being applied.
+
+        Raises:
+            ValueError: ubatch is not the one applied last, or layer il has no state here.
+            StalePlanError: the memory changed since the ubatch was applied.
+        """
+        with self.lock:
+            act = self._active
+            if act is None or act[0] is not ubatch:
+                raise ValueError("this ubatch is not the one being applied: apply it (iterate the plan) first")
+            if act[2] != self._generation:
+                raise StalePlanError("the memory changed since this ubatch was applied (a seq_* operation, a "
+                                     "clear, a restore or another ubatch): its states are stale")
+            i = self._layer.get(il)
+            if i is None:
+                raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
+            return RecurrentView(self.conv[i], self.ssm[i], act[1])
+
+    # ---- state ----------------------------------------------------------------------------------
+    @locked
+    def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
+        """Append this memory's section: every cell in use (seq_id -1, each at its own index) or
+        seq_id's cell alone, written as that sequence.
+
+        Section: tag, header (_RS_HEAD), the layer ids, r_shape and s_shape, n_cells, the cells
+        (CELL_DTYPE); data: per layer the conv rows of the cells, then per layer their ssm rows."""
+        write_tag(w, TAG_RECURRENT)
+        w.pack(_RS_HEAD, len(self.layer_ids), self.mem_size, self._n_seq_max, seq_id,
+               len(self.r_shape), len(self.s_shape))
+        w.array(np.asarray(self.layer_ids, "<u4"))
+        w.array(np.asarray(self.r_shape + self.s_shape, "<u4"))
+        if seq_id < 0:
+            idx = np.flatnonzero(self._owner >= 0)
+        else:
+            c = int(self._tail[seq_id])
+            idx = np.array([c] if c >= 0 else [], np.int64)
+        wire = np.zeros(idx.size, CELL_DTYPE)
+        wire["cell"] = idx
+        wire["pos"] = self._pos[idx]
+        wire["seq"] = self._owner[idx]
+        w.pack(struct.Struct("<I"), idx.size)
+        w.array(wire)
+        for a in self.conv:
+            w.data(a[idx])
+        for a in self.ssm:
+            w.data(a[idx])
+
+    @locked
+    def state_read(self, r: StateReader, seq_id: int = -1) -> Callable[[], None]:
+        """Parse and validate this memory's section without changing anything; returns the function
+        that installs it (every cell back at its own index, or the saved sequence's state into a free
+        cell as seq_id after seq_rm(seq_id)).
+
+        Raises:
+            StateError: the layers, state shapes, counts, cells, positions or sequence ids do not fit.
+        """
+        where = self.name
+        read_tag(r, TAG_RECURRENT)
+        n_layer, _mem_size, _n_seq_max, src_seq, nr, ns = r.unpack(_RS_HEAD, "recurrent header")
+        if n_layer != len(self.layer_ids):
+            raise StateError(f"{where}: the state has {n_layer} recurrent layers, this memory {len(self.layer_ids)}")
+        if (nr, ns) != (len(self.r_shape), len(self.s_shape)):
+            raise StateError(f"{where}: the state's r/s ranks are {nr}/{ns}, this memory's "
+                             f"{len(self.r_shape)}/{len(self.s_shape)}")
+        layers = r.array("<u4", n_layer, "layer ids").tolist()
+        if layers != self.layer_ids:
+            raise StateError(f"{where}: the state's recurrent layers are {layers[:8]}, this memory's "
+                             f"{self.layer_ids[:8]}")
+        shapes = tuple(r.array("<u4", nr + ns, "state shapes").tolist())
+        if shapes != self.r_shape + self.s_shape:
+            raise StateError(f"{where}: the state's r/s shapes are {shapes[:nr]}/{shapes[nr:]}, this memory's "
+                             f"{self.r_shape}/{self.s_shape}")
+        if seq_id < 0 and src_seq != -1:
+            raise StateError(f"{where}: the state holds sequence {src_seq} only, not every sequence")
+        if seq_id >= 0 and not 0 <= src_seq < LLAMA_MAX_SEQ:
+            raise StateError(f"{where}: the sequence state names sequence {src_seq}, outside [0, {LLAMA_MAX_SEQ})")
+        (n,) = r.unpack(struct.Struct("<I"), "cell count")
+        if n > (self.mem_size if seq_id < 0 else 1):
+            raise StateError(f"{where}: the state holds {n} cells, "
+                             + (f"the memory has {self.mem_size}" if seq_id < 0 else "a sequence has one"))
+        cells = r.array(CELL_DTYPE, n, "cells")
+        pos, seq, idx = cells["pos"], cells["seq"], cells["cell"].astype(np.int64)
+        if n and (pos.min() < 0 or pos.max() >= POS_MAX):
+            raise StateError(f"{where}: a position of the state is outside [0, {POS_MAX})")
+        if seq_id < 0:
+            if n and (idx.max() >= self.mem_size or np.unique(idx).size != n):
+                raise StateError(f"{where}: the state's cells are not distinct cells of [0, {self.mem_size})")
+            if n and (seq.min() < 0 or seq.max() >= self._n_seq_max or np.unique(seq).size != n):
+                raise StateError(f"{where}: the state's sequences are not distinct ids in "
+                                 f"[0, n_seq_max={self._n_seq_max})")
+        elif n and int(seq[0]) != src_seq:
+            raise StateError(f"{where}: the cell of the sequence state does not hold sequence {src_seq}")
+        rb = [4 * int(np.prod(self.r_shape))] * n_layer
+        sb = [4 * int(np.prod(self.s_shape))] * n_layer
+        rs = [r.data(n * b, "conv states").view(np.float32).reshape((n,) + self.r_shape) for b in rb]
+        ss = [r.data(n * b, "ssm states").view(np.float32).reshape((n,) + self.s_shape) for b in sb]
+
+        def install_all() -> None:
+            with self.lock:
+                self.clear(data=True)
+                self._pos[idx] = pos
+                self._owner[idx] = seq
+                self._tail[seq] = idx
+                for a, b, x, y in zip(self.conv, self.ssm, rs, ss):
+                    a[idx] = x
+                    b[idx] = y
+                self._changed()
+
+        def install_seq() -> None:
+            with self.lock:
+                self.seq_rm(seq_id, -1, -1)
+                if n == 0:
+                    return
+                c = self._find_free(self._owner)
+                self._pos[c] = pos[0]
+                self._owner[c] = seq_id
+                self._tail[seq_id] = c
+                for a, b, x, y in zip(self.conv, self.ssm, rs, ss):
+                    a[c] = x[0]
+                    b[c] = y[0]
+                self._changed()
+
+        return install_all if seq_id < 0 else install_seq

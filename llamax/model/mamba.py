@@ -1,0 +1,116 @@
+"""The mamba architecture (llama.cpp's llm_build_mamba, Mamba-1) over a recurrent memory.
+
+Per layer: RMSNorm -> in-projection to x and z -> causal depthwise convolution of x over the
+sequence's conv state, + bias, SiLU (native) -> x-projection to dt, B, C (each RMS-normed for
+Falcon-Mamba's dt_b_c_rms) -> dt-projection + bias -> selective scan over the sequence's SSM state,
++ x * D, gated by SiLU(z) (native) -> out-projection -> residual. Then RMSNorm and the output (tied to
+the token embedding when the GGUF has no output.weight). The states live in the memory
+(llamax/memory/recurrent.py); the ubatch comes split equally (n_seqs sequences of n_t tokens), so the
+native steps run each sequence's tokens in order through its own state.
+
+The products' bits do not depend on the rest of the batch: the GEMM for the quantized types it has;
+a float weight up to ORDERED_MAX_N_IN wide (the dt-projection, n_in = dt_rank, which GGUFs keep f32)
+adds its terms one by one in numpy, in order. So a prompt gives the same logits in one batch, token by
+token or in chunks (except for wider f32 / f16 weights, which take the mat-vec).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from llamax._native import gemm
+from llamax._native import ssm as _ssm
+from llamax.memory.recurrent import RecurrentView
+from llamax.model.gguf import MAMBA, GGUFFile, HParams
+from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.model import Model
+
+
+class OrderedProduct:
+    """y = x @ W.T with W in float32 and the n_in terms added in order, k = 0, 1, ... (a few numpy
+    operations per term: for the narrow dt-projection, whose n_in is dt_rank). The same bits for a row
+    whatever the other rows."""
+
+    def __init__(self, w: np.ndarray) -> None:
+        self.wt = np.ascontiguousarray(w.T, dtype=np.float32)   # [n_in, n_out]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = x[:, 0:1] * self.wt[0]
+        for k in range(1, self.wt.shape[0]):
+            y += x[:, k:k + 1] * self.wt[k]
+        return y
+
+
+#: the widest n_in taken by OrderedProduct (one numpy pass per term); wider f32 / f16 weights take the
+#: mat-vec, whose bits depend on how many tokens come at once
+ORDERED_MAX_N_IN = 256
+
+
+def _product(g: GGUFFile, name: str, n_threads: int) -> Linear | OrderedProduct:
+    """A weight's product: Linear when its type has the GEMM (bits independent of the batch), else the
+    ordered float32 product up to ORDERED_MAX_N_IN terms, else Linear's mat-vec."""
+    if gemm.supported(g.ggml_type(name)) or g.shape(name)[1] > ORDERED_MAX_N_IN:
+        return Linear.load(g, name, n_threads)
+    return OrderedProduct(g.f32(name, n_threads))
+
+
+class _Layer:
+    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.attn_norm = g.f32(p + "attn_norm.weight")
+        self.ssm_in = _product(g, p + "ssm_in.weight", n_threads)
+        self.conv_w = g.f32(p + "ssm_conv1d.weight")          # [d_inner, d_conv]
+        self.conv_b = g.f32(p + "ssm_conv1d.bias")
+        self.ssm_x = _product(g, p + "ssm_x.weight", n_threads)
+        self.ssm_dt = _product(g, p + "ssm_dt.weight", n_threads)
+        self.dt_b = g.f32(p + "ssm_dt.bias")
+        self.A = g.f32(p + "ssm_a")                            # [d_inner, d_state]: -exp(A_log)
+        self.D = g.f32(p + "ssm_d")
+        self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
+
+
+def mamba_mixer(L, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
+    """One Mamba-1 mixer (llama.cpp's build_mamba_layer) on the normed hidden states h [n, n_embd] of an
+    equally split ubatch, its states read and updated in view; returns [n, n_embd] (before the residual)."""
+    di, ds, dr = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank
+    xz = L.ssm_in(h)                                                        # [n, 2 * d_inner]
+    x = _ssm.conv(view.conv, view.cells, xz[:, :di], L.conv_w, L.conv_b, n_t, n_threads)
+    xdb = L.ssm_x(x)                                                        # [n, dt_rank + 2 * d_state]
+    dt, B, C = xdb[:, :dr], xdb[:, dr:dr + ds], xdb[:, dr + ds:]
+    if hp.ssm_dt_b_c_rms:   # Falcon-Mamba: each RMS-normed, without a weight
+        dt, B, C = (rms_norm(a, np.ones(a.shape[1], np.float32), hp.rms_eps) for a in (dt, B, C))
+        BC = np.concatenate([B, C], axis=1)
+        B, C = BC[:, :ds], BC[:, ds:]
+    dt = L.ssm_dt(np.ascontiguousarray(dt))
+    dt += L.dt_b
+    y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads)
+    return L.ssm_out(y)
+
+
+class Mamba(Model, arch="mamba"):
+    """A mamba-architecture model (Mamba-1): its weights and forward pass over a RecurrentMemory."""
+
+    TENSORS = MAMBA
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
+        self.hp = hp
+        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
+        self.output_norm = g.f32("output_norm.weight")
+        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
+                                           else Linear.load(g, "output.weight", n_threads))
+        self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+
+    def forward(self, mem, ub) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after folding the ubatch's tokens
+        into their sequences' states."""
+        hp = self.hp
+        x = self.tok_embd.rows(ub.token)
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            for il, L in enumerate(self.layers):
+                h = rms_norm(x, L.attn_norm, hp.rms_eps)
+                x += mamba_mixer(L, h, mem.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+        out = ub.output
+        if not out.any():
+            return np.zeros((0, hp.n_vocab), np.float32)
+        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
+        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)

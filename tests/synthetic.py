@@ -1,0 +1,259 @@
+"""Tiny synthetic GGUF models of llama.cpp's recurrent architectures, for the tests.
+
+`write_mamba` (Mamba-1, arch "mamba") and `write_jamba` (arch "jamba": Mamba and attention layers, each with
+a dense SwiGLU FFN) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
+the tokenizer is copied from a real GGUF. Keys, tensor names and shapes are the ones llama.cpp's loader
+reads (src/models/mamba.cpp, jamba.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
+are in tests/data/recurrent/ (made by its record.py). `content_hash` names a model's weights and
+hyperparameters independently of the file layout.
+"""
+import hashlib
+import mmap
+import struct
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+N_EMBD = 64
+N_LAYER = 4
+D_CONV = 4
+D_INNER = 2 * N_EMBD  # llama.cpp supports only an expansion factor of 2
+D_STATE = 16
+DT_RANK = 4
+RMS_EPS = 1e-5
+N_CTX_TRAIN = 2048
+
+JAMBA_ATTN_LAYERS = (1, 3)
+N_HEAD = 4
+N_HEAD_KV = 2
+HEAD_DIM = N_EMBD // N_HEAD
+N_FF = 128
+
+# Gains over 1/sqrt(fan_in) that keep the seed-0 models far from degenerate: the blocks' outputs outweigh the
+# (tied) token embedding in the residual stream, else the logits mostly pick the input token and greedy text
+# repeats one token; larger B and C make Mamba-1's state carry the context (Jamba normalises them).
+_RESIDUAL_GAIN = 8.0
+_BC_GAIN = 3.0
+
+
+_SCALAR_FORMATS = {
+    gguf.GGUFValueType.UINT8: "B", gguf.GGUFValueType.INT8: "b", gguf.GGUFValueType.UINT16: "H",
+    gguf.GGUFValueType.INT16: "h", gguf.GGUFValueType.UINT32: "I", gguf.GGUFValueType.INT32: "i",
+    gguf.GGUFValueType.FLOAT32: "f", gguf.GGUFValueType.BOOL: "?", gguf.GGUFValueType.UINT64: "Q",
+    gguf.GGUFValueType.INT64: "q", gguf.GGUFValueType.FLOAT64: "d",
+}
+
+
+def _read_gguf(path) -> tuple[dict, list[tuple[str, gguf.GGMLQuantizationType, tuple[int, ...], bytes]]]:
+    """A GGUF file's metadata {key: (type, array element type or None, value)} and tensors
+    [(name, type, ggml shape, data bytes)], read directly: gguf.GGUFReader takes seconds per
+    vocabulary of 50k tokens."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        off = 0
+
+        def scalar(fmt: str):
+            nonlocal off
+            (v,) = struct.unpack_from("<" + fmt, buf, off)
+            off += struct.calcsize("<" + fmt)
+            return v
+
+        def string() -> str:
+            nonlocal off
+            n = scalar("Q")
+            off += n
+            return buf[off - n:off].decode()
+
+        def array(sub: gguf.GGUFValueType, n: int) -> list:
+            nonlocal off
+            if sub == gguf.GGUFValueType.STRING:
+                return [string() for _ in range(n)]
+            dtype = np.dtype("<" + _SCALAR_FORMATS[sub])
+            off += n * dtype.itemsize
+            return np.frombuffer(buf, dtype, n, off - n * dtype.itemsize).tolist()
+
+        magic, version, n_tensors, n_kv = (scalar(c) for c in "IIQQ")
+        assert magic == gguf.GGUF_MAGIC and version == 3, path
+        meta = {}
+        for _ in range(n_kv):
+            key, vtype, sub = string(), gguf.GGUFValueType(scalar("I")), None
+            if vtype == gguf.GGUFValueType.ARRAY:
+                sub = gguf.GGUFValueType(scalar("I"))
+                value = array(sub, scalar("Q"))
+            elif vtype == gguf.GGUFValueType.STRING:
+                value = string()
+            else:
+                value = scalar(_SCALAR_FORMATS[vtype])
+            meta[key] = (vtype, sub, value)
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            shape = tuple(scalar("Q") for _ in range(scalar("I")))
+            infos.append((name, gguf.GGMLQuantizationType(scalar("I")), shape, scalar("Q")))
+        align = meta.get("general.alignment", (None, None, gguf.GGUF_DEFAULT_ALIGNMENT))[2]
+        start = -(-off // align) * align
+        tensors = []
+        for name, ttype, shape, rel in infos:
+            block, size = gguf.GGML_QUANT_SIZES[ttype]
+            nbytes = int(np.prod(shape)) // block * size
+            tensors.append((name, ttype, shape, buf[start + rel:start + rel + nbytes]))
+    return meta, tensors
+
+
+def _tokenizer(vocab_gguf) -> dict:
+    """vocab_gguf's tokenizer.ggml.* keys and tokenizer.chat_template, as _read_gguf gives them."""
+    meta, _ = _read_gguf(vocab_gguf)
+    return {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.") or k == "tokenizer.chat_template"}
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale) -> np.ndarray:
+    """float32 normal samples times scale (a number or an array broadcasting to shape)."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _norm(rng: np.random.Generator, n: int) -> np.ndarray:
+    """An RMS-norm weight near 1."""
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def _mamba_block(rng: np.random.Generator, il: int, bcdt_norms: bool) -> dict[str, np.ndarray]:
+    """One Mamba-1 mixer's tensors (numpy shapes, i.e. ggml's reversed), initialised as Mamba does:
+    A = -[1..d_state] per channel (the converter stores -exp(A_log)), D = 1, dt's bias the inverse
+    softplus of dt in [1e-3, 1e-1] (log-uniform). bcdt_norms adds Jamba's RMS norms of dt, B and C."""
+    p = f"blk.{il}."
+    x_scale = np.repeat([1.0, _BC_GAIN], [DT_RANK, 2 * D_STATE])[:, None] * D_INNER ** -0.5  # dt, B, C rows
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), D_INNER))
+    t = {
+        p + "ssm_in.weight": _normal(rng, (2 * D_INNER, N_EMBD), N_EMBD ** -0.5),
+        p + "ssm_conv1d.weight": _normal(rng, (D_INNER, D_CONV), D_CONV ** -0.5),
+        p + "ssm_conv1d.bias": _normal(rng, (D_INNER,), 0.1),
+        p + "ssm_x.weight": _normal(rng, (DT_RANK + 2 * D_STATE, D_INNER), x_scale),
+        p + "ssm_dt.weight": _normal(rng, (D_INNER, DT_RANK), DT_RANK ** -0.5),
+        p + "ssm_dt.bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
+        p + "ssm_a": -np.tile(np.arange(1, D_STATE + 1, dtype=np.float32), (D_INNER, 1)),
+        p + "ssm_d": np.ones(D_INNER, np.float32),
+        p + "ssm_out.weight": _normal(rng, (N_EMBD, D_INNER), _RESIDUAL_GAIN * D_INNER ** -0.5),
+    }
+    if bcdt_norms:
+        t[p + "ssm_dt_norm.weight"] = _norm(rng, DT_RANK)
+        t[p + "ssm_b_norm.weight"] = _norm(rng, D_STATE)
+        t[p + "ssm_c_norm.weight"] = _norm(rng, D_STATE)
+    return t
+
+
+def _attn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
+    """One attention layer's tensors (no biases, no RoPE in Jamba)."""
+    p = f"blk.{il}."
+    return {
+        p + "attn_q.weight": _normal(rng, (N_HEAD * HEAD_DIM, N_EMBD), N_EMBD ** -0.5),
+        p + "attn_k.weight": _normal(rng, (N_HEAD_KV * HEAD_DIM, N_EMBD), N_EMBD ** -0.5),
+        p + "attn_v.weight": _normal(rng, (N_HEAD_KV * HEAD_DIM, N_EMBD), N_EMBD ** -0.5),
+        p + "attn_output.weight": _normal(rng, (N_EMBD, N_HEAD * HEAD_DIM), _RESIDUAL_GAIN * N_EMBD ** -0.5),
+    }
+
+
+def _ffn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
+    """One dense SwiGLU FFN with its norm."""
+    p = f"blk.{il}."
+    return {
+        p + "ffn_norm.weight": _norm(rng, N_EMBD),
+        p + "ffn_gate.weight": _normal(rng, (N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_up.weight": _normal(rng, (N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_down.weight": _normal(rng, (N_EMBD, N_FF), _RESIDUAL_GAIN * N_FF ** -0.5),
+    }
+
+
+def _write(path, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray], set_hparams) -> Path:
+    """Write the GGUF: the shared hyperparameters, the rest by set_hparams(writer), the tokenizer
+    (_tokenizer's keys), then the tensors (float32; token_embd as Q8_0, the output head tied to it)."""
+    path = Path(path)
+    writer = gguf.GGUFWriter(path, arch)
+    writer.add_name(f"llamax synthetic {arch}")
+    writer.add_context_length(N_CTX_TRAIN)
+    writer.add_embedding_length(N_EMBD)
+    writer.add_block_count(N_LAYER)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
+    writer.add_ssm_conv_kernel(D_CONV)
+    writer.add_ssm_inner_size(D_INNER)
+    writer.add_ssm_state_size(D_STATE)
+    writer.add_ssm_time_step_rank(DT_RANK)
+    set_hparams(writer)
+    for key, (vtype, sub, value) in tokenizer.items():
+        writer.add_key_value(key, value, vtype, sub)
+    for name, data in tensors.items():
+        if name == "token_embd.weight":
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _embeddings(rng: np.random.Generator, tokenizer: dict) -> dict[str, np.ndarray]:
+    """The token embeddings (one row per token of the tokenizer) and the output norm."""
+    n_vocab = len(tokenizer["tokenizer.ggml.tokens"][2])
+    return {"token_embd.weight": _normal(rng, (n_vocab, N_EMBD), 1.0),
+            "output_norm.weight": _norm(rng, N_EMBD)}
+
+
+def write_mamba(path, vocab_gguf, seed: int = 0) -> Path:
+    """A 4-layer Mamba-1 model (arch "mamba", n_embd 64, d_inner 128, d_state 16, dt_rank 4, d_conv 4)
+    with vocab_gguf's tokenizer, written to path; the same seed gives the same tensors."""
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il in range(N_LAYER):
+        tensors[f"blk.{il}.attn_norm.weight"] = _norm(rng, N_EMBD)
+        tensors.update(_mamba_block(rng, il, bcdt_norms=False))
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_feed_forward_length(0)  # unused; written as llama.cpp's converter does
+        w.add_head_count(0)
+        w.add_ssm_dt_b_c_rms(False)
+
+    return _write(path, "mamba", tokenizer, tensors, hparams)
+
+
+def write_jamba(path, vocab_gguf, seed: int = 0) -> Path:
+    """A 4-layer Jamba model (arch "jamba"): Mamba-1 mixers (sizes as write_mamba's, with dt/B/C norms)
+    in layers 0 and 2, attention (4 query and 2 KV heads of 16, no RoPE) in layers 1 and 3, a dense
+    SwiGLU FFN of 128 after every mixer; vocab_gguf's tokenizer. The same seed gives the same tensors."""
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il in range(N_LAYER):
+        tensors[f"blk.{il}.attn_norm.weight"] = _norm(rng, N_EMBD)
+        if il in JAMBA_ATTN_LAYERS:
+            tensors.update(_attn_block(rng, il))
+        else:
+            tensors.update(_mamba_block(rng, il, bcdt_norms=True))
+        tensors.update(_ffn_block(rng, il))
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_feed_forward_length(N_FF)
+        w.add_head_count(N_HEAD)
+        # a layer with no KV heads is a Mamba layer
+        w.add_head_count_kv([N_HEAD_KV if il in JAMBA_ATTN_LAYERS else 0 for il in range(N_LAYER)])
+
+    return _write(path, "jamba", tokenizer, tensors, hparams)
+
+
+def content_hash(path) -> str:
+    """sha256 (hex) over general.architecture, the architecture's hyperparameter keys (name, types,
+    value) and every tensor's name, type, shape and data, in name order: equal for equal models
+    whatever the file layout."""
+    meta, tensors = _read_gguf(path)
+    arch = meta["general.architecture"][2]
+    h = hashlib.sha256()
+    for key in sorted(meta):
+        if key == "general.architecture" or key.startswith(arch + "."):
+            vtype, sub, value = meta[key]
+            h.update(repr((key, vtype.name, sub and sub.name, value)).encode())
+    for name, ttype, shape, data in sorted(tensors):
+        h.update(repr((name, ttype.name, shape)).encode())
+        h.update(data)
+    return h.hexdigest()

@@ -1,0 +1,124 @@
+"""csrc/ssm.h: a Mamba layer's causal convolution and selective scan against a numpy reference of
+ggml's ssm_conv / ssm_scan, state updates, thread counts and chunked sequences."""
+import numpy as np
+import pytest
+
+from llamax._native import ssm
+
+
+def _silu(v):
+    return v / (1.0 + np.exp(-v))
+
+
+def conv_ref(state, cells, x, w, b, n_t):
+    """ggml_ssm_conv + bias + silu in float64, and the states after."""
+    n_seqs, d, d_conv = len(cells), w.shape[0], w.shape[1]
+    out = np.empty((n_seqs * n_t, d))
+    new = state.astype(np.float64).copy()
+    for s, c in enumerate(cells):
+        win = np.concatenate([state[c].astype(np.float64), x[s * n_t:(s + 1) * n_t].T.astype(np.float64)], axis=1)
+        for t in range(n_t):
+            out[s * n_t + t] = _silu((win[:, t:t + d_conv] * w).sum(axis=1) + (b if b is not None else 0))
+        new[c] = win[:, n_t:]
+    return out, new
+
+
+def scan_ref(state, cells, x, dt, A, B, C, D, z, n_t):
+    """ggml_ssm_scan (Mamba-1) + x * D, gated by silu(z), in float64, and the states after."""
+    new = state.astype(np.float64).copy()
+    y = np.empty(x.shape)
+    for s, c in enumerate(cells):
+        h = new[c]
+        for t in range(n_t):
+            r = s * n_t + t
+            v = dt[r].astype(np.float64)
+            sp = np.where(v <= 20, np.log1p(np.exp(v)), v)
+            h = h * np.exp(sp[:, None] * A) + B[r][None, :] * (x[r] * sp)[:, None]
+            y[r] = ((h * C[r][None, :]).sum(axis=1) + x[r] * D) * _silu(z[r].astype(np.float64))
+        new[c] = h
+    return y, new
+
+
+def _case(rng, n_cells=5, cells=(3, 0, 4), n_t=6, d=24, d_conv=4, d_state=16):
+    f = np.float32
+    n = len(cells) * n_t
+    return dict(
+        conv_state=rng.standard_normal((n_cells, d, d_conv - 1)).astype(f),
+        ssm_state=rng.standard_normal((n_cells, d, d_state)).astype(f) * f(0.5),
+        cells=np.array(cells, np.int32),
+        xz=rng.standard_normal((n, 2 * d)).astype(f),
+        w=rng.standard_normal((d, d_conv)).astype(f) * f(0.5), b=rng.standard_normal(d).astype(f),
+        dt=(rng.standard_normal((n, d)) * 3).astype(f), A=-np.exp(rng.standard_normal((d, d_state))).astype(f),
+        BC=rng.standard_normal((n, 2 * d_state)).astype(f), D=rng.standard_normal(d).astype(f), n_t=n_t)
+
+
+def test_conv_matches_ggml_reference_and_updates_only_its_cells():
+    c = _case(np.random.default_rng(0))
+    st = c["conv_state"].copy()
+    x = c["xz"][:, :24]                                     # a column slice, as the in-projection's x
+    out = ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], n_threads=2)
+    ref, new = conv_ref(c["conv_state"], c["cells"], x, c["w"], c["b"], c["n_t"])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(st[c["cells"]], new[c["cells"]], rtol=0, atol=0)
+    untouched = [i for i in range(5) if i not in c["cells"]]
+    assert np.array_equal(st[untouched], c["conv_state"][untouched])
+
+
+def test_scan_matches_ggml_reference():
+    c = _case(np.random.default_rng(1))
+    st = c["ssm_state"].copy()
+    x = np.ascontiguousarray(c["xz"][:, :24])
+    B, C = c["BC"][:, :16], c["BC"][:, 16:]
+    y = ssm.scan(st, c["cells"], x, c["dt"], c["A"], B, C, c["D"], c["xz"][:, 24:], c["n_t"], n_threads=2)
+    ref, new = scan_ref(c["ssm_state"], c["cells"], x, c["dt"], c["A"], B, C, c["D"], c["xz"][:, 24:], c["n_t"])
+    np.testing.assert_allclose(y, ref, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(st[c["cells"]], new[c["cells"]], rtol=1e-4, atol=1e-4)
+    untouched = [i for i in range(5) if i not in c["cells"]]
+    assert np.array_equal(st[untouched], c["ssm_state"][untouched])
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_same_bits_for_any_thread_count_and_any_chunking(n_threads):
+    """One sequence of 12 tokens: whole, or as 5 + 7 tokens, on any thread count, gives the same bits."""
+    c = _case(np.random.default_rng(2), cells=(1,), n_t=12)
+    x = np.ascontiguousarray(c["xz"][:, :24])
+    z = c["xz"][:, 24:]
+    B, C = c["BC"][:, :16], c["BC"][:, 16:]
+
+    def run(parts, nt):
+        cs, ss, outs, ys = c["conv_state"].copy(), c["ssm_state"].copy(), [], []
+        r0 = 0
+        for n in parts:
+            sl = slice(r0, r0 + n)
+            o = ssm.conv(cs, c["cells"], x[sl], c["w"], c["b"], n, n_threads=nt)
+            ys.append(ssm.scan(ss, c["cells"], o, c["dt"][sl], c["A"], B[sl], C[sl], c["D"], z[sl], n,
+                               n_threads=nt))
+            outs.append(o)
+            r0 += n
+        return np.concatenate(outs), np.concatenate(ys), cs, ss
+
+    want = run([12], 1)
+    got = run([5, 7], n_threads)
+    for a, b in zip(want, got):
+        assert np.array_equal(a, b)
+
+
+def test_bad_arguments_are_refused():
+    c = _case(np.random.default_rng(3))
+    x = c["xz"][:, :24]
+    with pytest.raises(ValueError, match="distinct"):
+        ssm.conv(c["conv_state"], np.array([1, 1, 2], np.int32), x, c["w"], c["b"], c["n_t"])
+    with pytest.raises(ValueError, match="cells must lie"):
+        ssm.conv(c["conv_state"], np.array([1, 5, 2], np.int32), x, c["w"], c["b"], c["n_t"])
+    with pytest.raises(ValueError, match="shape"):
+        ssm.conv(c["conv_state"], c["cells"], x[:-1], c["w"], c["b"], c["n_t"])
+    with pytest.raises(ValueError, match="float32"):
+        ssm.conv(c["conv_state"].astype(np.float64), c["cells"], x, c["w"], c["b"], c["n_t"])
+    with pytest.raises(ValueError, match="writeable"):
+        ro = c["ssm_state"].copy()
+        ro.flags.writeable = False
+        ssm.scan(ro, c["cells"], np.ascontiguousarray(x), c["dt"], c["A"], c["BC"][:, :16], c["BC"][:, 16:],
+                 c["D"], c["xz"][:, 24:], c["n_t"])
+    with pytest.raises(ValueError, match="d_conv"):
+        w = np.zeros((24, ssm.MAX_CONV + 1), np.float32)
+        ssm.conv(np.zeros((5, 24, ssm.MAX_CONV), np.float32), c["cells"], x, w, None, c["n_t"])
