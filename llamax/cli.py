@@ -60,7 +60,7 @@ def cmd_run(a) -> int:
     from llamax import models
     from llamax.context import Context
     from llamax.generate import generate, generate_parallel
-    from llamax.memory import KVCache, KVCacheISWA, RecurrentMemory
+    from llamax.memory import HybridMemory, KVCache, KVCacheISWA, RecurrentMemory
     from llamax.model import Model
     from llamax.sampling import Sampler
 
@@ -85,11 +85,12 @@ def cmd_run(a) -> int:
                   kv_unified=not a.no_kv_unified, type_k=a.cache_type_k, type_v=a.cache_type_v,
                   flash_attn=a.flash_attn == "on", swa_full=a.swa_full, n_threads=a.threads)
     mem = ctx.memory
-    assert isinstance(mem, (KVCache, KVCacheISWA, RecurrentMemory))
-    if isinstance(mem, RecurrentMemory):
-        print(f"llama_memory_recurrent: {mem.summary()}", file=sys.stderr)
-    for c in [mem.base, mem.swa] if isinstance(mem, KVCacheISWA) else [mem] if isinstance(mem, KVCache) else []:
-        print(f"llama_kv_cache: {c.summary()}", file=sys.stderr)
+    parts = [mem.attn, mem.recr] if isinstance(mem, HybridMemory) else [mem.base, mem.swa] \
+        if isinstance(mem, KVCacheISWA) else [mem]
+    for c in parts:
+        assert isinstance(c, (KVCache, RecurrentMemory))
+        kind = "llama_memory_recurrent" if isinstance(c, RecurrentMemory) else "llama_kv_cache"
+        print(f"{kind}: {c.summary()}", file=sys.stderr)
     if not mem.can_shift and not a.no_context_shift:
         print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
 

@@ -470,11 +470,17 @@ class KVCache(KVMemory):
         """
         check_streams(self, balloc)
         ubatches = split_batch(balloc, n_ubatch, equal=self.n_stream > 1, sequential=not self.unified)
-        slots = None if ubatches is None else self.meta.prepare(ubatches)
+        slots = None if ubatches is None else self.prepare(ubatches)
         if ubatches is None or slots is None:
             raise NoKVSlotError(f"no KV slot for a batch of {balloc.n_tokens} tokens "
                                 f"({self.n_used}/{self.n_cells} cells used)")
         return MemoryContext(self, ubatches, slots)
+
+    @locked
+    def prepare(self, ubatches: list[UBatch]) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """Place every ubatch in turn and roll the cells back (llama_kv_cache::prepare): each one's
+        (streams, cell indices), or None if one does not fit. Nothing changes."""
+        return self.meta.prepare(ubatches)
 
     @locked
     def apply_ubatch(self, ubatch: UBatch, slot: tuple[np.ndarray, np.ndarray]) -> None:

@@ -48,6 +48,18 @@ _RS_HEAD = struct.Struct("<IIIiII")
 CELL_DTYPE = np.dtype([("cell", "<u4"), ("pos", "<i4"), ("seq", "<i4")])
 
 
+def check_one_sequence_per_token(balloc: BatchAllocator) -> None:
+    """A recurrent state belongs to one sequence: a token of several sequences cannot be folded in.
+
+    Raises:
+        BatchError: naming the first such token."""
+    assert balloc.batch is not None, "the allocator holds a validated batch (init() ran)"
+    multi = np.flatnonzero(np.asarray(balloc.batch.n_seq_id) > 1)
+    if multi.size:
+        raise BatchError(f"token {int(multi[0])} belongs to several sequences, but a recurrent memory keeps "
+                         f"one state per sequence: decode it for one sequence, then seq_cp the state")
+
+
 class RecurrentView(NamedTuple):
     """Layer il of a recurrent memory for the ubatch being applied: the buffers a Mamba step reads
     and updates in place, and the cell of each of the ubatch's sequences (csrc/ssm.h)."""
@@ -324,15 +336,18 @@ class RecurrentMemory(Memory):
             BatchError: a token belongs to several sequences.
             NoKVSlotError: the batch cannot be split (not reached: every sequence fits).
         """
-        assert balloc.batch is not None, "the allocator holds a validated batch (init() ran)"
-        multi = np.flatnonzero(np.asarray(balloc.batch.n_seq_id) > 1)
-        if multi.size:
-            raise BatchError(f"token {int(multi[0])} belongs to several sequences, but a recurrent memory keeps "
-                             f"one state per sequence: decode it for one sequence, then seq_cp the state")
+        check_one_sequence_per_token(balloc)
         ubatches = split_batch(balloc, n_ubatch, equal=True, sequential=True)
         if ubatches is None:
             raise NoKVSlotError(f"{self.name}: the batch of {balloc.n_tokens} tokens cannot be split into "
                                 f"equal sequences")
+        return MemoryContext(self, ubatches, self.prepare(ubatches))
+
+    @locked
+    def prepare(self, ubatches: list[UBatch]) -> list[_Slot]:
+        """Each ubatch's cells, in turn, without changing anything (llama_memory_recurrent::prepare):
+        a sequence keeps its cell, one without a state takes the first free cell. Every equal split
+        fits (a sequence holds at most one of the n_seq_max cells)."""
         owner, slots = self._owner.copy(), list[_Slot]()
         for ub in ubatches:
             seqs = ub.seq_id[::ub.n_seq_tokens]          # each sequence's first token (one id per token)
@@ -349,7 +364,7 @@ class RecurrentMemory(Memory):
             slots.append(_Slot(cells, fresh, not slots, np.empty(0, np.int32)))
         if slots:
             slots[0].touched = np.unique(np.concatenate([sl.cells for sl in slots]))
-        return MemoryContext(self, ubatches, slots)
+        return slots
 
     @locked
     def apply_ubatch(self, ubatch: UBatch, slot: _Slot) -> None:

@@ -20,7 +20,7 @@ from llamax._native import quants
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
-ARCHS = ("llama", "gemma3", "mamba")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
+ARCHS = ("llama", "gemma3", "mamba", "jamba")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
 
 
 @dataclass(frozen=True)
@@ -232,8 +232,8 @@ def read_hparams(g: GGUFFile) -> HParams:
     if arch not in ARCHS:
         raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
     f, k = g.path.name, _Keys(g, arch)
-    if arch == "mamba":
-        return _read_mamba(g, k)
+    if arch in ("mamba", "jamba"):
+        return _read_ssm(g, k)
     n_layer = k.integer("block_count")
     n_embd = k.integer("embedding_length")
     n_head = k.per_layer("attention.head_count", n_layer)
@@ -330,16 +330,41 @@ def _n_vocab(g: GGUFFile) -> int:
     return len(toks)
 
 
-def _read_mamba(g: GGUFFile, k: _Keys) -> HParams:
-    """llama.cpp's LLM_ARCH_MAMBA hyperparameters (Mamba-1): no attention, every layer recurrent.
+def _read_ssm(g: GGUFFile, k: _Keys) -> HParams:
+    """llama.cpp's hyperparameters of LLM_ARCH_MAMBA (Mamba-1: no attention, every layer recurrent)
+    and LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
+    without RoPE; every layer has a dense FFN).
 
     Checks: block_count, embedding_length, context_length and the ssm sizes (conv_kernel at most
     the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; no
-    ssm.group_count (Mamba-2 is not supported); a vocabulary."""
+    ssm.group_count (Mamba-2 is not supported); for jamba, head_count and feed_forward_length one
+    value (or one per layer, all equal), head_count_kv one per layer, the same for every attention
+    layer and dividing head_count; a vocabulary."""
     from llamax._native import ssm as _ssm
 
     f = g.path.name
     n_layer = k.integer("block_count")
+    attn: dict[str, Any] = dict(n_head=0, n_head_kv=0, n_embd_head_k=0, n_embd_head_v=0, n_ff=0)
+    recurrent = tuple(range(n_layer))
+    if k.arch == "jamba":
+        kv = g.get(k.key("attention.head_count_kv"))
+        kv = kv if isinstance(kv, list) else [kv] * n_layer
+        if len(kv) != n_layer or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in kv):
+            raise ModelError(f"{f}: {k.key('attention.head_count_kv')} is {_brief_value(kv)}: expected one count "
+                             f">= 0 per layer (0 for a Mamba layer)")
+        recurrent = tuple(il for il, x in enumerate(kv) if x == 0)
+        counts = {x for x in kv if x > 0}
+        if len(counts) > 1:
+            raise ModelError(f"{f}: {k.key('attention.head_count_kv')} differs between attention layers "
+                             f"({_brief(kv)}); llamax supports one value for all of them")
+        n_head = k.per_layer("attention.head_count", n_layer)
+        n_head_kv = counts.pop() if counts else n_head
+        if n_head % n_head_kv or k.integer("embedding_length") % n_head:
+            raise ModelError(f"{f}: {k.key('attention.head_count')} {n_head} must divide "
+                             f"{k.key('embedding_length')} and be a multiple of head_count_kv {n_head_kv}")
+        head = k.integer("embedding_length") // n_head
+        attn = dict(n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head,
+                    n_ff=k.per_layer("feed_forward_length", n_layer))
     if k.has("ssm.group_count") and k.integer("ssm.group_count", minimum=0) > 0:
         raise ModelError(f"{f}: {k.key('ssm.group_count')} is set: a Mamba-2 model, which llamax does not support")
     d_conv = k.integer("ssm.conv_kernel")
@@ -350,13 +375,12 @@ def _read_mamba(g: GGUFFile, k: _Keys) -> HParams:
     if not isinstance(dt_b_c_rms, bool):
         raise ModelError(f"{f}: {k.key('ssm.dt_b_c_rms')} is {_brief_value(dt_b_c_rms)}, not a bool")
     return HParams(
-        arch="mamba", n_layer=n_layer, n_embd=k.integer("embedding_length"), n_head=0, n_head_kv=0,
-        n_embd_head_k=0, n_embd_head_v=0, n_ff=0, n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
+        arch=k.arch, n_layer=n_layer, n_embd=k.integer("embedding_length"), **attn,
+        n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
         rms_eps=k.number("attention.layer_norm_rms_epsilon"), n_rot=0, rope_kind="none", rope_freq_base=10000.0,
         tied_output="output.weight" not in g.tensors,
         ssm_d_conv=d_conv, ssm_d_inner=k.integer("ssm.inner_size"), ssm_d_state=k.integer("ssm.state_size"),
-        ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms,
-        recurrent_layers=tuple(range(n_layer)))
+        ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms, recurrent_layers=recurrent)
 
 
 # ---- the tensors against the hyperparameters ---------------------------------------------------------
@@ -370,10 +394,13 @@ class TensorTable:
     model: dict[str, tuple[str, ...]]
     layer: dict[str, tuple[str, ...]]
     optional: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # a hybrid model's two kinds of layer: these per attention layer / per recurrent layer (hp.recurrent_layers)
+    attn_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    recr_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def with_layer(self, extra: dict[str, tuple[str, ...]]) -> "TensorTable":
         """This table with more per-layer tensors."""
-        return TensorTable(self.model, self.layer | extra, self.optional)
+        return TensorTable(self.model, self.layer | extra, self.optional, self.attn_layer, self.recr_layer)
 
 
 #: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
@@ -392,20 +419,41 @@ DENSE_DECODER = TensorTable(
            "ffn_down.weight": ("n_ff", "n_embd")})
 
 
-#: llama.cpp's LLM_ARCH_MAMBA tensors (Mamba-1); ssm_a and ssm_d have no ".weight" in their names
+#: a Mamba-1 mixer's tensors (llama.cpp's build_mamba_layer); ssm_a and ssm_d have no ".weight"
+MAMBA_MIXER = {"ssm_in.weight": ("n_embd", "2*d_inner"),
+               "ssm_conv1d.weight": ("d_conv", "d_inner"),
+               "ssm_conv1d.bias": ("d_inner",),
+               "ssm_x.weight": ("d_inner", "dt_rank+2*d_state"),
+               "ssm_dt.weight": ("dt_rank", "d_inner"),
+               "ssm_dt.bias": ("d_inner",),
+               "ssm_a": ("d_state", "d_inner"),
+               "ssm_d": ("d_inner",),
+               "ssm_out.weight": ("d_inner", "n_embd")}
+
+#: llama.cpp's LLM_ARCH_MAMBA tensors (Mamba-1)
 MAMBA = TensorTable(
     model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
     optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",), **MAMBA_MIXER})
+
+#: llama.cpp's LLM_ARCH_JAMBA tensors with dense FFNs: every layer a norm, a mixer and a SwiGLU FFN; the mixer
+#: is attention (no biases) or Mamba-1 with RMS norms of dt, B and C
+JAMBA = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
     layer={"attn_norm.weight": ("n_embd",),
-           "ssm_in.weight": ("n_embd", "2*d_inner"),
-           "ssm_conv1d.weight": ("d_conv", "d_inner"),
-           "ssm_conv1d.bias": ("d_inner",),
-           "ssm_x.weight": ("d_inner", "dt_rank+2*d_state"),
-           "ssm_dt.weight": ("dt_rank", "d_inner"),
-           "ssm_dt.bias": ("d_inner",),
-           "ssm_a": ("d_state", "d_inner"),
-           "ssm_d": ("d_inner",),
-           "ssm_out.weight": ("d_inner", "n_embd")})
+           "ffn_norm.weight": ("n_embd",),
+           "ffn_gate.weight": ("n_embd", "n_ff"),
+           "ffn_up.weight": ("n_embd", "n_ff"),
+           "ffn_down.weight": ("n_ff", "n_embd")},
+    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
+                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+                "attn_output.weight": ("n_embd_q", "n_embd")},
+    recr_layer={**MAMBA_MIXER,
+                "ssm_dt_norm.weight": ("dt_rank",),
+                "ssm_b_norm.weight": ("d_state",),
+                "ssm_c_norm.weight": ("d_state",)})
 
 
 def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
@@ -481,7 +529,8 @@ def check_tensors(g: GGUFFile, hp: HParams, table: TensorTable) -> None:
     for name, spec in table.optional.items():
         check(name, spec, False)
     for il in range(hp.n_layer):
-        for name, spec in table.layer.items():
+        kind = table.recr_layer if il in hp.recurrent_layers else table.attn_layer
+        for name, spec in (table.layer | kind).items():
             check(f"blk.{il}.{name}", spec, True)
     for name in g.tensors:
         if name in seen:

@@ -53,10 +53,11 @@ def _product(g: GGUFFile, name: str, n_threads: int) -> Linear | OrderedProduct:
     return OrderedProduct(g.f32(name, n_threads))
 
 
-class _Layer:
-    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
+class MambaMixer:
+    """A Mamba-1 mixer's weights (llama.cpp's build_mamba_layer)."""
+
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
         p = f"blk.{il}."
-        self.attn_norm = g.f32(p + "attn_norm.weight")
         self.ssm_in = _product(g, p + "ssm_in.weight", n_threads)
         self.conv_w = g.f32(p + "ssm_conv1d.weight")          # [d_inner, d_conv]
         self.conv_b = g.f32(p + "ssm_conv1d.bias")
@@ -66,9 +67,12 @@ class _Layer:
         self.A = g.f32(p + "ssm_a")                            # [d_inner, d_state]: -exp(A_log)
         self.D = g.f32(p + "ssm_d")
         self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
+        # Jamba's RMS norms of dt, B and C (absent in a Mamba)
+        self.dt_norm, self.b_norm, self.c_norm = (g.f32(p + n) if p + n in g.tensors else None for n in
+                                                  ("ssm_dt_norm.weight", "ssm_b_norm.weight", "ssm_c_norm.weight"))
 
 
-def mamba_mixer(L, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
+def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
     """One Mamba-1 mixer (llama.cpp's build_mamba_layer) on the normed hidden states h [n, n_embd] of an
     equally split ubatch, its states read and updated in view; returns [n, n_embd] (before the residual)."""
     di, ds, dr = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank
@@ -78,8 +82,10 @@ def mamba_mixer(L, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_
     dt, B, C = xdb[:, :dr], xdb[:, dr:dr + ds], xdb[:, dr + ds:]
     if hp.ssm_dt_b_c_rms:   # Falcon-Mamba: each RMS-normed, without a weight
         dt, B, C = (rms_norm(a, np.ones(a.shape[1], np.float32), hp.rms_eps) for a in (dt, B, C))
-        BC = np.concatenate([B, C], axis=1)
-        B, C = BC[:, :ds], BC[:, ds:]
+    elif L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None:   # Jamba: RMS-normed, weighted
+        dt, B, C = (rms_norm(a, w, hp.rms_eps) for a, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
+    if B.strides != C.strides:
+        B, C = np.ascontiguousarray(B), np.ascontiguousarray(C)
     dt = L.ssm_dt(np.ascontiguousarray(dt))
     dt += L.dt_b
     y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads)
@@ -98,7 +104,8 @@ class Mamba(Model, arch="mamba"):
         self.output_norm = g.f32("output_norm.weight")
         self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
                                            else Linear.load(g, "output.weight", n_threads))
-        self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+        self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
+        self.layers = [MambaMixer(g, il, n_threads) for il in range(hp.n_layer)]
 
     def forward(self, mem, ub) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after folding the ubatch's tokens
@@ -106,8 +113,8 @@ class Mamba(Model, arch="mamba"):
         hp = self.hp
         x = self.tok_embd.rows(ub.token)
         with mem.lock:   # the cells stay as the views show them until every layer ran
-            for il, L in enumerate(self.layers):
-                h = rms_norm(x, L.attn_norm, hp.rms_eps)
+            for il, (norm, L) in enumerate(zip(self.norms, self.layers)):
+                h = rms_norm(x, norm, hp.rms_eps)
                 x += mamba_mixer(L, h, mem.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
         out = ub.output
         if not out.any():

@@ -16,7 +16,7 @@ import numpy as np
 
 from llamax.batch import UBatch
 from llamax.errors import ModelError
-from llamax.memory import KVCache, KVCacheISWA, KVMemory, Memory, RecurrentMemory, swa_cache_size
+from llamax.memory import HybridMemory, KVCache, KVCacheISWA, KVMemory, Memory, RecurrentMemory, swa_cache_size
 from llamax.model.gguf import ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
@@ -133,7 +133,7 @@ class Model(ModelInfo):
     Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
     which loads its weights and implements forward(); create_memory() is shared (llama_model's
     create_memory: a KV cache, the interleaved SWA cache when the model has sliding-window layers, a
-    recurrent memory for a Mamba).
+    recurrent memory for a Mamba, a hybrid memory for a Jamba).
     A subclass names its architecture in its class statement: `class Llama(Model, arch="llama")`,
     and lists its tensors in TENSORS (their shapes from the hyperparameters, as llama.cpp's
     load_arch_tensors), which __init__ checks against the file before any weight is read.
@@ -164,17 +164,21 @@ class Model(ModelInfo):
     # ---- llama_model's two jobs for a context ----------------------------------------------------
     def create_memory(self, params: ContextParams) -> Memory:
         """The memory a context of these (derived) parameters gets (llama_model::create_memory): a
-        recurrent memory when every layer keeps a state (Mamba), else a KV cache (the interleaved SWA
-        cache when the model has sliding-window layers)."""
+        recurrent memory when every layer keeps a state (Mamba), a hybrid memory when some do (Jamba),
+        else a KV cache (the interleaved SWA cache when the model has sliding-window layers)."""
         hp = self.hparams
-        if hp.recurrent_layers:
-            if len(hp.recurrent_layers) != hp.n_layer:
-                raise ModelError(f"{self.path.name}: a model with recurrent and attention layers needs a hybrid memory")
-            return RecurrentMemory(hp.n_layer, hp.r_shape, hp.s_shape, n_seq_max=params.n_seq_max,
-                                   n_threads=params.n_threads)
         common: dict[str, Any] = dict(
             head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
             type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn, n_threads=params.n_threads)
+        if hp.recurrent_layers:
+            recr = RecurrentMemory(hp.n_layer, hp.r_shape, hp.s_shape, n_seq_max=params.n_seq_max,
+                                   layer_ids=hp.recurrent_layers, n_threads=params.n_threads)
+            if len(hp.recurrent_layers) == hp.n_layer:
+                return recr
+            attn_layers = [il for il in range(hp.n_layer) if il not in hp.recurrent_layers]
+            attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
+                           **common)   # no RoPE in these models' attention (Jamba): positions only mask
+            return HybridMemory(attn, recr)
         rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         if hp.n_swa > 0 and hp.swa_layers:
             rope_swa = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)

@@ -1,0 +1,86 @@
+"""The jamba architecture (llama.cpp's llm_build_jamba) over a hybrid memory, with dense FFNs.
+
+Per layer: RMSNorm -> the mixer -> residual -> RMSNorm -> SwiGLU FFN -> residual. The mixer is a
+Mamba-1 one (llamax/model/mamba.py, with Jamba's RMS norms of dt, B and C) in the layers whose
+attention.head_count_kv is 0, its states in the hybrid memory's recurrent part; else attention without
+RoPE over the hybrid memory's KV cache (the positions only order the causal mask). Then RMSNorm and
+the output (tied to the token embedding when the GGUF has no output.weight). Jamba's MoE FFNs are not
+supported (check_tensors names the router tensor).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamax._native import layer as _layer
+from llamax.memory import HybridMemory
+from llamax.model.gguf import JAMBA, GGUFFile, HParams
+from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.mamba import MambaMixer, mamba_mixer
+from llamax.model.model import Model
+
+
+class _Attention:
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
+        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
+
+
+class _Layer:
+    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.attn_norm = g.f32(p + "attn_norm.weight")
+        self.mixer: MambaMixer | _Attention = (MambaMixer(g, il, n_threads) if il in hp.recurrent_layers
+                                               else _Attention(g, il, n_threads))
+        self.ffn_norm = g.f32(p + "ffn_norm.weight")
+        self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
+        self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
+
+
+class Jamba(Model, arch="jamba"):
+    """A jamba-architecture model (Mamba-1 and attention layers, dense FFNs) over a HybridMemory."""
+
+    TENSORS = JAMBA
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
+        self.hp = hp
+        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
+        self.output_norm = g.f32("output_norm.weight")
+        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
+                                           else Linear.load(g, "output.weight", n_threads))
+        self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+        self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
+
+    def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
+        hp, n = self.hp, h.shape[0]
+        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
+        qkv = A.wqkv(h)
+        q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = np.ascontiguousarray(qkv[:, nq + nk:]).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        mem.attn.store(il, ub, k, v)
+        return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
+
+    def forward(self, mem, ub) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after folding the ubatch into the
+        recurrent states and writing its K/V into the attention cache (mem: a HybridMemory)."""
+        assert isinstance(mem, HybridMemory), "a jamba model runs over the hybrid memory create_memory made"
+        hp = self.hp
+        x = self.tok_embd.rows(ub.token)
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            for il, L in enumerate(self.layers):
+                h = rms_norm(x, L.attn_norm, hp.rms_eps)
+                if isinstance(L.mixer, MambaMixer):
+                    x += mamba_mixer(L.mixer, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+                else:
+                    x += self._attention(L.mixer, mem, il, ub, h)
+                h = rms_norm(x, L.ffn_norm, hp.rms_eps)
+                x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
+        out = ub.output
+        if not out.any():
+            return np.zeros((0, hp.n_vocab), np.float32)
+        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
+        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)

@@ -1,0 +1,154 @@
+"""HybridMemory (llama.cpp's llama_memory_hybrid) under the jamba architecture, on the synthetic Jamba
+GGUF of tests/synthetic.py: every operation reaches both memories or neither, one batch fits both or
+neither changes, state round trips, a failed forward pass undone in both."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import llamax
+from llamax import Batch, Context, LlamaxError, Model, NoKVSlotError
+from synthetic import write_jamba
+
+TEXT = "The quick brown fox jumps over the lazy dog. Jamba mixes attention and state"
+
+
+@pytest.fixture(scope="module")
+def jamba_gguf(tmp_path_factory, smollm2_gguf):
+    return write_jamba(tmp_path_factory.mktemp("jamba") / "jamba.gguf", smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def jamba(jamba_gguf):
+    return Model.load(jamba_gguf, n_threads=2)
+
+
+def _logits(model, toks, *, n_ubatch=512, chunks=None, n_threads=2):
+    ctx = Context(model, n_ctx=512, n_ubatch=n_ubatch, n_batch=512, n_threads=n_threads)
+    rows, i = [], 0
+    for n in chunks or [len(toks)]:
+        ctx.decode(Batch(toks[i:i + n], logits=[True] * n))
+        rows.append(ctx.get_logits().copy())
+        i += n
+    return np.concatenate(rows)
+
+
+def test_attention_layers_get_the_kv_cache_and_the_others_the_states(jamba):
+    mem = Context(jamba, n_ctx=512, n_seq_max=2).memory
+    assert isinstance(mem, llamax.HybridMemory)
+    assert mem.attn.layer_ids == [1, 3] and mem.recr.layer_ids == [0, 2]
+    assert mem.attn.n_cells == 512 and mem.recr.n_cells == 2
+    assert not mem.can_shift                      # no RoPE: the KV cache cannot shift
+    assert mem.attn.lock is mem.lock and mem.recr.lock is mem.lock
+
+
+def test_the_same_bits_in_one_batch_token_by_token_in_chunks_and_on_any_thread_count(jamba):
+    toks = jamba.tokenize(TEXT)
+    want = _logits(jamba, toks)
+    for kw in (dict(n_ubatch=1), dict(n_ubatch=6), dict(chunks=[1] * len(toks)), dict(chunks=[9, len(toks) - 9]),
+               dict(n_threads=1)):
+        assert np.array_equal(_logits(jamba, toks, **kw), want), kw
+
+
+def test_partial_seq_rm_is_refused_by_both_and_full_removal_reaches_both(jamba):
+    toks = jamba.tokenize(TEXT)
+    ctx = Context(jamba, n_ctx=512, n_threads=2)
+    ctx.decode(Batch(toks))
+    before = ctx.state_get_data()
+    n_attn = ctx.memory.attn.n_used
+    assert n_attn == len(toks)
+    assert ctx.memory.seq_rm(0, 4, -1) is False
+    assert ctx.memory.attn.n_used == n_attn and ctx.state_get_data() == before
+    assert ctx.memory.seq_rm(0, -1, -1) is True
+    assert ctx.memory.attn.n_used == 0 and ctx.memory.recr.n_used == 0 and ctx.memory.seq_pos_max(0) == -1
+
+
+def test_a_shift_is_refused_with_nothing_changed(jamba):
+    ctx = Context(jamba, n_ctx=512, n_threads=2)
+    ctx.decode(Batch(jamba.tokenize(TEXT)))
+    before = ctx.state_get_data()
+    with pytest.raises(LlamaxError, match="cannot shift"):
+        ctx.memory.seq_add(0, 2, -1, -2)
+    assert ctx.state_get_data() == before
+
+
+def test_sequences_after_seq_cp_continue_identically(jamba):
+    toks = jamba.tokenize(TEXT)
+    ctx = Context(jamba, n_ctx=512, n_seq_max=2, n_threads=2)
+    ctx.decode(Batch(toks, seq_ids=0))
+    ctx.memory.seq_cp(0, 1)
+    assert ctx.memory.seq_pos_max(1) == len(toks) - 1
+    ctx.decode(Batch([42, 7] * 2, seq_ids=[0, 0, 1, 1], logits=[True] * 4))
+    out = ctx.get_logits()
+    assert np.array_equal(out[0:2], out[2:4])
+    assert np.array_equal(out[0:2], _logits(jamba, toks + [42, 7])[len(toks):])
+
+
+def test_state_round_trips_continue_bit_for_bit(jamba):
+    toks = jamba.tokenize(TEXT)
+    ctx = Context(jamba, n_ctx=512, n_seq_max=2, n_threads=2)
+    ctx.decode(Batch(toks, seq_ids=0))
+    blob, whole = ctx.state_seq_get_data(0), ctx.state_get_data()
+    ctx.decode(Batch([5, 6], seq_ids=0, logits=[True, True]))
+    want = ctx.get_logits().copy()
+    other = Context(jamba, n_ctx=512, n_seq_max=2, n_threads=2)
+    other.decode(Batch([9, 9, 9], seq_ids=0))
+    other.state_seq_set_data(blob, 1)
+    other.decode(Batch([5, 6], seq_ids=1, logits=[True, True]))
+    assert np.array_equal(other.get_logits(), want)
+    third = Context(jamba, n_ctx=512, n_seq_max=2, n_threads=2)
+    third.state_set_data(whole)
+    third.decode(Batch([5, 6], seq_ids=0, logits=[True, True]))
+    assert np.array_equal(third.get_logits(), want)
+
+
+def test_a_state_of_the_mamba_alone_is_refused(jamba, tmp_path, smollm2_gguf):
+    from synthetic import write_mamba
+    mamba = Model.load(write_mamba(tmp_path / "m.gguf", smollm2_gguf))
+    src = Context(mamba, n_ctx=512)
+    src.decode(Batch(mamba.tokenize(TEXT)))
+    with pytest.raises(llamax.StateError):
+        Context(jamba, n_ctx=512).state_seq_set_data(src.state_seq_get_data(0), 0)
+
+
+def test_a_batch_that_does_not_fit_the_kv_cache_changes_neither(jamba):
+    ctx = Context(jamba, n_ctx=256, n_seq_max=2, n_threads=2)
+    toks = jamba.tokenize(TEXT)
+    ctx.decode(Batch(toks, seq_ids=0))
+    before = ctx.state_get_data()
+    with pytest.raises(NoKVSlotError):
+        ctx.decode(Batch([7] * 250, seq_ids=1))
+    assert ctx.state_get_data() == before and ctx.memory.recr.n_used == 1
+
+
+def test_a_forward_pass_failing_midway_is_undone_in_both(jamba, monkeypatch):
+    toks = jamba.tokenize(TEXT)
+    ctx = Context(jamba, n_ctx=512, n_seq_max=2, n_ubatch=4, n_threads=2)
+    ctx.decode(Batch(toks[:6], seq_ids=0))
+    before = ctx.state_get_data()
+    real, calls = type(jamba).forward, []
+
+    def flaky(self, mem, ub):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("forward failed")
+        return real(self, mem, ub)
+
+    monkeypatch.setattr(type(jamba), "forward", flaky)
+    with pytest.raises(RuntimeError):
+        ctx.decode(Batch(toks[6:] + toks, seq_ids=[0] * (len(toks) - 6) + [1] * len(toks)))
+    monkeypatch.undo()
+    assert ctx.memory.attn.n_used == 6 and ctx.memory.seq_pos_max(0) == 5 and ctx.memory.seq_pos_max(1) == -1
+    ctx.decode(Batch([1]))
+    after = Context(jamba, n_ctx=512, n_seq_max=2, n_threads=2)
+    after.state_set_data(before)
+    after.decode(Batch([1]))
+    assert np.array_equal(ctx.get_logits(), after.get_logits())
+
+
+def test_llamax_run_on_a_jamba_gguf(jamba_gguf):
+    r = subprocess.run([sys.executable, "-m", "llamax", "run", "-m", str(jamba_gguf), "-p", TEXT, "-n", "8",
+                        "--temp", "0", "-c", "256"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "llama_memory_recurrent: size =" in r.stderr and "llama_kv_cache: size =" in r.stderr
