@@ -878,6 +878,34 @@ void lx_mul_mat(const void *w, lx_type w_type, const float *x, float *y, int64_t
     }
 }
 
+/* ---- float weights, fixed-order sums (see matmul.h) ---------------------------------------- */
+
+static float dot_f32_ordered(const float *x, const float *w, int64_t n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n8; k += 8) {
+        for (int j = 0; j < 8; ++j) acc[j] += x[k + j] * w[k + j];
+    }
+    float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t k = n8; k < n; ++k) sum += x[k] * w[k];
+    return sum;
+}
+
+void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                            int n_threads) {
+    const int64_t n_blocks = (n_out + LX_MM_ROWS - 1) / LX_MM_ROWS;
+    (void) n_threads;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_tok * n_in * n_out >= 65536)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t o1 = (b + 1) * LX_MM_ROWS < n_out ? (b + 1) * LX_MM_ROWS : n_out;
+        for (int64_t t = 0; t < n_tok; ++t) {
+            for (int64_t o = b * LX_MM_ROWS; o < o1; ++o) {
+                y[t * n_out + o] = dot_f32_ordered(x + t * n_in, w + o * n_in, n_in);
+            }
+        }
+    }
+}
+
 #else /* LX_MM_KERNEL_PASS ================================================================ *
  * The SIMD kernels, compiled once per pass with:
  *   SFX(f)             the pass's name for f (f_avx2, f_vnni)
@@ -1181,3 +1209,4 @@ static LX_TGT void SFX(f32_dots)(const float *w, const float *x, int64_t xs, int
 #undef LX_C_F32
 
 #endif /* LX_MM_KERNEL_PASS */
+

@@ -108,4 +108,17 @@ void lx_mul_mat_ref(const void *w, lx_type w_type, const float *x, float *y, int
 
 /* paths by lx_simd_level() (cpu.h): portable C, AVX2+FMA+F16C (at AVX512 too), VNNI512 */
 
+/* y = x W^T for float32 W [n_out][n_in], every output one fixed-order sum, so a row's result is the
+ * same bits whatever n_tok and n_threads (the products of float weights kept unquantized, e.g. a Mamba's
+ * ssm_x and ssm_dt, where lx_mul_mat's tiles would sum in an order that depends on n_tok):
+ *
+ *   acc[j] = sum over k = j, j + 8, j + 16, ... < n_in - n_in % 8 of x[k] * w[k], in k order (j < 8)
+ *   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)), then + x[k] * w[k] for
+ *       the last n_in % 8 terms in order
+ *
+ * (eight independent chains the compiler may run as vector lanes: no reassociation is needed).
+ * OpenMP over blocks of outputs. note: n_threads >= 1. */
+void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                            int n_threads);
+
 #endif /* LX_MATMUL_H */

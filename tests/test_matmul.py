@@ -298,3 +298,17 @@ def test_smollm2_tensors(smollm2_gguf):
             f = M.mul_mat(raw, ty, x, act="f32")
             check_close(f, x.astype(np.float64) @ w.T,
                         tol(ty, n_in, np.abs(x.astype(np.float64)) @ np.abs(w).T, "f32"), nm)
+
+
+@pytest.mark.parametrize("n_in", [1, 7, 8, 64, 131])
+def test_ordered_f32_product_is_exact_enough_and_the_same_bits_for_any_batch_and_threads(n_in):
+    """mul_mat_f32_ordered: within float rounding of the float64 product; a row's bits do not depend on
+    the other rows or on n_threads."""
+    rng = np.random.default_rng(n_in)
+    w = rng.standard_normal((37, n_in)).astype(np.float32)
+    x = rng.standard_normal((9, n_in)).astype(np.float32)
+    y = M.mul_mat_f32_ordered(w, x, n_threads=2)
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.abs(y - ref).max() <= 4 * (n_in + 8) * 2.0**-24 * (np.abs(x) @ np.abs(w).T).max()
+    for rows, nt in (([3], 1), ([0, 5, 8], 3), (list(range(9)), 1)):
+        assert np.array_equal(M.mul_mat_f32_ordered(w, x[rows], n_threads=nt), y[rows])

@@ -25,4 +25,6 @@ cdef extern from "matmul.h" nogil:
                     int64_t n_in, int64_t n_out, lx_mm_act act, void *work, int n_threads)
     void lx_mul_mat_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                         int64_t n_in, int64_t n_out, lx_mm_act act, void *work)
-
+    # w: float32 [n_out][n_in], x: [n_tok][n_in], y: [n_tok][n_out]; fixed-order sums
+    void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in,
+                                int64_t n_out, int n_threads)

@@ -150,3 +150,35 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
     finally:
         PyMem_RawFree(work)
     return out
+
+
+def mul_mat_f32_ordered(w, x, n_threads=None):
+    """y = x @ W.T for float32 W, every output one fixed-order sum (lx_mul_mat_f32_ordered): a row's
+    result is the same bits whatever else is in x and whatever n_threads.
+
+    Args:
+        w: float32 [n_out, n_in], C-contiguous.  # IN
+        x: float32 [n_tok, n_in], C-contiguous.  # IN
+
+    Returns:
+        float32 [n_tok, n_out].
+
+    Raises:
+        ValueError: dtype, layout or shape mismatch; bad n_threads.
+    """
+    for name, a in (("w", w), ("x", x)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.ndim != 2 or not a.flags.c_contiguous:
+            raise ValueError(f"{name} must be a C-contiguous 2-D float32 array")
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"x has {x.shape[1]} columns, w {w.shape[1]}")
+    cdef int nth = resolve_n_threads(n_threads)
+    cdef int64_t n_tok = x.shape[0], n_in = x.shape[1], n_out = w.shape[0]
+    out = np.zeros((n_tok, n_out), dtype=np.float32)
+    if n_tok == 0 or n_out == 0 or n_in == 0:
+        return out
+    cdef const float *wp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> w)
+    cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    with nogil:
+        lx_mul_mat_f32_ordered(wp, xp, yp, n_tok, n_in, n_out, nth)
+    return out

@@ -8,16 +8,16 @@ the token embedding when the GGUF has no output.weight). The states live in the 
 (llamax/memory/recurrent.py); the ubatch comes split equally (n_seqs sequences of n_t tokens), so the
 native steps run each sequence's tokens in order through its own state.
 
-The products' bits do not depend on the rest of the batch: the GEMM for the quantized types it has;
-a float weight up to ORDERED_MAX_N_IN wide (the dt-projection, n_in = dt_rank, which GGUFs keep f32)
-adds its terms one by one in numpy, in order. So a prompt gives the same logits in one batch, token by
-token or in chunks (except for wider f32 / f16 weights, which take the mat-vec).
+The products' bits do not depend on the rest of the batch: the GEMM for the quantized types it has,
+the ordered float product (matmul.mul_mat_f32_ordered) for the weights GGUFs keep unquantized (ssm_x,
+ssm_dt, and any f32 / f16 one). So a prompt gives the same logits in one batch, token by token or in
+chunks.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from llamax._native import gemm
+from llamax._native import gemm, matmul
 from llamax._native import ssm as _ssm
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA, GGUFFile, HParams
@@ -26,31 +26,24 @@ from llamax.model.model import Model
 
 
 class OrderedProduct:
-    """y = x @ W.T with W in float32 and the n_in terms added in order, k = 0, 1, ... (a few numpy
-    operations per term: for the narrow dt-projection, whose n_in is dt_rank). The same bits for a row
-    whatever the other rows."""
+    """y = x @ W.T for a float weight kept unquantized (a Mamba's ssm_x and ssm_dt), W in float32 and
+    every output one fixed-order sum (matmul.mul_mat_f32_ordered): a row's bits do not depend on the
+    other rows, as the GEMM's do not."""
 
-    def __init__(self, w: np.ndarray) -> None:
-        self.wt = np.ascontiguousarray(w.T, dtype=np.float32)   # [n_in, n_out]
+    def __init__(self, w: np.ndarray, n_threads: int) -> None:
+        self.w = np.ascontiguousarray(w, dtype=np.float32)   # [n_out, n_in]
+        self.n_threads = n_threads
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = x[:, 0:1] * self.wt[0]
-        for k in range(1, self.wt.shape[0]):
-            y += x[:, k:k + 1] * self.wt[k]
-        return y
-
-
-#: the widest n_in taken by OrderedProduct (one numpy pass per term); wider f32 / f16 weights take the
-#: mat-vec, whose bits depend on how many tokens come at once
-ORDERED_MAX_N_IN = 256
+        return matmul.mul_mat_f32_ordered(self.w, np.ascontiguousarray(x, dtype=np.float32), self.n_threads)
 
 
 def _product(g: GGUFFile, name: str, n_threads: int) -> Linear | OrderedProduct:
-    """A weight's product: Linear when its type has the GEMM (bits independent of the batch), else the
-    ordered float32 product up to ORDERED_MAX_N_IN terms, else Linear's mat-vec."""
-    if gemm.supported(g.ggml_type(name)) or g.shape(name)[1] > ORDERED_MAX_N_IN:
+    """A weight's product: Linear when its type has the GEMM, else the ordered float32 product
+    (both give a row the same bits whatever the batch)."""
+    if gemm.supported(g.ggml_type(name)):
         return Linear.load(g, name, n_threads)
-    return OrderedProduct(g.f32(name, n_threads))
+    return OrderedProduct(g.f32(name, n_threads), n_threads)
 
 
 class MambaMixer:
