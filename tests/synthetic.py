@@ -9,8 +9,11 @@ hyperparameters independently of the file layout.
 """
 import hashlib
 import mmap
+import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -45,7 +48,7 @@ _SCALAR_FORMATS = {
 }
 
 
-def _read_gguf(path) -> tuple[dict, list[tuple[str, gguf.GGMLQuantizationType, tuple[int, ...], bytes]]]:
+def _read_gguf(path: str | os.PathLike) -> tuple[dict, list[tuple[str, gguf.GGMLQuantizationType, tuple[int, ...], bytes]]]:
     """A GGUF file's metadata {key: (type, array element type or None, value)} and tensors
     [(name, type, ggml shape, data bytes)], read directly: gguf.GGUFReader takes seconds per
     vocabulary of 50k tokens."""
@@ -74,9 +77,10 @@ def _read_gguf(path) -> tuple[dict, list[tuple[str, gguf.GGMLQuantizationType, t
 
         magic, version, n_tensors, n_kv = (scalar(c) for c in "IIQQ")
         assert magic == gguf.GGUF_MAGIC and version == 3, path
-        meta = {}
+        meta: dict[str, tuple[gguf.GGUFValueType, gguf.GGUFValueType | None, Any]] = {}
         for _ in range(n_kv):
             key, vtype, sub = string(), gguf.GGUFValueType(scalar("I")), None
+            value: Any
             if vtype == gguf.GGUFValueType.ARRAY:
                 sub = gguf.GGUFValueType(scalar("I"))
                 value = array(sub, scalar("Q"))
@@ -100,13 +104,13 @@ def _read_gguf(path) -> tuple[dict, list[tuple[str, gguf.GGMLQuantizationType, t
     return meta, tensors
 
 
-def _tokenizer(vocab_gguf) -> dict:
+def _tokenizer(vocab_gguf: str | os.PathLike) -> dict:
     """vocab_gguf's tokenizer.ggml.* keys and tokenizer.chat_template, as _read_gguf gives them."""
     meta, _ = _read_gguf(vocab_gguf)
     return {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.") or k == "tokenizer.chat_template"}
 
 
-def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale) -> np.ndarray:
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], scale: float | np.ndarray) -> np.ndarray:
     """float32 normal samples times scale (a number or an array broadcasting to shape)."""
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
@@ -163,9 +167,10 @@ def _ffn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
     }
 
 
-def _write(path, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray], set_hparams) -> Path:
+def _write(path: str | os.PathLike, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray],
+           set_hparams: Callable[[gguf.GGUFWriter], None]) -> Path:
     """Write the GGUF: the shared hyperparameters, the rest by set_hparams(writer), the tokenizer
-    (_tokenizer's keys), then the tensors (float32; token_embd as Q8_0, the output head tied to it)."""
+    (_tokenizer's keys), then the tensors (float32; token_embd as Q4_0 (the file stays under 5 MB), the output head tied to it)."""
     path = Path(path)
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"llamax synthetic {arch}")
@@ -182,8 +187,8 @@ def _write(path, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray], set
         writer.add_key_value(key, value, vtype, sub)
     for name, data in tensors.items():
         if name == "token_embd.weight":
-            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q8_0),
-                              raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            writer.add_tensor(name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_0),
+                              raw_dtype=gguf.GGMLQuantizationType.Q4_0)
         else:
             writer.add_tensor(name, data)
     writer.write_header_to_file()
@@ -200,7 +205,7 @@ def _embeddings(rng: np.random.Generator, tokenizer: dict) -> dict[str, np.ndarr
             "output_norm.weight": _norm(rng, N_EMBD)}
 
 
-def write_mamba(path, vocab_gguf, seed: int = 0) -> Path:
+def write_mamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0) -> Path:
     """A 4-layer Mamba-1 model (arch "mamba", n_embd 64, d_inner 128, d_state 16, dt_rank 4, d_conv 4)
     with vocab_gguf's tokenizer, written to path; the same seed gives the same tensors."""
     rng = np.random.default_rng(seed)
@@ -218,7 +223,7 @@ def write_mamba(path, vocab_gguf, seed: int = 0) -> Path:
     return _write(path, "mamba", tokenizer, tensors, hparams)
 
 
-def write_jamba(path, vocab_gguf, seed: int = 0) -> Path:
+def write_jamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0) -> Path:
     """A 4-layer Jamba model (arch "jamba"): Mamba-1 mixers (sizes as write_mamba's, with dt/B/C norms)
     in layers 0 and 2, attention (4 query and 2 KV heads of 16, no RoPE) in layers 1 and 3, a dense
     SwiGLU FFN of 128 after every mixer; vocab_gguf's tokenizer. The same seed gives the same tensors."""
@@ -242,7 +247,7 @@ def write_jamba(path, vocab_gguf, seed: int = 0) -> Path:
     return _write(path, "jamba", tokenizer, tensors, hparams)
 
 
-def content_hash(path) -> str:
+def content_hash(path: str | os.PathLike) -> str:
     """sha256 (hex) over general.architecture, the architecture's hyperparameter keys (name, types,
     value) and every tensor's name, type, shape and data, in name order: equal for equal models
     whatever the file layout."""
