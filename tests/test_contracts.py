@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import llamax
-from llamax import (Batch, BatchError, Context, ContextParams, KVCache, KVCacheISWA, RoPE, Sampler,
+from llamax import (Batch, BatchError, Context, ContextParams, HybridMemory, KVCache, KVCacheISWA, RecurrentMemory, RoPE, Sampler,
                     StalePlanError)
 from llamax import state
 from llamax.dtypes import POS_MAX
@@ -111,7 +111,7 @@ def _public_methods(cls):
             yield name, fn
 
 
-@pytest.mark.parametrize("cls", [KVCache, KVCacheISWA, Context])
+@pytest.mark.parametrize("cls", [KVCache, KVCacheISWA, RecurrentMemory, HybridMemory, Context])
 def test_every_public_operation_is_serialized(cls):
     """Every public method (and live property) of a memory or context runs under its lock."""
     unlocked = [name for name, fn in _public_methods(cls) if not getattr(fn, "locked", False)]

@@ -115,6 +115,7 @@ class HybridMemory(Memory):
         return self.attn.n_cells + self.recr.n_cells
 
     @property
+    @locked
     def n_used(self) -> int:
         return self.attn.n_used + self.recr.n_used
 
@@ -125,7 +126,9 @@ class HybridMemory(Memory):
     def breakdown(self) -> dict[str, int]:
         return self.attn.breakdown() | self.recr.breakdown()
 
+    @locked
     def cells(self) -> list[tuple[int, frozenset[int]]]:
+        """The KV cache's cells, then the recurrent memory's."""
         return self.attn.cells() + self.recr.cells()
 
     def __repr__(self) -> str:

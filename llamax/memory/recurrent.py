@@ -144,6 +144,7 @@ class RecurrentMemory(Memory):
         return self.mem_size
 
     @property
+    @locked
     def n_used(self) -> int:
         return int(np.count_nonzero(self._owner >= 0))
 
@@ -406,6 +407,7 @@ class RecurrentMemory(Memory):
             b[u.touched] = s
         self._changed()
 
+    @locked
     def recurrent_view(self, il: int, ubatch: UBatch) -> RecurrentView:
         """Layer il's states and the ubatch's cells, for the ubatch being applied.
 
@@ -413,17 +415,16 @@ class RecurrentMemory(Memory):
             ValueError: ubatch is not the one applied last, or layer il has no state here.
             StalePlanError: the memory changed since the ubatch was applied.
         """
-        with self.lock:
-            act = self._active
-            if act is None or act[0] is not ubatch:
-                raise ValueError("this ubatch is not the one being applied: apply it (iterate the plan) first")
-            if act[2] != self._generation:
-                raise StalePlanError("the memory changed since this ubatch was applied (a seq_* operation, a "
-                                     "clear, a restore or another ubatch): its states are stale")
-            i = self._layer.get(il)
-            if i is None:
-                raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
-            return RecurrentView(self.conv[i], self.ssm[i], act[1])
+        act = self._active
+        if act is None or act[0] is not ubatch:
+            raise ValueError("this ubatch is not the one being applied: apply it (iterate the plan) first")
+        if act[2] != self._generation:
+            raise StalePlanError("the memory changed since this ubatch was applied (a seq_* operation, a "
+                                 "clear, a restore or another ubatch): its states are stale")
+        i = self._layer.get(il)
+        if i is None:
+            raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
+        return RecurrentView(self.conv[i], self.ssm[i], act[1])
 
     # ---- state ----------------------------------------------------------------------------------
     @locked
