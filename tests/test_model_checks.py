@@ -347,3 +347,10 @@ def test_checks_run_before_the_weights_are_read(tmp_path, monkeypatch):
     monkeypatch.setattr(g.GGUFFile, "raw", no_read)
     _raises(write_model(tmp_path / "m.gguf", shapes={"blk.1.ffn_down.weight": (N_FF, N_FF)}),
             "tensor 'blk.1.ffn_down.weight'")
+
+
+def test_the_registry_models_keep_their_fingerprints(model, gemma):
+    """A state saved by an earlier llamax still loads: hyperparameters added since (the SSM sizes) leave the
+    fingerprint of a model that does not use them as it was."""
+    assert model.fingerprint == "c497f5816a083d1dbb9156a36c428e0b"
+    assert gemma.fingerprint == "0030fab32e49222dbcad45fa69778025"

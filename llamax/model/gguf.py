@@ -52,12 +52,14 @@ class HParams:
     tied_output: bool = True
     # the selective state space (llama.cpp's ssm_*; 0 for an attention-only model) and the layers that
     # keep a recurrent state instead of K/V cells (every layer of a Mamba)
-    ssm_d_conv: int = 0
-    ssm_d_inner: int = 0
-    ssm_d_state: int = 0
-    ssm_dt_rank: int = 0
-    ssm_dt_b_c_rms: bool = False
-    recurrent_layers: tuple[int, ...] = ()
+    # (left out of the model fingerprint at their defaults: the states of attention models saved before
+    # these fields existed still load)
+    ssm_d_conv: int = field(default=0, metadata={"omit_default": True})
+    ssm_d_inner: int = field(default=0, metadata={"omit_default": True})
+    ssm_d_state: int = field(default=0, metadata={"omit_default": True})
+    ssm_dt_rank: int = field(default=0, metadata={"omit_default": True})
+    ssm_dt_b_c_rms: bool = field(default=False, metadata={"omit_default": True})
+    recurrent_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
     # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
     # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
     attn_scale: float = field(default=0.0, compare=False)

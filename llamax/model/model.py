@@ -83,10 +83,13 @@ class ModelInfo:
     @functools.cached_property
     def fingerprint(self) -> str:
         """A hex digest (blake2b-128) of the architecture, the hyperparameters and every tensor's name,
-        type and shape: what a saved state must match. Reads no tensor data."""
+        type and shape: what a saved state must match. Reads no tensor data. A hyperparameter added
+        after the first release (metadata "omit_default") counts only when it is not at its default, so
+        the states saved by older versions of a model still load."""
         h = hashlib.blake2b(digest_size=16)
         hp = self.hparams
-        h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare]).encode())
+        h.update(repr([(f.name, getattr(hp, f.name)) for f in dataclasses.fields(hp) if f.compare and not
+                       (f.metadata.get("omit_default") and getattr(hp, f.name) == f.default)]).encode())
         for name in sorted(self.gguf.tensors):
             t = self.gguf.tensors[name]
             h.update(repr((name, t.ggml_type, [int(x) for x in t.shape])).encode())
