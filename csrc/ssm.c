@@ -1,12 +1,23 @@
 /* ssm.c: the causal convolution and the selective scan of a Mamba layer (see ssm.h).
  *
  * Both loop over (sequence, channel) pairs in parallel; a pair runs its tokens in order on one
- * thread, so no sum ever depends on the thread count. libm's expf / log1pf, as ggml's CPU path.
+ * thread, so no sum ever depends on the thread count. The scan's inner step over the d_state terms
+ * runs in AVX2 lanes when the CPU has them, or through its scalar twin (the same bits: vexp.h's exp,
+ * the same fused steps and lane sums), so the results do not depend on the SIMD level either;
+ * softplus and SiLU use libm's expf / log1pf, as ggml's CPU path.
  */
 #include "ssm.h"
 
+#include "cpu.h"
+#include "simd.h"
+#include "vexp.h"
+
 #include <math.h>
 #include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define LX_SSM_X86 1
+#endif
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
@@ -37,10 +48,59 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     }
 }
 
+/* One token of one channel through its state h [d_state] (the scan's inner step): h <- h * e^(dt' A) +
+ * B x dt', returning sum_n h[n] C[n]. The n terms run in 8 lanes (n mod 8) reduced as lx_hsum8_avx2
+ * reduces, the last d_state % 8 in order after, each product fused as the AVX2 twin fuses it, with
+ * vexp.h's exp: the scalar twin of scan_step_avx2, the same bits. */
+static float scan_step_ref(float *h, const float *a, const float *bt, const float *ct, int64_t d_state, float dts,
+                           float x_dt) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    const int64_t n8 = d_state - d_state % 8;
+    for (int64_t n = 0; n < n8; n += 8) {
+        for (int j = 0; j < 8; ++j) {
+            const float hn = fmaf(h[n + j], lx_exp_ref(dts * a[n + j]), bt[n + j] * x_dt);
+            acc[j] = fmaf(hn, ct[n + j], acc[j]);
+            h[n + j] = hn;
+        }
+    }
+    float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for (int64_t n = n8; n < d_state; ++n) {
+        const float hn = fmaf(h[n], lx_exp_ref(dts * a[n]), bt[n] * x_dt);
+        sum = fmaf(hn, ct[n], sum);
+        h[n] = hn;
+    }
+    return sum;
+}
+
+#ifdef LX_SSM_X86
+__attribute__((target("avx2,fma,f16c"))) static float scan_step_avx2(float *h, const float *a, const float *bt, const float *ct, int64_t d_state,
+                                                                     float dts, float x_dt) {
+    const int64_t n8 = d_state - d_state % 8;
+    const __m256 vdt = _mm256_set1_ps(dts), vxdt = _mm256_set1_ps(x_dt);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t n = 0; n < n8; n += 8) {
+        const __m256 e = lx_exp8_avx2(_mm256_mul_ps(vdt, _mm256_loadu_ps(a + n)));
+        const __m256 hn = _mm256_fmadd_ps(_mm256_loadu_ps(h + n), e, _mm256_mul_ps(_mm256_loadu_ps(bt + n), vxdt));
+        acc = _mm256_fmadd_ps(hn, _mm256_loadu_ps(ct + n), acc);
+        _mm256_storeu_ps(h + n, hn);
+    }
+    float sum = lx_hsum8_avx2(acc);
+    for (int64_t n = n8; n < d_state; ++n) {
+        const float hn = fmaf(h[n], lx_exp_ref(dts * a[n]), bt[n] * x_dt);
+        sum = fmaf(hn, ct[n], sum);
+        h[n] = hn;
+    }
+    return sum;
+}
+#endif
+
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
                  const float *D, const float *z, int64_t ldz, float *y, int n_threads) {
     const int64_t pairs = n_seqs * d;
+#ifdef LX_SSM_X86
+    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
+#endif
     (void) n_threads;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * d_state >= 32768)
     for (int64_t p = 0; p < pairs; ++p) {
@@ -53,12 +113,12 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
             const float dts = softplus(dt[row * d + c]);
             const float x_dt = xv * dts;
             const float *bt = B + row * ldbc, *ct = C + row * ldbc;
-            float sum = 0.0f;
-            for (int64_t n = 0; n < d_state; ++n) {
-                const float hn = h[n] * expf(dts * a[n]) + bt[n] * x_dt;
-                sum += hn * ct[n];
-                h[n] = hn;
-            }
+            float sum;
+#ifdef LX_SSM_X86
+            if (simd) sum = scan_step_avx2(h, a, bt, ct, d_state, dts, x_dt);
+            else
+#endif
+                sum = scan_step_ref(h, a, bt, ct, d_state, dts, x_dt);
             y[row * d + c] = (sum + xv * D[c]) * silu(z[row * ldz + c]);
         }
     }

@@ -42,12 +42,14 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
  * y + x * D and silu(z) * y, as llm_build_mamba): for each sequence s, token t, channel c:
  *
  *   dt' = softplus(dt[t][c])                  (log1pf(expf(v)), v itself above 20, as ggml)
- *   h[c][n] <- h[c][n] * expf(dt' * A[c][n]) + B[t][n] * (x[t][c] * dt')      n < d_state
+ *   h[c][n] <- h[c][n] * exp(dt' * A[c][n]) + B[t][n] * (x[t][c] * dt')       n < d_state
  *   y[t][c] = (sum_n h[c][n] * C[t][n] + x[t][c] * D[c]) * silu(z[t][c])
  *
  * with h = state[cells[s]], left after the sequence's last token. x, dt, y [n_seqs * n_t][d]
  * (x and dt contiguous rows); B and C rows of stride ldbc; z rows of stride ldz; A [d][d_state];
- * D [d]. The sum over n runs in float in order n = 0, 1, ...
+ * D [d]. exp is vexp.h's (within 2 ulp of expf); the update is one fused multiply-add; the sum over
+ * n runs in 8 lanes (n mod 8, fused), added as lx_hsum8_avx2 adds them, then the last d_state % 8
+ * terms in order: AVX2 and its scalar twin give the same bits.
  * note: cells distinct; n_threads >= 1. */
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,

@@ -122,3 +122,25 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="d_conv"):
         w = np.zeros((24, ssm.MAX_CONV + 1), np.float32)
         ssm.conv(np.zeros((5, 24, ssm.MAX_CONV), np.float32), c["cells"], x, w, None, c["n_t"])
+
+
+def test_the_scan_gives_the_same_bits_at_every_simd_level():
+    """The AVX2 step and its scalar twin (vexp.h's exp, the same fused steps and lane sums) agree bit for bit,
+    with d_state a multiple of 8 and not."""
+    from llamax._native import cpu
+
+    for d_state in (16, 13):
+        c = _case(np.random.default_rng(4), d_state=d_state)
+        x = np.ascontiguousarray(c["xz"][:, :24])
+        B, C = c["BC"][:, :d_state], c["BC"][:, d_state:]
+        outs = []
+        try:
+            for level in cpu.levels():
+                cpu.set_simd_level(level)
+                st = c["ssm_state"].copy()
+                y = ssm.scan(st, c["cells"], x, c["dt"], c["A"], B, C, c["D"], c["xz"][:, 24:], c["n_t"])
+                outs.append((y, st))
+        finally:
+            cpu.set_simd_level(-1)
+        for y, st in outs[1:]:
+            assert np.array_equal(y, outs[0][0]) and np.array_equal(st, outs[0][1])
