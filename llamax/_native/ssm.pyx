@@ -38,9 +38,14 @@ def _f32(a, str name, int ndim, bint rows_only=False, bint writeable=False):
 def _cells(cells, Py_ssize_t n_rows):
     if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1 or not cells.flags.c_contiguous:
         raise ValueError("cells must be a C-contiguous int32 numpy array [n_seqs]")
-    if cells.shape[0] and (cells.min() < 0 or cells.max() >= n_rows):
+    cdef Py_ssize_t n = cells.shape[0]
+    if n == 1:   # the generation step: no numpy reductions
+        if not 0 <= int(cells[0]) < n_rows:
+            raise ValueError(f"cells must lie in [0, {n_rows}), got {cells.tolist()}")
+        return cells
+    if n and (cells.min() < 0 or cells.max() >= n_rows):
         raise ValueError(f"cells must lie in [0, {n_rows}), got {cells.tolist()}")
-    if np.unique(cells).shape[0] != cells.shape[0]:
+    if np.unique(cells).shape[0] != n:
         raise ValueError(f"cells must be distinct, got {cells.tolist()}")
     return cells
 

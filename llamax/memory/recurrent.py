@@ -364,7 +364,8 @@ class RecurrentMemory(Memory):
                 cells[j] = c
             slots.append(_Slot(cells, fresh, not slots, np.empty(0, np.int32)))
         if slots:
-            slots[0].touched = np.unique(np.concatenate([sl.cells for sl in slots]))
+            slots[0].touched = slots[0].cells if len(slots) == 1 else \
+                np.unique(np.concatenate([sl.cells for sl in slots]))
         return slots
 
     @locked
