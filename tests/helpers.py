@@ -167,3 +167,31 @@ def run_chat_workload(url: str, chats, *, model: str = "smollm2-135m", max_token
             return {"requests": out, "wall": time.perf_counter() - t0}
 
     return asyncio.run(run())
+
+
+def prompt_logits(model, toks, *, n_ubatch=512, chunks=None, n_threads=2, n_ctx=512):
+    """float32 [len(toks), n_vocab]: every row's logits of a prompt decoded for sequence 0 of a new
+    Context, in one batch (split into ubatches of n_ubatch) or in the given chunks, one decode each."""
+    from llamax import Batch, Context
+
+    ctx = Context(model, n_ctx=n_ctx, n_ubatch=n_ubatch, n_batch=512, n_threads=n_threads)
+    rows, i = [], 0
+    for n in chunks or [len(toks)]:
+        ctx.decode(Batch(toks[i:i + n], logits=[True] * n))
+        rows.append(ctx.get_logits().copy())
+        i += n
+    return np.concatenate(rows)
+
+
+def fail_forward_at(monkeypatch, model, call: int, log: list):
+    """Make model's forward pass raise RuntimeError at its call-th ubatch from now on (1-based); log
+    gets one entry per ubatch."""
+    real = type(model).forward
+
+    def flaky(self, mem, ub):
+        log.append(ub.n_tokens)
+        if len(log) == call:
+            raise RuntimeError("forward failed")
+        return real(self, mem, ub)
+
+    monkeypatch.setattr(type(model), "forward", flaky)

@@ -9,6 +9,7 @@ import pytest
 
 import llamax
 from llamax import Batch, Context, LlamaxError, Model, NoKVSlotError
+from helpers import fail_forward_at, prompt_logits
 from synthetic import write_jamba
 
 TEXT = "The quick brown fox jumps over the lazy dog. Jamba mixes attention and state"
@@ -24,16 +25,6 @@ def jamba(jamba_gguf):
     return Model.load(jamba_gguf, n_threads=2)
 
 
-def _logits(model, toks, *, n_ubatch=512, chunks=None, n_threads=2):
-    ctx = Context(model, n_ctx=512, n_ubatch=n_ubatch, n_batch=512, n_threads=n_threads)
-    rows, i = [], 0
-    for n in chunks or [len(toks)]:
-        ctx.decode(Batch(toks[i:i + n], logits=[True] * n))
-        rows.append(ctx.get_logits().copy())
-        i += n
-    return np.concatenate(rows)
-
-
 def test_attention_layers_get_the_kv_cache_and_the_others_the_states(jamba):
     mem = Context(jamba, n_ctx=512, n_seq_max=2).memory
     assert isinstance(mem, llamax.HybridMemory)
@@ -45,10 +36,10 @@ def test_attention_layers_get_the_kv_cache_and_the_others_the_states(jamba):
 
 def test_the_same_bits_in_one_batch_token_by_token_in_chunks_and_on_any_thread_count(jamba):
     toks = jamba.tokenize(TEXT)
-    want = _logits(jamba, toks)
+    want = prompt_logits(jamba, toks)
     for kw in (dict(n_ubatch=1), dict(n_ubatch=6), dict(chunks=[1] * len(toks)), dict(chunks=[9, len(toks) - 9]),
                dict(n_threads=1)):
-        assert np.array_equal(_logits(jamba, toks, **kw), want), kw
+        assert np.array_equal(prompt_logits(jamba, toks, **kw), want), kw
 
 
 def test_partial_seq_rm_is_refused_by_both_and_full_removal_reaches_both(jamba):
@@ -82,7 +73,7 @@ def test_sequences_after_seq_cp_continue_identically(jamba):
     ctx.decode(Batch([42, 7] * 2, seq_ids=[0, 0, 1, 1], logits=[True] * 4))
     out = ctx.get_logits()
     assert np.array_equal(out[0:2], out[2:4])
-    assert np.array_equal(out[0:2], _logits(jamba, toks + [42, 7])[len(toks):])
+    assert np.array_equal(out[0:2], prompt_logits(jamba, toks + [42, 7])[len(toks):])
 
 
 def test_state_round_trips_continue_bit_for_bit(jamba):
@@ -127,15 +118,7 @@ def test_a_forward_pass_failing_midway_is_undone_in_both(jamba, monkeypatch):
     ctx = Context(jamba, n_ctx=512, n_seq_max=2, n_ubatch=4, n_threads=2)
     ctx.decode(Batch(toks[:6], seq_ids=0))
     before = ctx.state_get_data()
-    real, calls = type(jamba).forward, []
-
-    def flaky(self, mem, ub):
-        calls.append(1)
-        if len(calls) == 3:
-            raise RuntimeError("forward failed")
-        return real(self, mem, ub)
-
-    monkeypatch.setattr(type(jamba), "forward", flaky)
+    fail_forward_at(monkeypatch, jamba, 3, [])
     with pytest.raises(RuntimeError):
         ctx.decode(Batch(toks[6:] + toks, seq_ids=[0] * (len(toks) - 6) + [1] * len(toks)))
     monkeypatch.undo()

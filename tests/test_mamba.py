@@ -10,6 +10,7 @@ import pytest
 
 import llamax
 from llamax import Batch, Context, LlamaxError, Model
+from helpers import fail_forward_at, prompt_logits
 from synthetic import write_mamba
 
 TEXT = "The quick brown fox jumps over the lazy dog. Mamba folds every token into a state"
@@ -25,16 +26,6 @@ def mamba(mamba_gguf):
     return Model.load(mamba_gguf, n_threads=2)
 
 
-def _prompt_logits(model, toks, *, n_ubatch=512, chunks=None, n_threads=2):
-    ctx = Context(model, n_ctx=512, n_ubatch=n_ubatch, n_batch=512, n_threads=n_threads)
-    rows, i = [], 0
-    for n in chunks or [len(toks)]:
-        ctx.decode(Batch(toks[i:i + n], logits=[True] * n))
-        rows.append(ctx.get_logits().copy())
-        i += n
-    return np.concatenate(rows), ctx
-
-
 def test_the_memory_is_recurrent_and_sized_per_sequence(mamba):
     ctx = Context(mamba, n_ctx=512, n_seq_max=3)
     mem = ctx.memory
@@ -46,17 +37,15 @@ def test_the_memory_is_recurrent_and_sized_per_sequence(mamba):
 
 def test_a_prompt_gives_the_same_bits_in_one_batch_token_by_token_in_chunks_and_on_any_thread_count(mamba):
     toks = mamba.tokenize(TEXT)
-    want, _ = _prompt_logits(mamba, toks)
+    want = prompt_logits(mamba, toks)
     for kw in (dict(n_ubatch=1), dict(n_ubatch=5), dict(chunks=[1] * len(toks)), dict(chunks=[7, 3, len(toks) - 10]),
                dict(n_threads=1)):
-        got, _ = _prompt_logits(mamba, toks, **kw)
-        assert np.array_equal(got, want), kw
+        assert np.array_equal(prompt_logits(mamba, toks, **kw), want), kw
 
 
 def test_two_sequences_in_one_batch_give_each_alone_bits(mamba):
     a, b = mamba.tokenize(TEXT), mamba.tokenize("Once upon a time there was a snake")
-    la, _ = _prompt_logits(mamba, a)
-    lb, _ = _prompt_logits(mamba, b)
+    la, lb = prompt_logits(mamba, a), prompt_logits(mamba, b)
     ctx = Context(mamba, n_ctx=512, n_seq_max=2, n_threads=2)
     ctx.decode(Batch(a + b, seq_ids=[0] * len(a) + [1] * len(b), logits=[True] * (len(a) + len(b))))
     both = ctx.get_logits()
@@ -73,7 +62,7 @@ def test_sequences_after_seq_cp_continue_identically(mamba):
     ctx.decode(Batch(nxt * 3, seq_ids=[0] * 3 + [1] * 3 + [2] * 3, logits=[True] * 9))
     out = ctx.get_logits()
     assert np.array_equal(out[0:3], out[3:6]) and np.array_equal(out[0:3], out[6:9])
-    alone, _ = _prompt_logits(mamba, toks + nxt)
+    alone = prompt_logits(mamba, toks + nxt)
     assert np.array_equal(out[0:3], alone[len(toks):])
 
 
@@ -127,15 +116,8 @@ def test_a_forward_pass_failing_midway_leaves_every_state_as_before(mamba, monke
     ctx = Context(mamba, n_ctx=512, n_seq_max=2, n_ubatch=4, n_threads=2)
     ctx.decode(Batch(toks[:6], seq_ids=0))
     before = ctx.state_get_data()
-    real, calls = type(mamba).forward, []
-
-    def flaky(self, mem, ub):
-        calls.append(ub.n_tokens)
-        if len(calls) == 3:
-            raise RuntimeError("forward failed")
-        return real(self, mem, ub)
-
-    monkeypatch.setattr(type(mamba), "forward", flaky)
+    calls: list = []
+    fail_forward_at(monkeypatch, mamba, 3, calls)
     with pytest.raises(RuntimeError):
         ctx.decode(Batch(toks[6:] + toks, seq_ids=[0] * (len(toks) - 6) + [1] * len(toks)))
     monkeypatch.undo()

@@ -70,10 +70,7 @@ class Gemma3(Model, arch="gemma3"):
         super().__init__(g, hp, n_threads)
         self.hp = hp
         self.n_threads = n_threads
-        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
-        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
-                                           else Linear.load(g, "output.weight", n_threads))
-        self.output_norm = g.f32("output_norm.weight")
+        self._load_head(g)
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
         full = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)

@@ -16,7 +16,7 @@ import numpy as np
 from llamax._native import layer as _layer
 from llamax.memory import HybridMemory
 from llamax.model.gguf import JAMBA, GGUFFile, HParams
-from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.mamba import MambaMixer, mamba_mixer
 from llamax.model.model import Model
 
@@ -47,10 +47,7 @@ class Jamba(Model, arch="jamba"):
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
         self.hp = hp
-        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
-        self.output_norm = g.f32("output_norm.weight")
-        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
-                                           else Linear.load(g, "output.weight", n_threads))
+        self._load_head(g)
         self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
 
@@ -79,8 +76,4 @@ class Jamba(Model, arch="jamba"):
                     x += self._attention(L.mixer, mem, il, ub, h)
                 h = rms_norm(x, L.ffn_norm, hp.rms_eps)
                 x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
-        out = ub.output
-        if not out.any():
-            return np.zeros((0, hp.n_vocab), np.float32)
-        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
+        return self._head(x, ub)

@@ -41,10 +41,7 @@ class Llama(Model, arch="llama"):
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
         self.hp = hp
-        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)          # raw rows [n_vocab, n_embd]
-        self.output_norm = g.f32("output_norm.weight")
-        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
-                                           else Linear.load(g, "output.weight", n_threads))
+        self._load_head(g)
         self.layers = [_Layer(g, il, n_threads) for il in range(hp.n_layer)]
         self.rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
@@ -80,8 +77,4 @@ class Llama(Model, arch="llama"):
             x += L.wo(a.reshape(n, -1))
             h = rms_norm(x, L.ffn_norm, hp.rms_eps)
             x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
-        out = ub.output
-        if not out.any():
-            return np.zeros((0, hp.n_vocab), np.float32)
-        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
+        return self._head(x, ub)

@@ -21,7 +21,7 @@ from llamax._native import gemm, matmul
 from llamax._native import ssm as _ssm
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA, GGUFFile, HParams
-from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.model import Model
 
 
@@ -93,10 +93,7 @@ class Mamba(Model, arch="mamba"):
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
         self.hp = hp
-        self.tok_embd = Embedding(g, "token_embd.weight", n_threads)
-        self.output_norm = g.f32("output_norm.weight")
-        self.output: Embedding | Linear = (self.tok_embd if hp.tied_output
-                                           else Linear.load(g, "output.weight", n_threads))
+        self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
         self.layers = [MambaMixer(g, il, n_threads) for il in range(hp.n_layer)]
 
@@ -109,8 +106,4 @@ class Mamba(Model, arch="mamba"):
             for il, (norm, L) in enumerate(zip(self.norms, self.layers)):
                 h = rms_norm(x, norm, hp.rms_eps)
                 x += mamba_mixer(L, h, mem.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
-        out = ub.output
-        if not out.any():
-            return np.zeros((0, hp.n_vocab), np.float32)
-        xo = rms_norm(x[out], self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
+        return self._head(x, ub)

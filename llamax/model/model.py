@@ -18,6 +18,7 @@ from llamax.batch import UBatch
 from llamax.errors import ModelError
 from llamax.memory import HybridMemory, KVCache, KVCacheISWA, KVMemory, Memory, RecurrentMemory, swa_cache_size
 from llamax.model.gguf import ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
+from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
 
@@ -195,6 +196,23 @@ class Model(ModelInfo):
                                swa_full=params.swa_full, n_ubatch=params.n_ubatch, rope=rope, rope_swa=rope_swa,
                                **common)
         return KVCache(hp.n_layer, hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, rope=rope, **common)
+
+    def _load_head(self, g: GGUFFile) -> None:
+        """token_embd, output_norm and the output layer: token_embd itself when the GGUF has no output.weight
+        (llama.cpp's tied output)."""
+        self.tok_embd = Embedding(g, "token_embd.weight", self.n_threads)          # raw rows [n_vocab, n_embd]
+        self.output_norm = g.f32("output_norm.weight")
+        self.output: Embedding | Linear = (self.tok_embd if self.hparams.tied_output
+                                           else Linear.load(g, "output.weight", self.n_threads))
+
+    def _head(self, x: np.ndarray, ubatch: UBatch) -> np.ndarray:
+        """The logits [n outputs, n_vocab] of the ubatch rows of x that asked for them (ubatch order): the
+        final RMSNorm, then the output layer."""
+        out = ubatch.output
+        if not out.any():
+            return np.zeros((0, self.hparams.n_vocab), np.float32)
+        xo = rms_norm(x[out], self.output_norm, self.hparams.rms_eps)
+        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
 
     def _native_stack(self, layers, ropes: list[RoPE], *, kq_scale: float, q_scale: float = 1.0,
                       softcap: float = 0.0, act: str = "silu", gelu_table: np.ndarray | None = None) -> Stack:
