@@ -170,7 +170,8 @@ def _ffn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
 def _write(path: str | os.PathLike, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray],
            set_hparams: Callable[[gguf.GGUFWriter], None]) -> Path:
     """Write the GGUF: the shared hyperparameters, the rest by set_hparams(writer), the tokenizer
-    (_tokenizer's keys), then the tensors (float32; token_embd as Q4_0 (the file stays under 5 MB), the output head tied to it)."""
+    (_tokenizer's keys), then the tensors (float32; token_embd as Q4_0, so the file stays under 5 MB; the
+    output head tied to it)."""
     path = Path(path)
     writer = gguf.GGUFWriter(path, arch)
     writer.add_name(f"llamax synthetic {arch}")

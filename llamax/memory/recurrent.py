@@ -374,8 +374,8 @@ class RecurrentMemory(Memory):
         cells' pos to each sequence's last position in the ubatch; the states themselves are written
         by the layers (recurrent_view)."""
         if slot.first:
-            self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, [(a[slot.touched].copy(), b[slot.touched].copy())
-                                              for a, b in zip(self.conv, self.ssm)])
+            rows = [(a[slot.touched].copy(), b[slot.touched].copy()) for a, b in zip(self.conv, self.ssm)]
+            self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, rows)
         n_t = ubatch.n_seq_tokens
         seqs = ubatch.seq_id[::n_t]
         for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):

@@ -20,7 +20,8 @@ from llamax._native import quants
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
-ARCHS = ("llama", "gemma3", "mamba", "jamba")  # architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
+#: architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
+ARCHS = ("llama", "gemma3", "mamba", "jamba")
 
 
 @dataclass(frozen=True)
