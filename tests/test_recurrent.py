@@ -197,3 +197,28 @@ def test_a_failed_batch_is_undone():
     mem.forget_batch(plan.balloc)
     assert _same(mem, snap)
     assert mem.seq_pos_max(1) == -1
+
+
+@pytest.mark.parametrize("n_ubatch", [1, 3, 7, 64])
+def test_a_one_sequence_batch_splits_as_split_equal_would(n_ubatch):
+    """split_batch's shortcut for one sequence (split_simple) gives split_equal's ubatches exactly."""
+    from llamax.batch import BatchAllocator
+    from llamax.memory.base import split_batch
+
+    mem = _mem()
+    _feed(mem, Batch([5, 6], seq_ids=2))
+    b = Batch(list(range(10, 30)), seq_ids=2, logits=[i % 3 == 0 for i in range(20)])
+    fast, slow = BatchAllocator(n_seq_max=4), BatchAllocator(n_seq_max=4)
+    fast.init(b, mem)
+    slow.init(b, mem)
+    got = split_batch(fast, n_ubatch, equal=True, sequential=True)
+    slow.split_reset()
+    want = []
+    while (ub := slow.split_equal(n_ubatch, True)) is not None and ub.n_tokens:
+        want.append(ub)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert (g.n_tokens, g.n_seqs, g.n_seq_tokens, g.equal_seqs) == (w.n_tokens, w.n_seqs, w.n_seq_tokens, True)
+        for f in ("token", "pos", "seq_id", "output"):
+            assert np.array_equal(getattr(g, f), getattr(w, f)), f
+    assert np.array_equal(fast.output_ids(), slow.output_ids())
