@@ -168,7 +168,7 @@ def _ffn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
 
 
 def _write(path: str | os.PathLike, arch: str, tokenizer: dict, tensors: dict[str, np.ndarray],
-           set_hparams: Callable[[gguf.GGUFWriter], None]) -> Path:
+           set_hparams: Callable[[gguf.GGUFWriter], None], overrides: dict | None = None) -> Path:
     """Write the GGUF: the shared hyperparameters, the rest by set_hparams(writer), the tokenizer
     (_tokenizer's keys), then the tensors (float32; token_embd as Q4_0, so the file stays under 5 MB; the
     output head tied to it)."""
@@ -184,6 +184,11 @@ def _write(path: str | os.PathLike, arch: str, tokenizer: dict, tensors: dict[st
     writer.add_ssm_state_size(D_STATE)
     writer.add_ssm_time_step_rank(DT_RANK)
     set_hparams(writer)
+    for key, (value, vtype) in (overrides or {}).items():   # a bad value for a loader test (None: no key)
+        if value is None:
+            writer.kv_data[0].pop(key, None)
+        else:
+            writer.kv_data[0][key] = gguf.GGUFValue(value, vtype, None)
     for key, (vtype, sub, value) in tokenizer.items():
         writer.add_key_value(key, value, vtype, sub)
     for name, data in tensors.items():
@@ -206,9 +211,11 @@ def _embeddings(rng: np.random.Generator, tokenizer: dict) -> dict[str, np.ndarr
             "output_norm.weight": _norm(rng, N_EMBD)}
 
 
-def write_mamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0) -> Path:
+def write_mamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                overrides: dict | None = None) -> Path:
     """A 4-layer Mamba-1 model (arch "mamba", n_embd 64, d_inner 128, d_state 16, dt_rank 4, d_conv 4)
-    with vocab_gguf's tokenizer, written to path; the same seed gives the same tensors."""
+    with vocab_gguf's tokenizer, written to path; the same seed gives the same tensors. overrides maps a
+    metadata key to (value, gguf.GGUFValueType), or to (None, None) to leave the key out."""
     rng = np.random.default_rng(seed)
     tokenizer = _tokenizer(vocab_gguf)
     tensors = _embeddings(rng, tokenizer)
@@ -221,7 +228,7 @@ def write_mamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: in
         w.add_head_count(0)
         w.add_ssm_dt_b_c_rms(False)
 
-    return _write(path, "mamba", tokenizer, tensors, hparams)
+    return _write(path, "mamba", tokenizer, tensors, hparams, overrides)
 
 
 def write_jamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0) -> Path:

@@ -144,3 +144,21 @@ def test_llamax_run_on_a_mamba_gguf(mamba_gguf):
 def test_the_engine_refuses_a_recurrent_model_clearly(mamba):
     with pytest.raises(LlamaxError, match="recurrent states"):
         llamax.Engine(mamba, n_ctx=256)
+
+
+@pytest.mark.parametrize("key,value", [
+    ("mamba.ssm.conv_kernel", (0, "UINT32")), ("mamba.ssm.conv_kernel", (1000, "UINT32")),
+    ("mamba.ssm.inner_size", (2**40, "UINT64")), ("mamba.ssm.state_size", ("16", "STRING")),
+    ("mamba.ssm.time_step_rank", (None, None)), ("mamba.ssm.group_count", (8, "UINT32")),
+    ("mamba.ssm.dt_b_c_rms", (3, "UINT32")), ("mamba.ssm.state_size", (17, "UINT32")),
+])
+def test_bad_ssm_hyperparameters_are_model_errors(tmp_path, smollm2_gguf, key, value):
+    """A missing, mistyped, out-of-range or inconsistent SSM size is a ModelError naming it, before any
+    weight or state is allocated."""
+    import gguf
+
+    v, t = value
+    path = write_mamba(tmp_path / "bad.gguf", smollm2_gguf,
+                       overrides={key: (v, None if t is None else getattr(gguf.GGUFValueType, t))})
+    with pytest.raises(llamax.ModelError, match="ssm|state|Mamba-2"):
+        Model.load(path)
