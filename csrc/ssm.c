@@ -48,6 +48,17 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     }
 }
 
+/* the terms n0 <= n < d_state of a scan step, one by one after the lanes' sum (both paths' tail) */
+static inline float scan_tail(float *h, const float *a, const float *bt, const float *ct, int64_t n0, int64_t d_state,
+                              float dts, float x_dt, float sum) {
+    for (int64_t n = n0; n < d_state; ++n) {
+        const float hn = fmaf(h[n], lx_exp_ref(dts * a[n]), bt[n] * x_dt);
+        sum = fmaf(hn, ct[n], sum);
+        h[n] = hn;
+    }
+    return sum;
+}
+
 /* One token of one channel through its state h [d_state] (the scan's inner step): h <- h * e^(dt' A) +
  * B x dt', returning sum_n h[n] C[n]. The n terms run in 8 lanes (n mod 8) reduced as lx_hsum8_avx2
  * reduces, the last d_state % 8 in order after, each product fused as the AVX2 twin fuses it, with
@@ -64,12 +75,7 @@ static float scan_step_ref(float *h, const float *a, const float *bt, const floa
         }
     }
     float sum = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for (int64_t n = n8; n < d_state; ++n) {
-        const float hn = fmaf(h[n], lx_exp_ref(dts * a[n]), bt[n] * x_dt);
-        sum = fmaf(hn, ct[n], sum);
-        h[n] = hn;
-    }
-    return sum;
+    return scan_tail(h, a, bt, ct, n8, d_state, dts, x_dt, sum);
 }
 
 #ifdef LX_SSM_X86
@@ -85,12 +91,7 @@ __attribute__((target("avx2,fma,f16c"))) static float scan_step_avx2(float *h, c
         _mm256_storeu_ps(h + n, hn);
     }
     float sum = lx_hsum8_avx2(acc);
-    for (int64_t n = n8; n < d_state; ++n) {
-        const float hn = fmaf(h[n], lx_exp_ref(dts * a[n]), bt[n] * x_dt);
-        sum = fmaf(hn, ct[n], sum);
-        h[n] = hn;
-    }
-    return sum;
+    return scan_tail(h, a, bt, ct, n8, d_state, dts, x_dt, sum);
 }
 #endif
 

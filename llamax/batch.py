@@ -996,6 +996,11 @@ class BatchAllocator:
         when every token is used. O(n).
         """
         n_ubatch = _check_n_ubatch(n_ubatch)
+        return self._take_run(n_ubatch, one_sequence=False)
+
+    def _take_run(self, n_ubatch: int, *, one_sequence: bool) -> UBatch | None:
+        """The next up to n_ubatch tokens in batch order, from the first unused one: split_simple's
+        ubatch, or (one_sequence) the same tokens as one sequence of n_tokens, split_equal's."""
         n = self._n
         if self._n_used == 0:
             cur = 0
@@ -1008,7 +1013,7 @@ class BatchAllocator:
         end = min(n, cur + n_ubatch)
         self._used[cur:end] = True
         self._n_used += end - cur
-        return self._ubatch_add(slice(cur, end), end - cur, False)
+        return self._ubatch_add(slice(cur, end), 1 if one_sequence else end - cur, one_sequence)
 
     def split_equal(self, n_ubatch: int, sequential: bool = False) -> UBatch | None:
         """The next ubatch of equal-length runs of non-overlapping sequence sets.
@@ -1020,6 +1025,9 @@ class BatchAllocator:
         Each set then gives its next k unused tokens, k = min(max(1, n_ubatch // n_seqs),
         fewest tokens left in a picked set); the ubatch is the concatenation of the runs, set
         by set.
+
+        A batch of one sequence takes its next min(n_ubatch, left) tokens in order directly (the same
+        ubatch, without grouping the batch: the generation step of a recurrent memory).
 
         Returns None when every token is used, or (logged as an error, as llama.cpp does) when
         sequential=True and some token belongs to several sequences.
@@ -1033,6 +1041,9 @@ class BatchAllocator:
             return None
         if self._n_used >= self._n:
             return None
+        if not self._multi and self._seq_id_unq.size == 1:
+            # one sequence: its next k = min(n_ubatch, left) tokens in order, without grouping the batch
+            return self._take_run(n_ubatch, one_sequence=True)
         g = self._ensure_groups()
         unused = np.flatnonzero(~self._used)
         if unused.size == 0:

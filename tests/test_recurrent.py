@@ -201,7 +201,8 @@ def test_a_failed_batch_is_undone():
 
 @pytest.mark.parametrize("n_ubatch", [1, 3, 7, 64])
 def test_a_one_sequence_batch_splits_as_split_equal_would(n_ubatch):
-    """split_batch's shortcut for one sequence (split_simple) gives split_equal's ubatches exactly."""
+    """split_equal's shortcut for one sequence (its tokens in order, without grouping the batch) gives the
+    ubatches split_equal's rule gives: consecutive runs of min(n_ubatch, left) tokens, one sequence each."""
     from llamax.batch import BatchAllocator
     from llamax.memory.base import split_batch
 
@@ -222,3 +223,6 @@ def test_a_one_sequence_batch_splits_as_split_equal_would(n_ubatch):
         for f in ("token", "pos", "seq_id", "output"):
             assert np.array_equal(getattr(g, f), getattr(w, f)), f
     assert np.array_equal(fast.output_ids(), slow.output_ids())
+    runs = [list(range(10, 30))[i:i + n_ubatch] for i in range(0, 20, n_ubatch)]
+    assert [g.token.tolist() for g in got] == runs
+    assert [int(g.pos[0]) for g in got] == [2 + i for i in range(0, 20, n_ubatch)]

@@ -368,16 +368,10 @@ def split_batch(balloc: BatchAllocator, n_ubatch: int, *, equal: bool, sequentia
         raise ValueError(f"n_ubatch must be > 0, got {n_ubatch}")
     balloc.split_reset()
     ubatches = []
-    # a batch of one sequence splits equally into split_simple's ubatches (each holds n_ubatch tokens of
-    # it, in order), which come without split_equal's grouping work: the generation step's path
-    one = equal and len(balloc.seq_id_unq) == 1 and int(np.max(balloc.batch.n_seq_id)) == 1 \
-        if balloc.batch is not None else False
     while True:
-        ub = balloc.split_equal(n_ubatch, sequential) if equal and not one else balloc.split_simple(n_ubatch)
+        ub = balloc.split_equal(n_ubatch, sequential) if equal else balloc.split_simple(n_ubatch)
         if ub is None or ub.n_tokens == 0:
             break
-        if one:   # as split_equal gives it: one sequence of n_tokens
-            ub.n_seqs, ub.n_seq_tokens, ub.equal_seqs = 1, ub.n_tokens, True
         ubatches.append(ub)
     if balloc.n_used < balloc.n_tokens:
         return None

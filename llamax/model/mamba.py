@@ -77,8 +77,6 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
         dt, B, C = (rms_norm(a, np.ones(a.shape[1], np.float32), hp.rms_eps) for a in (dt, B, C))
     elif L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None:   # Jamba: RMS-normed, weighted
         dt, B, C = (rms_norm(a, w, hp.rms_eps) for a, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
-    if B.strides != C.strides:
-        B, C = np.ascontiguousarray(B), np.ascontiguousarray(C)
     dt = L.ssm_dt(np.ascontiguousarray(dt))
     dt += L.dt_b
     y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads)
