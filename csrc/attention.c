@@ -38,9 +38,11 @@
  * Quantized cache (attention.h): a chunk with a quantized K first quantizes its query heads to
  * q8_0 (q8_heads); the dots are then exact integer block dots (portable: the oracle's loop;
  * AVX2: maddubs on |k| and sign-adjusted q; VNNI: vpdpbusd on two blocks at once) scaled per
- * block by d_k * d_q. A quantized V is read block by block: per tile of rows the weights
- * P * d of every block are formed once, then each quant is converted and FMA'd as an f16 value
- * would be. Rows are addressed in bytes (elt_ptr / qrow): a head's row is d / 32 whole blocks.
+ * block by d_k * d_q, the AVX2 and VNNI ones with the same float steps (the same bits; the VNNI
+ * arithmetic also runs in portable C, dots_q_vnni_emul, for the tests). A quantized V is read
+ * block by block: per tile of rows the weights P * d of every block are formed once, then each
+ * quant is converted and FMA'd as an f16 value would be. Rows are addressed in bytes (elt_ptr /
+ * qrow): a head's row is d / 32 whole blocks.
  */
 #ifndef LX_ATTN_PASS
 
@@ -469,6 +471,139 @@ static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
 
 static const kernel_set kernels_c = { dots_c, dots_q_c, expsum_c, vacc_c, vtacc_c };
 
+/* -- the VNNI kernel's arithmetic in portable C --
+ *
+ * dots_q_vnni (the x86 section below) step for step on arrays of lanes instead of registers:
+ *   1. per head and pair of q blocks: the 64 quants and the lane corrections (qpairs_vnni)
+ *   2. per cell and pair of K blocks: the 64 unsigned bytes u and the two scales (kpair_u, ld_d)
+ *   3. vpdpbusd: 16 int32 lanes, lane l = corr_l + sum_{i<4} u[4l+i] * q[4l+i] (dpbusd_emul)
+ *   4. lanes 0-7 (block 2pp), then lanes 8-15 (block 2pp + 1), into the cell's 8 float lanes:
+ *      acc_l = fmaf((float) lane, d_q * d_k, acc_l) (fmaf is correctly rounded, as the FMA unit)
+ *   5. the 8 lanes summed in the order of the cell's tile (dots_q_nc; dots_q_store's orders)
+ * so it gives the VNNI kernel's scores bit for bit on any CPU, which are also the AVX2 kernel's
+ * (the same lanes, the same float steps). It is the oracle of the VNNI arithmetic for machines
+ * without VNNI (lx_attn_dots_q_vnni_emul); a change to one of the two is a change to both. */
+
+/* cells per step of the quantized-K dots (AVX2 and VNNI alike): a register tile of NH x NC
+ * accumulators; after the steps of NC cells the rest go 2 at a time (NC >= 2), then 1 at a time */
+static inline int dots_q_nc(int NH) { return NH <= 2 ? 4 : NH <= 4 ? 2 : 1; }
+
+/* step 3, vpdpbusd on 16 int32 lanes: lane l += sum_{i<4} a[4l+i] * b[4l+i], a unsigned and b
+ * signed bytes; each product is formed in 16 bits (255 * -128 fits) and the sum wraps in 32 bits,
+ * as the instruction does (it never wraps here: |lane| < 2^18) */
+static void dpbusd_emul(int32_t lane[16], const uint8_t a[64], const int8_t b[64]) {
+    for (int l = 0; l < 16; ++l) {
+        uint32_t s = (uint32_t) lane[l];
+        for (int i = 0; i < 4; ++i) s += (uint32_t) (int32_t) (int16_t) (a[4 * l + i] * b[4 * l + i]);
+        lane[l] = (int32_t) s;
+    }
+}
+
+/* step 1 (qpairs_vnni): per head and pair of blocks, the 64 quants (zeros above the last block
+ * when d_k / 32 is odd) and the lane corrections -128 (q8_0) or -8 (q4_0) times each lane's sum */
+typedef struct {
+    int8_t  qv[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64][64];
+    int32_t corr[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64][16];
+} qpairs_emul;
+
+static void qpairs_vnni_emul(const q8_heads *qh, int nh, int64_t nb, const int KT, qpairs_emul *qp) {
+    const int64_t np = (nb + 1) / 2;
+    uint8_t ones[64];
+    memset(ones, 1, sizeof ones);
+    for (int h = 0; h < nh; ++h) {
+        for (int64_t pp = 0; pp < np; ++pp) {
+            const bool two = 2 * pp + 1 < nb;
+            int8_t *q = qp->qv[h][pp];
+            memcpy(q, qh->qs[h] + 64 * pp, 32);
+            if (two) memcpy(q + 32, qh->qs[h] + 64 * pp + 32, 32);
+            else memset(q + 32, 0, 32);
+            int32_t s4[16] = {0};
+            dpbusd_emul(s4, ones, q);
+            for (int l = 0; l < 16; ++l)
+                qp->corr[h][pp][l] = (int32_t) (0u - ((uint32_t) s4[l] << (KT == CT_Q8 ? 7 : 3)));
+        }
+    }
+}
+
+/* step 2 (kpair_u): u of blocks kb, kb + bb (the second only if two; else zero bytes), in q's
+ * value order: q8_0 k xor 0x80 = k + 128, q4_0 the nibbles (k + 8), low ones first */
+static void kpair_u_emul(const uint8_t *kb, int64_t bb, const bool two, const int KT, uint8_t u[64]) {
+    memset(u, 0, 64);
+    for (int half = 0; half < (two ? 2 : 1); ++half) {
+        const uint8_t *b = kb + half * bb + 2;
+        uint8_t *o = u + 32 * half;
+        if (KT == CT_Q8) {
+            for (int i = 0; i < 32; ++i) o[i] = (uint8_t) (b[i] ^ 0x80);
+        } else {
+            for (int i = 0; i < 16; ++i) { o[i] = b[i] & 0x0F; o[16 + i] = b[i] >> 4; }
+        }
+    }
+}
+
+/* step 5: the sum of a cell's 8 float lanes done NC at a time (lx_hsum8x4_avx2 / lx_hsum8x2_avx2's
+ * order for 4 or 2 cells, lx_hsum8_avx2's for one) */
+static float dots_q_hsum_emul(const float a[8], const int NC) {
+    if (NC >= 2) return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/* S[h][j] of NH heads for the cell whose K row starts at kr, done in a tile of NC cells; with
+ * isum != NULL, isum[h][b] <- the exact integer dot of block b (the sum of its 8 int32 lanes) */
+static void dots_q_vnni_emul_cell(const attn_ctx *c, const q8_heads *qh, const qpairs_emul *qp, const uint8_t *kr,
+                                  int j, float *S, const int NH, const int NC, const int KT, int32_t *isum) {
+    const int64_t nb = c->p->d_k / LX_QK, np = (nb + 1) / 2;
+    const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
+    float acc[LX_ATTN_MAX_GROUP][8] = {{0}};
+    for (int64_t pp = 0; pp < np; ++pp) {
+        const bool two = 2 * pp + 1 < nb;
+        const uint8_t *kb = kr + 2 * pp * bb;                             /* step 2: K */
+        uint8_t u[64];
+        kpair_u_emul(kb, bb, two, KT, u);
+        const float dk0 = block_d(kb), dk1 = two ? block_d(kb + bb) : 0.0f;
+        for (int h = 0; h < NH; ++h) {
+            const float dq0 = qh->d[h][2 * pp], dq1 = two ? qh->d[h][2 * pp + 1] : 0.0f;
+            int32_t lane[16];                                             /* step 3: the exact int32 lanes */
+            memcpy(lane, qp->corr[h][pp], sizeof lane);
+            dpbusd_emul(lane, u, qp->qv[h][pp]);
+            for (int l = 0; l < 8; ++l) acc[h][l] = fmaf((float) lane[l], dq0 * dk0, acc[h][l]);   /* step 4 */
+            if (two) for (int l = 0; l < 8; ++l) acc[h][l] = fmaf((float) lane[8 + l], dq1 * dk1, acc[h][l]);
+            if (isum) {
+                int32_t s0 = 0, s1 = 0;
+                for (int l = 0; l < 8; ++l) { s0 += lane[l]; s1 += lane[8 + l]; }
+                isum[h * nb + 2 * pp] = s0;
+                if (two) isum[h * nb + 2 * pp + 1] = s1;
+            }
+        }
+    }
+    for (int h = 0; h < NH; ++h) S[h * LDS + j] = dots_q_hsum_emul(acc[h], NC);   /* step 5 */
+}
+
+/* dots_q_vnni_impl's tiling: S[h*LDS + j] as any dots_q kernel; with isum != NULL also
+ * isum[h * ld_isum + j * nb + b] <- the integer dot of block b of visible cell j */
+static void dots_q_vnni_emul(const attn_ctx *c, const q8_heads *qh, int64_t k_base, const vis_list *vl,
+                             int nh, float *S, int32_t *isum, int64_t ld_isum) {
+    const int KT = c->p->type_k == LX_TYPE_Q4_0 ? CT_Q4 : CT_Q8;
+    const int64_t nb = c->p->d_k / LX_QK;
+    const int NC = dots_q_nc(nh);
+    qpairs_emul qp;
+    qpairs_vnni_emul(qh, nh, nb, KT, &qp);
+    const uint8_t *k0 = elt_ptr(c->k, c->p->type_k, k_base);
+    int32_t cell_isum[LX_ATTN_MAX_GROUP * LX_ATTN_MAX_D / LX_QK];
+    int j = 0;
+    for (int step = NC; step >= 1; step = step > 2 ? 2 : step - 1) {     /* NC, then 2 (NC >= 2), then 1 */
+        for (; j + step <= vl->n; j += step) {
+            for (int x = 0; x < step; ++x) {
+                dots_q_vnni_emul_cell(c, qh, &qp, k0 + (int64_t) vl->idx[j + x] * c->kb_cell, j + x, S, nh, step,
+                                      KT, isum ? cell_isum : NULL);
+                if (isum)
+                    for (int h = 0; h < nh; ++h)
+                        memcpy(isum + h * ld_isum + (int64_t) (j + x) * nb, cell_isum + h * nb,
+                               (size_t) nb * sizeof(int32_t));
+            }
+        }
+    }
+}
+
 /* -- x86-64: AVX2 + FMA + F16C, AVX-512, AVX-512 + VNNI -- *
  *
  * The float kernels (dots, expsum, V and V^T accumulation) are written once over LX_W-lane
@@ -669,7 +804,30 @@ typedef void (*dots_q_nh_fn)(const attn_ctx *, const q8_heads *, int64_t, int64_
 
 /* -- quantized K (AVX2): integer block dots as ggml's mul_sum_i8_pairs: |k| (unsigned) times q
  * with k's sign, maddubs to int16 pairs (|k| <= 128, |q| <= 127: no saturation), madd to int32
- * lanes of 4 products, exact; then float lanes scaled by d_q * d_k accumulated with FMA. */
+ * lanes of 4 products, exact; then float lanes scaled by d_q * d_k accumulated with FMA.
+ *
+ * The float steps, which the VNNI kernel shares (so that AVX2, AVX-512 and VNNI give the same
+ * scores bit for bit): int32 lane l (values 4l .. 4l+3 of block b) of cell x and head h goes into
+ *     acc[h][x][l] = fmaf((float) lane, d_q,b * d_k,b, acc[h][x][l])      blocks b in order
+ * and the score is the sum of the 8 lanes in lx_hsum8x4_avx2's order when the cell is done with
+ * others (dots_q_nc cells per step, then 2 at a time), lx_hsum8_avx2's when it is done alone
+ * (dots_q_store). */
+
+/* S[h][j .. j + NC) <- the sums of the 8 lanes of acc[h][0 .. NC) (the order of NC: see above) */
+static LX_ALWAYS_INLINE LX_AVX2 void dots_q_store(__m256 acc[][4], float *S, int j, const int NH, const int NC) {
+    for (int h = 0; h < NH; ++h) {
+        if (NC == 4) {
+            _mm_storeu_ps(S + h * LDS + j, lx_hsum8x4_avx2(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
+        } else if (NC == 2) {
+            float r[4];
+            _mm_storeu_ps(r, lx_hsum8x2_avx2(acc[h][0], acc[h][1]));
+            S[h * LDS + j] = r[0];
+            S[h * LDS + j + 1] = r[1];
+        } else {
+            S[h * LDS + j] = lx_hsum8_avx2(acc[h][0]);
+        }
+    }
+}
 
 /* the 32 values of the K block at kb as int8 (q4_0: nibble - 8) */
 static LX_ALWAYS_INLINE LX_AVX2 __m256i kblock32(const uint8_t *kb, const int KT) {
@@ -707,24 +865,13 @@ static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_cells(const attn_ctx *c, const 
             }
         }
     }
-    for (int h = 0; h < NH; ++h) {
-        if (NC == 4) {
-            _mm_storeu_ps(S + h * LDS + j, lx_hsum8x4_avx2(acc[h][0], acc[h][1], acc[h][2], acc[h][3]));
-        } else if (NC == 2) {
-            float r[4];
-            _mm_storeu_ps(r, lx_hsum8x2_avx2(acc[h][0], acc[h][1]));
-            S[h * LDS + j] = r[0];
-            S[h * LDS + j + 1] = r[1];
-        } else {
-            S[h * LDS + j] = lx_hsum8_avx2(acc[h][0]);
-        }
-    }
+    dots_q_store(acc, S, j, NH, NC);
 }
 
 static LX_ALWAYS_INLINE LX_AVX2 void dots_q_avx2_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
                                                       int64_t k_stride, const vis_list *vl, float *S,
                                                       const int NH, const int KT) {
-    const int NC = NH <= 2 ? 4 : NH <= 4 ? 2 : 1;
+    const int NC = dots_q_nc(NH);
     const pf_rows pf = pf_at(c, k_base, k_stride);
     prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
     int j = 0;
@@ -762,16 +909,24 @@ static void dots_q_avx2(const attn_ctx *c, const q8_heads *qh, int64_t k_base, i
     dots_q_avx2_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
 }
 
-/* -- quantized K with AVX-512 VNNI: two blocks (64 values) per 512-bit step. vpdpbusd multiplies
- * unsigned bytes by signed ones, so K enters as u = k + 128 (q8_0: k xor 0x80) or as the raw
- * nibble u = k + 8 (q4_0), and the accumulator starts at -128 (or -8) times the sum of the four
- * q quants of each lane: every int32 lane is then the exact sum of its 4 products k_i q_i, the
- * same lanes (4 consecutive values) as maddubs + madd form, so the float steps after it are
- * those of any other 512-bit dot of this kind. */
+/* -- quantized K with AVX-512 VNNI: the integer lanes of two blocks (64 values) per vpdpbusd, the
+ * float steps of the AVX2 kernel (above), so that the scores are the same bits as at AVX2 and
+ * AVX-512. vpdpbusd multiplies unsigned bytes by signed ones, so K enters as u = k + 128 (q8_0:
+ * k xor 0x80) or as the raw nibble u = k + 8 (q4_0), and the accumulator starts at -128 (or -8)
+ * times the sum of the four q quants of each lane: every int32 lane is then the exact sum of its 4
+ * products k_i q_i (|u q| <= 255 * 127 and the 4 products fit the instruction's 16-bit
+ * intermediates; the lane sums are far from 2^31), the same lanes (4 consecutive values) as
+ * maddubs + madd form. Lanes 0-7 hold block 2pp, lanes 8-15 block 2pp + 1; each half then takes
+ * the AVX2 kernel's FMA into the cell's 8 float lanes, blocks in order, and the cells are tiled
+ * and summed as there (dots_q_nc, dots_q_store).
+ * dots_q_vnni_emul (portable C, further up) is this kernel step for step (steps 1-5 below) on
+ * arrays of lanes: it gives its scores bit for bit on any CPU, and the tests check it against the
+ * oracle's integer block dots and against the AVX2 kernel's scores. A change to one is a change
+ * to both. */
 
 #define LX_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
 
-/* u of blocks kb, kb + bb (the second only if two; else zero lanes), in q's value order */
+/* step 2, u of blocks kb, kb + bb (the second only if two; else zero bytes), in q's value order */
 static LX_ALWAYS_INLINE LX_AVX512 __m512i kpair_u(const uint8_t *kb, int64_t bb, const bool two, const int KT) {
     if (KT == CT_Q8) {
         const __m256i lo = _mm256_loadu_si256((const __m256i *) (kb + 2));
@@ -785,25 +940,12 @@ static LX_ALWAYS_INLINE LX_AVX512 __m512i kpair_u(const uint8_t *kb, int64_t bb,
     return _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(y0), y1, 1), _mm512_set1_epi8(0x0F));
 }
 
-/* lanes 0-7 = the f16 scale at kb, lanes 8-15 the one at kb + bb (0 when !two), as floats */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 dk_pair(const uint8_t *kb, int64_t bb, const bool two) {
-    int16_t d0, d1 = 0;
-    memcpy(&d0, kb, sizeof d0);
-    if (two) memcpy(&d1, kb + bb, sizeof d1);
-    return _mm512_cvtph_ps(_mm256_set_m128i(_mm_set1_epi16(d1), _mm_set1_epi16(d0)));
-}
-
-/* lanes 0-7 = a, lanes 8-15 = b */
-static LX_ALWAYS_INLINE LX_AVX512 __m512 splat2(float a, float b) {
-    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(a)), _mm256_set1_ps(b), 1);
-}
-
-/* The query side of one call: per head and pair of blocks, the quants, the lane corrections and
- * the scales (zeros above the last block when d_k / 32 is odd). */
+/* Step 1, the query side of one call: per head and pair of blocks, the 64 quants (zeros above the
+ * last block when d_k / 32 is odd) and the lane corrections -128 (q8_0) or -8 (q4_0) times the
+ * sum of each lane's 4 quants; the block scales stay in qh. */
 typedef struct {
     __m512i qv[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
     __m512i corr[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
-    __m512  dq[LX_ATTN_MAX_GROUP][LX_ATTN_MAX_D / 64];
 } qpairs512;
 
 static LX_ALWAYS_INLINE LX_AVX512_VNNI void qpairs_vnni(const q8_heads *qh, int nh, int64_t nb, const int KT,
@@ -819,68 +961,68 @@ static LX_ALWAYS_INLINE LX_AVX512_VNNI void qpairs_vnni(const q8_heads *qh, int 
             const __m512i s4 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(1), q);
             qp->qv[h][pp] = q;
             qp->corr[h][pp] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(s4, KT == CT_Q8 ? 7 : 3));
-            qp->dq[h][pp] = splat2(qh->d[h][2 * pp], two ? qh->d[h][2 * pp + 1] : 0.0f);
         }
     }
 }
 
 /* S[h][j .. j + NC) of NH heads from a quantized K */
-static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_cells(const attn_ctx *c, const qpairs512 *qp, const char *k0,
-                                                              const vis_list *vl, int j, float *S,
-                                                              const int NH, const int NC, const int KT) {
+static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_cells(const attn_ctx *c, const q8_heads *qh,
+                                                              const qpairs512 *qp, const char *k0, const vis_list *vl,
+                                                              int j, float *S, const int NH, const int NC,
+                                                              const int KT) {
     const int64_t nb = c->p->d_k / LX_QK, np = (nb + 1) / 2;
     const int64_t bb = KT == CT_Q8 ? (int64_t) sizeof(lx_block_q8_0) : (int64_t) sizeof(lx_block_q4_0);
-    const uint8_t *kr[8];
+    const uint8_t *kr[4];
     for (int x = 0; x < NC; ++x) kr[x] = (const uint8_t *) k0 + (int64_t) vl->idx[j + x] * c->kb_cell;
-    __m512 acc[LX_ATTN_MAX_GROUP][8];
+    __m256 acc[LX_ATTN_MAX_GROUP][4];
     for (int h = 0; h < NH; ++h)
-        for (int x = 0; x < NC; ++x) acc[h][x] = _mm512_setzero_ps();
+        for (int x = 0; x < NC; ++x) acc[h][x] = _mm256_setzero_ps();
     for (int64_t pp = 0; pp < np; ++pp) {
         const bool two = 2 * pp + 1 < nb;
-        for (int x = 0; x < NC; ++x) {
+        __m512i u[4];
+        __m256 dk0[4], dk1[4];
+        for (int x = 0; x < NC; ++x) {                                   /* step 2: K */
             const uint8_t *kb = kr[x] + 2 * pp * bb;
-            const __m512i u = kpair_u(kb, bb, two, KT);
-            const __m512 dk = dk_pair(kb, bb, two);
-            for (int h = 0; h < NH; ++h) {
-                const __m512i p = _mm512_dpbusd_epi32(qp->corr[h][pp], u, qp->qv[h][pp]);
-                acc[h][x] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(qp->dq[h][pp], dk), acc[h][x]);
+            u[x] = kpair_u(kb, bb, two, KT);
+            dk0[x] = _mm256_set1_ps(ld_d(kb));
+            dk1[x] = two ? _mm256_set1_ps(ld_d(kb + bb)) : _mm256_setzero_ps();
+        }
+        for (int h = 0; h < NH; ++h) {
+            const __m256 dq0 = _mm256_set1_ps(qh->d[h][2 * pp]);
+            const __m256 dq1 = two ? _mm256_set1_ps(qh->d[h][2 * pp + 1]) : _mm256_setzero_ps();
+            for (int x = 0; x < NC; ++x) {
+                /* step 3: the exact int32 lanes; step 4: block 2pp's into the float lanes, then 2pp + 1's */
+                const __m512 pf = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(qp->corr[h][pp], u[x], qp->qv[h][pp]));
+                acc[h][x] = _mm256_fmadd_ps(_mm512_castps512_ps256(pf), _mm256_mul_ps(dq0, dk0[x]), acc[h][x]);
+                if (two)
+                    acc[h][x] = _mm256_fmadd_ps(_mm512_extractf32x8_ps(pf, 1), _mm256_mul_ps(dq1, dk1[x]), acc[h][x]);
             }
         }
     }
-    for (int h = 0; h < NH; ++h) {
-        if (NC >= 4) {
-            for (int x = 0; x < NC; x += 4) {
-                _mm_storeu_ps(S + h * LDS + j + x, lx_hsum8x4_avx2(lx_fold16_avx512(acc[h][x]), lx_fold16_avx512(acc[h][x + 1]),
-                                                               lx_fold16_avx512(acc[h][x + 2]), lx_fold16_avx512(acc[h][x + 3])));
-            }
-        } else {
-            for (int x = 0; x < NC; ++x) S[h * LDS + j + x] = lx_hsum16_avx512(acc[h][x]);
-        }
-    }
+    dots_q_store(acc, S, j, NH, NC);                                      /* step 5 */
 }
 
 static LX_ALWAYS_INLINE LX_AVX512_VNNI void dots_q_vnni_impl(const attn_ctx *c, const q8_heads *qh, int64_t k_base,
                                                              int64_t k_stride, const vis_list *vl, float *S,
                                                              const int NH, const int KT) {
-    const int NC = NH <= 3 ? 8 : NH <= 6 ? 4 : 2;
+    const int NC = dots_q_nc(NH);
     qpairs512 qp;
     qpairs_vnni(qh, NH, c->p->d_k / LX_QK, KT, &qp);
     const pf_rows pf = pf_at(c, k_base, k_stride);
     prefetch_rows(c, &pf, vl, 0, PF_AHEAD);
     int j = 0;
-    if (NC == 8) for (; j + 8 <= vl->n; j += 8) {
-        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 8);
-        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 8, KT);
-    }
-    if (NC >= 4) for (; j + 4 <= vl->n; j += 4) {
+    if (NC == 4) for (; j + 4 <= vl->n; j += 4) {
         prefetch_rows(c, &pf, vl, j + PF_AHEAD, 4);
-        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 4, KT);
+        dots_q_vnni_cells(c, qh, &qp, pf.k0, vl, j, S, NH, 4, KT);
     }
-    for (; j + 2 <= vl->n; j += 2) {
+    if (NC >= 2) for (; j + 2 <= vl->n; j += 2) {
         prefetch_rows(c, &pf, vl, j + PF_AHEAD, 2);
-        dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 2, KT);
+        dots_q_vnni_cells(c, qh, &qp, pf.k0, vl, j, S, NH, 2, KT);
     }
-    for (; j < vl->n; ++j) dots_q_vnni_cells(c, &qp, pf.k0, vl, j, S, NH, 1, KT);
+    for (; j < vl->n; ++j) {
+        prefetch_rows(c, &pf, vl, j + PF_AHEAD, 1);
+        dots_q_vnni_cells(c, qh, &qp, pf.k0, vl, j, S, NH, 1, KT);
+    }
 }
 
 #define LX_DEF_DOTS_Q_VNNI(NH)                                                                              \
@@ -1390,6 +1532,69 @@ void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, cons
     assert(n_threads >= 1);
     const attn_ctx c = make_ctx(p, q, k, v, mask, out, true);
     attn_run(&c, scratch, n_scratch, n_threads);
+}
+
+/* ---- the quantized-K scores alone (tests) ------------------------------------------------ */
+
+enum { DOTS_Q_LEVEL, DOTS_Q_REF, DOTS_Q_VNNI_EMUL };
+
+/* lx_attn_dots_q* (attention.h): the n rows as one stream's cells, all visible, of a call with one
+ * kv head and nh query heads, fed to the chosen dots in chunks of LX_ATTN_CHUNK */
+static void dots_q_rows(int which, lx_type type_k, int64_t d_k, const float *q, int nh, const void *k,
+                        int64_t n, float *S, int32_t *isum) {
+    lx_attn_params p;
+    memset(&p, 0, sizeof p);
+    p.n_stream = p.n_tps = p.n_tps_pad = 1;
+    p.n_head = nh;
+    p.n_head_kv = 1;
+    p.d_k = d_k;
+    p.d_v = LX_QK;
+    p.kv_size = p.n_kv = n;
+    p.type_k = type_k;
+    p.type_v = LX_TYPE_F32;
+    p.scale = 1.0f;
+    assert(type_quant(type_k) && nh >= 1 && nh <= LX_ATTN_MAX_GROUP && n >= 1 && lx_attn_params_valid(&p));
+    const attn_ctx c = make_ctx(&p, q, k, NULL, NULL, NULL, true);
+    const int64_t nb = d_k / LX_QK;
+    q8_heads qh;
+    quantize_heads(q, nh, d_k, &qh);
+    vis_list vl;
+    _Alignas(32) float Sc[LX_ATTN_MAX_GROUP * LDS];
+    for (int64_t i0 = 0; i0 < n; i0 += LX_ATTN_CHUNK) {
+        vl.n = (int) (n - i0 < LX_ATTN_CHUNK ? n - i0 : LX_ATTN_CHUNK);
+        vl.n_runs = 1;
+        vl.run_j[0] = 0;
+        vl.run_len[0] = vl.n;
+        for (int x = 0; x < vl.n; ++x) { vl.idx[x] = x; vl.mv[x] = 0.0f; }
+        const int64_t k_base = i0 * d_k;
+        if (which == DOTS_Q_LEVEL) {
+            kernels_for(c.level)->dots_q(&c, &qh, k_base, d_k, &vl, nh, Sc);
+        } else if (which == DOTS_Q_REF) {
+            dots_q_c(&c, &qh, k_base, d_k, &vl, nh, Sc);
+            for (int h = 0; isum && h < nh; ++h)
+                for (int j = 0; j < vl.n; ++j)
+                    for (int64_t b = 0; b < nb; ++b)
+                        isum[(h * n + i0 + j) * nb + b] =
+                            block_dot_i(elt_ptr(k, type_k, k_base + j * d_k + b * LX_QK), type_k, qh.qs[h] + b * LX_QK);
+        } else {
+            dots_q_vnni_emul(&c, &qh, k_base, &vl, nh, Sc, isum ? isum + i0 * nb : NULL, n * nb);
+        }
+        for (int h = 0; h < nh; ++h) memcpy(S + h * n + i0, Sc + h * LDS, (size_t) vl.n * sizeof(float));
+    }
+}
+
+void lx_attn_dots_q(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n, float *S) {
+    dots_q_rows(DOTS_Q_LEVEL, type_k, d_k, q, nh, k, n, S, NULL);
+}
+
+void lx_attn_dots_q_ref(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n, float *S,
+                        int32_t *isum) {
+    dots_q_rows(DOTS_Q_REF, type_k, d_k, q, nh, k, n, S, isum);
+}
+
+void lx_attn_dots_q_vnni_emul(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
+                              float *S, int32_t *isum) {
+    dots_q_rows(DOTS_Q_VNNI_EMUL, type_k, d_k, q, nh, k, n, S, isum);
 }
 
 #else /* LX_ATTN_PASS ======================================================================== *

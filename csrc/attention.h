@@ -212,9 +212,29 @@ void lx_attn_vtrans_ref(const lx_attn_params *p, const float *q, const void *k, 
                         const float *mask, float *out);
 
 /* Paths by lx_simd_level() (cpu.h): portable C, AVX2+FMA+F16C, AVX-512 (F+BW+VL+DQ), and AVX-512
- * with VNNI, which differs from AVX-512 only in the quantized-K dots (AVX-512 takes the AVX2 integer
- * dots, VNNI vpdpbusd over two blocks at once). Like every level it is within LX_ATTN_MAX_ERR of the
- * oracle and bit-stable over n_threads. */
+ * with VNNI, which differs from AVX-512 only in how the quantized-K dots form their exact int32
+ * lanes (AVX2 and AVX-512: maddubs + madd on |k| and sign-adjusted q; VNNI: vpdpbusd over two
+ * blocks at once on k + 128 or the raw nibble, with a -128 or -8 * sum(q) correction). The float
+ * steps after the lanes are one arithmetic, so the scores of a quantized K are the same bits at
+ * AVX2, AVX-512 and VNNI. Every level is within LX_ATTN_MAX_ERR of the oracle and bit-stable over
+ * n_threads. */
+
+/* Testing: the scores of a quantized K alone. S [nh][n], S[h][j] = q_h . K row j as attention forms
+ * it (q_h quantized to q8_0, integer block dots scaled per block), for q [nh][d_k] (1 <= nh <=
+ * LX_ATTN_MAX_GROUP query heads of one kv head) and k [n][lx_row_bytes(type_k, d_k)] (n >= 1 cells
+ * of one kv head, taken as one mask row's visible cells in order; type_k LX_TYPE_Q8_0 or _Q4_0,
+ * d_k % 32 == 0, d_k <= LX_ATTN_MAX_D):
+ *   lx_attn_dots_q            the dots of lx_simd_level()'s kernels
+ *   lx_attn_dots_q_ref        the oracle's (lx_attn_flash_ref's scores)
+ *   lx_attn_dots_q_vnni_emul  the VNNI kernel's arithmetic in portable C, step for step: the VNNI
+ *                             level's bits on any CPU (equal to the AVX2 kernel's)
+ * isum [nh][n][d_k / 32] or NULL: the exact integer block dots sum_i k_i q_i the oracle (block by
+ * block) or the emulation (the sum of each block's 8 int32 lanes) formed. Writes S and isum only. */
+void lx_attn_dots_q(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n, float *S);
+void lx_attn_dots_q_ref(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n, float *S,
+                        int32_t *isum);
+void lx_attn_dots_q_vnni_emul(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
+                              float *S, int32_t *isum);
 
 /* Testing hook: the kernels wake no more threads than 1 + (n_tokens * n_head *
  * n_kv * (d_k + d_v)) / macs (default 2^18 multiply-adds per thread, so a tiny

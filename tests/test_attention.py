@@ -15,7 +15,7 @@ from llamax._native import cpu
 MAX_ERR = A.MAX_ERR
 # the references against float64 numpy: float32 rounding only, same budget
 RTOL_REF = {np.float32: MAX_ERR, np.float16: MAX_ERR}
-LEVELS = [lv for lv in cpu.levels() if lv <= cpu.AVX512]  # VNNI differs in the quantized K only
+LEVELS = [lv for lv in cpu.levels() if lv <= cpu.AVX512]  # VNNI: the quantized-K lanes only (test_attention_vnni)
 
 
 @pytest.fixture(autouse=True)

@@ -49,3 +49,11 @@ cdef extern from "attention.h" nogil:
                             const float *mask, float *out)
 
     void lx_attn_set_min_work(int64_t macs)
+
+    # q [nh][d_k], k [n][row bytes of d_k values of type_k], S [nh][n], isum [nh][n][d_k / 32] or NULL
+    void lx_attn_dots_q(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
+                        float *S)
+    void lx_attn_dots_q_ref(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
+                            float *S, int32_t *isum)
+    void lx_attn_dots_q_vnni_emul(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k,
+                                  int64_t n, float *S, int32_t *isum)

@@ -31,6 +31,7 @@ from llamax._native.quants cimport (
     lx_fp16_to_fp32_row_ref,
     lx_fp32_to_fp16_row,
     lx_fp32_to_fp16_row_ref,
+    lx_row_bytes,
     lx_type,
     lx_type_block_bytes,
 )
@@ -362,3 +363,97 @@ def attn_ref(q, k, v, mask, out=None, *, n_kv, scale, softcap=0.0, v_trans=False
         else:
             lx_attn_flash_ref(&p, &qv[0, 0, 0], kp, vp, &mv[0, 0, 0] if p.n_kv else NULL, &ov[0, 0, 0])
     return out
+
+
+# ---- the scores of a quantized K alone (testing the integer dots) ---------------------------------
+
+cdef tuple _dots_q_check(object q, object k, object type_k):
+    """(type, nh, d_k, n) of a dots_q* call, after checking q, k and type_k."""
+    _check_array(q, "q", np.float32)
+    if q.ndim != 2 or not q.flags.c_contiguous:
+        raise ValueError(f"q must be C-contiguous float32 [nh, d_k], got shape {q.shape}")
+    if type_k is None or not _quantized(_quants.type_id(type_k)):
+        raise ValueError(f"type_k must be q8_0 or q4_0, got {type_k!r}")
+    cdef int t = _type_from(type_k, k, "k")
+    nh, d_k = q.shape
+    if not 1 <= nh <= LX_ATTN_MAX_GROUP:
+        raise ValueError(f"q has {nh} heads, must be in [1, {LX_ATTN_MAX_GROUP}]")
+    if d_k < LX_QK or d_k % LX_QK != 0 or d_k > LX_ATTN_MAX_D:
+        raise ValueError(f"d_k must be a multiple of {LX_QK} in [{LX_QK}, {LX_ATTN_MAX_D}], got {d_k}")
+    rb = lx_row_bytes(<lx_type> t, d_k)
+    if k.ndim != 2 or k.shape[0] < 1 or k.shape[1] != rb:
+        raise ValueError(f"k must be uint8 [n >= 1, {rb}] ({_quants.type_name(t)} rows of d_k = {d_k}), "
+                         f"got shape {k.shape}")
+    return t, nh, d_k, k.shape[0]
+
+
+def dots_q(q, k, *, type_k):
+    """The scores of a quantized K as the attention kernels of the current SIMD level form them.
+
+    Args:
+        q: float32 [nh, d_k], 1 <= nh <= MAX_GROUP query heads of one kv head, d_k % 32 == 0.  # IN
+        k: uint8 [n, row_bytes(type_k, d_k)], the K rows of n cells of that kv head, taken as one
+            mask row's visible cells in order.                                                  # IN
+        type_k: "q8_0" or "q4_0" (or the ggml type number).
+
+    Returns:
+        S, float32 [nh, n]: q_h quantized to q8_0, dotted block by block with K row j and scaled
+        (lx_attn_dots_q). O(nh * n * d_k).
+
+    Raises:
+        ValueError / TypeError: a shape, dtype or type does not fit.
+    """
+    t, nh, d_k, n = _dots_q_check(q, k, type_k)
+    S = np.empty((nh, n), dtype=np.float32)
+    cdef const float[:, ::1] qv = q           # IN
+    cdef float[:, ::1] sv = S                 # OUT
+    cdef const void *kp = cnp.PyArray_DATA(<cnp.ndarray> k)   # IN
+    cdef lx_type tt = <lx_type> t
+    cdef int64_t dk = d_k, nn = n
+    cdef int hh = nh
+    with nogil:
+        lx_attn_dots_q(tt, dk, &qv[0, 0], hh, kp, nn, &sv[0, 0])
+    return S
+
+
+def dots_q_ref(q, k, *, type_k):
+    """dots_q by the oracle's arithmetic (lx_attn_dots_q_ref), with its integer block dots.
+
+    Same arguments as dots_q. Returns (S float32 [nh, n], isum int32 [nh, n, d_k // 32]): isum[h, j, b]
+    is the exact integer dot of q_h's quants with K row j's block b (q4_0: nibble - 8).
+    """
+    t, nh, d_k, n = _dots_q_check(q, k, type_k)
+    S = np.empty((nh, n), dtype=np.float32)
+    isum = np.empty((nh, n, d_k // LX_QK), dtype=np.int32)
+    cdef const float[:, ::1] qv = q           # IN
+    cdef float[:, ::1] sv = S                 # OUT
+    cdef int32_t[:, :, ::1] iv = isum         # OUT
+    cdef const void *kp = cnp.PyArray_DATA(<cnp.ndarray> k)   # IN
+    cdef lx_type tt = <lx_type> t
+    cdef int64_t dk = d_k, nn = n
+    cdef int hh = nh
+    with nogil:
+        lx_attn_dots_q_ref(tt, dk, &qv[0, 0], hh, kp, nn, &sv[0, 0], &iv[0, 0, 0])
+    return S, isum
+
+
+def dots_q_vnni_emul(q, k, *, type_k):
+    """dots_q with the AVX-512 VNNI kernel's arithmetic emulated in portable C (any CPU), step for
+    step: its scores bit for bit (lx_attn_dots_q_vnni_emul).
+
+    Same arguments as dots_q. Returns (S float32 [nh, n], isum int32 [nh, n, d_k // 32]): isum[h, j, b]
+    is the sum of the emulated vpdpbusd int32 lanes of block b (with their -128 / -8 * sum(q) corrections).
+    """
+    t, nh, d_k, n = _dots_q_check(q, k, type_k)
+    S = np.empty((nh, n), dtype=np.float32)
+    isum = np.empty((nh, n, d_k // LX_QK), dtype=np.int32)
+    cdef const float[:, ::1] qv = q           # IN
+    cdef float[:, ::1] sv = S                 # OUT
+    cdef int32_t[:, :, ::1] iv = isum         # OUT
+    cdef const void *kp = cnp.PyArray_DATA(<cnp.ndarray> k)   # IN
+    cdef lx_type tt = <lx_type> t
+    cdef int64_t dk = d_k, nn = n
+    cdef int hh = nh
+    with nogil:
+        lx_attn_dots_q_vnni_emul(tt, dk, &qv[0, 0], hh, kp, nn, &sv[0, 0], &iv[0, 0, 0])
+    return S, isum
