@@ -71,6 +71,7 @@ class Context:
             p = dataclasses.replace(p, **overrides)
         self.lock = threading.RLock()
         self.model = model
+        self._fingerprint = _state.fingerprint_bytes(model.fingerprint)
         self.params = p.derive(model.hparams.n_ctx_train)
         self.memory: Memory = model.create_memory(self.params)
         self.balloc = BatchAllocator(n_seq_max=self.memory.n_seq_max, n_vocab=model.n_vocab,
@@ -160,7 +161,7 @@ class Context:
         kind = _state.KIND_CONTEXT if seq_id < 0 else _state.KIND_SEQ
         try:
             n, outputs = _state.restore(self.memory, data, seq_id, kind=kind, exact=exact,
-                                        fingerprint=self._fingerprint(), n_vocab=self.model.n_vocab)
+                                        fingerprint=self.fingerprint, n_vocab=self.model.n_vocab)
         except BaseException:
             if seq_id < 0:
                 self._clear_outputs()
@@ -186,8 +187,13 @@ class Context:
             self._restore(f, seq_id)
         return f.tokens
 
-    def _fingerprint(self) -> bytes:
-        return _state.fingerprint_bytes(self.model.fingerprint)
+    @property
+    def fingerprint(self) -> bytes:
+        """The 16 bytes naming the model in every state this context writes, which state_set_data /
+        state_seq_set_data and the load_file methods check (blake2b-128 of model.fingerprint).
+        A constant of the context."""
+        return self._fingerprint
+
 
     @_locked
     def state_get_data(self) -> bytes:
@@ -196,7 +202,7 @@ class Context:
 
         Complexity: one copy of every saved K/V byte (cells the sliding window hides are skipped)."""
         w, kind = self._writer(-1)
-        return w.getvalue(kind, self._fingerprint())
+        return w.getvalue(kind, self.fingerprint)
 
     @_locked
     def state_set_data(self, data: bytes | bytearray | memoryview) -> int:
@@ -220,7 +226,7 @@ class Context:
                 a device); nothing is written.
         """
         w, kind = self._writer(-1)
-        _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
+        _state.save_file(path, tokens, w.parts(kind, self.fingerprint))
 
     @_locked
     def state_load_file(self, path: str | os.PathLike) -> list[int]:
@@ -238,7 +244,7 @@ class Context:
     def state_seq_get_data(self, seq_id: int) -> bytes:
         """The cells of one sequence (llama_state_seq_get_data), written as that sequence alone."""
         w, kind = self._writer(seq_id)
-        return w.getvalue(kind, self._fingerprint())
+        return w.getvalue(kind, self.fingerprint)
 
     @_locked
     def state_seq_set_data(self, data: bytes | bytearray | memoryview, dest_seq_id: int) -> int:
@@ -258,7 +264,7 @@ class Context:
         """Write one sequence's state and its tokens to a file (llama_state_seq_save_file); refuses
         a path as state_save_file does."""
         w, kind = self._writer(seq_id)
-        _state.save_file(path, tokens, w.parts(kind, self._fingerprint()))
+        _state.save_file(path, tokens, w.parts(kind, self.fingerprint))
 
     @_locked
     def state_seq_load_file(self, path: str | os.PathLike, dest_seq_id: int) -> list[int]:

@@ -4,9 +4,11 @@
     generate_parallel(ctx, prompts)    N sequences of one context, one batched decode per step:
                                        an iterator of (index, piece)
 
-Each step samples the next token of every live sequence from its logits, stops the sequences that
-produced an end-of-generation token or reached max_tokens, makes room for the others, and decodes
-all of their new tokens in one batch. Making room is llama.cpp's context shift (tools/main and the
+Each step runs every live sequence's sampling step (llamax.sequence.SeqDecoder, the Engine's own:
+sample, end of generation, stop strings, max_tokens), makes room for the sequences that go on, and
+decodes all of their new tokens in one batch. Prompts, n_keep, the shift's discard and
+context_shift itself are llamax.sequence's too (context_shift is re-exported here), so `llamax run`
+and `llamax serve` follow one set of rules. Making room is llama.cpp's context shift (tools/main and the
 server's slots): when a sequence's next token would fill its context (n_past + 1 >= n_ctx_seq),
 or a unified cache has no free cell left for the step's batch (then the sequence holding the most
 positions), the sequence keeps its first n_keep positions, forgets the n_discard after them and
@@ -34,15 +36,15 @@ import numpy as np
 
 from llamax import checks
 from llamax.batch import Batch
-from llamax.errors import LlamaxError, NoKVSlotError
+from llamax.errors import NoKVSlotError
 from llamax.sampling import Sampler
+from llamax.sequence import N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room, prompt_tokens
 
 if TYPE_CHECKING:
     from llamax.context import Context
-    from llamax.memory import Memory
-    from llamax.model.tokenizer import TextStream
 
 __all__ = [
+    "N_KEEP_MARGIN",
     "Generation",
     "GenerationStats",
     "ParallelGeneration",
@@ -54,8 +56,6 @@ __all__ = [
 
 log = logging.getLogger("llamax")
 
-N_KEEP_MARGIN = 4  # llama.cpp keeps n_keep <= n_ctx - 4, so every shift discards at least one token
-
 
 @dataclass
 class GenerationStats:
@@ -65,7 +65,7 @@ class GenerationStats:
     prompt_s: float = 0.0
     gen_tokens: int = 0
     gen_s: float = 0.0
-    stop: str = ""        # "eog", "length" or "context" ("" while running; several: comma-separated)
+    stop: str = ""        # "eog", "stop", "length" or "context" ("" while running; several: comma-separated)
     n_shift: int = 0      # context shifts
     n_discarded: int = 0  # tokens those shifts discarded
 
@@ -100,69 +100,29 @@ def decode_prompt(ctx: Context, tokens: Sequence[int], seq_id: int = 0) -> None:
         ctx.decode(Batch(chunk, seq_ids=[seq_id] * len(chunk), logits=[False] * (len(chunk) - 1) + [last]))
 
 
-def context_shift(memory: Memory, seq_id: int, keep_end: int, n_discard: int = 0) -> tuple[int, int]:
-    """llama.cpp's context shift of one sequence: forget positions [keep_end, keep_end + n_discard)
-    and move the later ones down by n_discard (seq_rm then seq_add; the K-shift runs at the next decode).
-
-    Args:
-        memory: the context's memory (KVCache, KVCacheISWA, ...).
-        seq_id: the sequence; no other sequence's cells change (except cells it shares with it).
-        keep_end: first position that may be discarded (the sequence's start + n_keep).
-        n_discard: positions to forget; 0 means half of those after keep_end (n_left // 2);
-            clamped to n_left, and to memory.exact_shift_limit (a sliding-window cache smaller than
-            the context: the shift then gives what a full-size one gives).
-
-    Returns:
-        (n_discard, n_left): what was discarded (0 when nothing could be) and how many positions
-        followed keep_end before the shift.
-
-    Raises:
-        LlamaxError: the memory cannot shift positions (can_shift is False); nothing changed.
-        ValueError: negative n_discard or keep_end.
-    """
-    if n_discard < 0 or keep_end < 0:
-        raise ValueError(f"context_shift: keep_end = {keep_end} and n_discard = {n_discard} must be >= 0")
-    if not memory.can_shift:
-        raise LlamaxError(f"context shift of sequence {seq_id}: this memory cannot shift positions "
-                          "(can_shift is False)")
-    n_past = memory.seq_pos_max(seq_id) + 1
-    n_left = n_past - keep_end
-    if n_left <= 0:
-        return 0, max(n_left, 0)
-    n = min(n_discard, n_left) if n_discard > 0 else n_left // 2
-    limit = memory.exact_shift_limit(seq_id, keep_end)
-    if limit is not None and n > limit:
-        if limit >= 1:  # a small SWA cache: discard less, so the window does not reach lost prefix cells
-            n = limit
-        else:
-            log.warning("context shift: seq %d keeps %d positions, but the SWA cache no longer holds all of "
-                        "them: its layers miss the oldest kept cells while the window covers them "
-                        "(swa_full=True keeps them)", seq_id, keep_end)
-    if n <= 0:
-        return 0, n_left
-    if not memory.seq_rm(seq_id, keep_end, keep_end + n):
-        log.info("context shift: seq %d is a recurrent state, which cannot forget part of itself: it stays "
-                 "whole and its positions move down by %d", seq_id, n)
-    memory.seq_add(seq_id, keep_end + n, n_past, -n)
-    log.info("context shift: seq %d, n_keep = %d, n_left = %d, n_discard = %d", seq_id, keep_end, n_left, n)
-    return n, n_left
-
-
 class _Sequence:
-    """One sequence being generated: its prompt, sampler, stop state and the tokens it holds."""
+    """One sequence being generated: its prompt, its sampling step (SeqDecoder: sampler, stop
+    strings, max_tokens) and the tokens it holds."""
 
-    def __init__(self, index: int, seq_id: int, tokens: list[int], sampler: Sampler, stream: TextStream) -> None:
+    def __init__(self, index: int, seq_id: int, tokens: list[int], decoder: SeqDecoder) -> None:
         self.index, self.seq_id = index, seq_id
         self.prompt = tokens
-        self.sampler = sampler
-        self.stream = stream
+        self.decoder = decoder
         self.stats = GenerationStats()
-        self.generated: list[int] = []  # every sampled token but an end-of-generation one
         self.tokens: list[int] = []     # the tokens this generation has in the cache, in position order
         self.pos0 = 0                   # position of tokens[0]
         self.keep_end = 0               # positions below this are never discarded
         self.logits: np.ndarray | None = None  # logits row for the next sample
         self.done = False
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.decoder.sampler
+
+    @property
+    def generated(self) -> list[int]:
+        """Every sampled token but an end-of-generation one."""
+        return self.decoder.generated
 
     def discard(self, p0: int, p1: int) -> None:
         """Positions [p0, p1) were removed and the later ones moved down by p1 - p0."""
@@ -190,9 +150,11 @@ class ParallelGeneration:
         seq_ids: the sequence of each prompt (default 0..N-1); distinct, < n_seq_max.
         n_keep: tokens at the start of each sequence a context shift keeps: -1 (or more than the
             sequence holds after its prompt) keeps everything up to the end of the prompt; else
-            n_keep plus the BOS token when the model adds one. At most n_ctx_seq - 4, as llama.cpp.
+            n_keep plus the BOS token when the model adds one. At most n_ctx_seq - 4, as llama.cpp
+            (llamax.sequence.keep_length, as the Engine).
         n_discard: tokens each shift forgets after the kept ones; 0 = half of the rest (llama.cpp).
         context_shift: False stops a sequence with "context" when its context is full.
+        stop: strings that end a sequence's text with "stop" (not included), as the Engine's.
 
     Attributes (after or during iteration):
         stats: GenerationStats summed over the sequences (gen_s is the wall time of the steps).
@@ -207,9 +169,7 @@ class ParallelGeneration:
 
     def __init__(self, ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None,
                  *, seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
-                 context_shift: bool = True) -> None:
-        from llamax.model.tokenizer import TextStream
-
+                 context_shift: bool = True, stop: str | Sequence[str] = ()) -> None:
         self.ctx, self.model = ctx, ctx.model
         if isinstance(prompts, (str, bytes)) or not len(prompts):
             raise ValueError("prompts must be a non-empty list of prompts")
@@ -228,6 +188,9 @@ class ParallelGeneration:
         max_tokens = checks.integer(max_tokens, "max_tokens")
         if max_tokens < -2:
             raise ValueError(f"max_tokens = {max_tokens}: use >= 0, -1 (no limit) or -2 (until the context is full)")
+        stops = [stop] if isinstance(stop, str) else list(stop)
+        if not all(isinstance(x, str) for x in stops):
+            raise TypeError("stop: a string or a list of strings")
         self.max_tokens = max_tokens
         self.context_shift = bool(context_shift) and max_tokens != -2
         self.n_discard = int(n_discard)
@@ -235,12 +198,8 @@ class ParallelGeneration:
         mem = ctx.memory
         self.seqs: list[_Sequence] = []
         for i, (p, sid, smp) in enumerate(zip(prompts, seq_ids, samplers)):
-            from_text = isinstance(p, str)
-            toks = (self.model.tokenize(p, add_special=True, parse_special=True) if isinstance(p, str)
-                    else [int(t) for t in p])
-            if not toks:
-                raise ValueError(f"prompt {i} is empty")
-            s = _Sequence(i, sid, toks, smp, TextStream(self.model.tokenizer))
+            toks = prompt_tokens(self.model, p)
+            s = _Sequence(i, sid, toks, SeqDecoder(self.model, smp, max_tokens=max_tokens, stop=stops))
             s.pos0 = mem.seq_pos_max(sid) + 1
             if s.pos0 + len(toks) >= self.n_ctx_seq:
                 raise ValueError(f"prompt {i} of {len(toks)} tokens at position {s.pos0} does not fit in the "
@@ -248,12 +207,8 @@ class ParallelGeneration:
                                  "next token)")
             start = mem.seq_pos_min(sid) if s.pos0 > 0 else 0
             held = s.pos0 - start + len(toks)  # the sequence's positions once its prompt is in
-            if n_keep < 0 or n_keep > held:
-                keep = held
-            else:
-                add_bos = from_text and s.pos0 == 0 and bool(getattr(self.model.tokenizer, "add_bos", False))
-                keep = n_keep + int(add_bos)
-            s.keep_end = start + min(keep, self.n_ctx_seq - N_KEEP_MARGIN)
+            n_bos = bos_offset(self.model, p) if s.pos0 == 0 else 0  # a BOS that begins the sequence
+            s.keep_end = start + keep_length(n_keep, held, n_bos, self.n_ctx_seq)
             self.seqs.append(s)
         self.stats = GenerationStats()
         self._it = self._run()
@@ -285,35 +240,32 @@ class ParallelGeneration:
             decode_prompt(ctx, s.prompt, s.seq_id)
             s.logits = ctx.get_logits_ith(-1).copy()  # the next prompt's decode replaces the logits
             s.tokens = list(s.prompt)
+            s.decoder.accept_prompt(s.prompt)
             s.stats.prompt_tokens, s.stats.prompt_s = len(s.prompt), time.perf_counter() - t0
         st.prompt_tokens = sum(s.stats.prompt_tokens for s in self.seqs)
         st.prompt_s = sum(s.stats.prompt_s for s in self.seqs)
         self._t0 = time.perf_counter()
-        live = list(self.seqs)
-        if self.max_tokens == 0:
-            for s in live:
+        live = []
+        for s in self.seqs:
+            if s.decoder.exhausted:  # max_tokens 0: nothing is sampled
                 yield from self._stop(s, "length")
-            live = []
+            else:
+                live.append(s)
         while live:
             step: list[tuple[_Sequence, int]] = []
             for s in live:
                 assert s.logits is not None  # a live sequence holds the logits of its last decode
-                tok = s.sampler.sample_logits(s.logits)
-                s.sampler.accept(tok)
-                if self.model.is_eog(tok):
-                    yield from self._stop(s, "eog")
-                    continue
-                s.generated.append(tok)
-                s.stats.gen_tokens += 1
-                piece = s.stream.push(tok)
-                if piece:
-                    yield s.index, piece
-                if 0 <= self.max_tokens <= s.stats.gen_tokens:
-                    yield from self._stop(s, "length")
+                out = s.decoder.step(s.logits)  # sample, accept, end of generation, stop strings, max_tokens
+                if out.stop != "eog":
+                    s.stats.gen_tokens += 1
+                if out.text:
+                    yield s.index, out.text
+                if out.stop is not None:
+                    yield from self._stop(s, out.stop)
                 elif not self._make_room(s):
                     yield from self._stop(s, "context")
                 else:
-                    step.append((s, tok))
+                    step.append((s, out.token))
             for s in self._decode(step):
                 yield from self._stop(s, "context")
             live = [s for s, _ in step if not s.done]
@@ -326,7 +278,7 @@ class ParallelGeneration:
     def _stop(self, s: _Sequence, why: str) -> Iterator[tuple[int, str]]:
         s.done, s.stats.stop, s.logits = True, why, None
         s.stats.gen_s = time.perf_counter() - self._t0
-        tail = s.stream.flush()
+        tail = s.decoder.finish(why)
         if tail:
             yield s.index, tail
 
@@ -347,7 +299,7 @@ class ParallelGeneration:
         """Room for one more token of s: below n_ctx_seq - 1 positions, else shift (llama.cpp's
         n_past + 1 >= n_ctx test, so the last position is never used)."""
         n_past = self.ctx.memory.seq_pos_max(s.seq_id) + 1
-        return n_past + 1 < self.n_ctx_seq or self._shift(s)
+        return not needs_room(n_past, self.n_ctx_seq) or self._shift(s)
 
     def _decode(self, step: list[tuple[_Sequence, int]]) -> list[_Sequence]:
         """Decode the step's tokens in one batch. When the memory has no slot (a unified cache is
@@ -382,7 +334,7 @@ class Generation:
     """
 
     def __init__(self, ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
-                 n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> None:
+                 n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = ()) -> None:
         prompts: list[str] | list[list[int]]
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -394,7 +346,7 @@ class Generation:
         self.max_tokens = checks.integer(max_tokens, "max_tokens")
         self.sampler = sampler if sampler is not None else Sampler()
         self._par = ParallelGeneration(ctx, prompts, max_tokens, [self.sampler], seq_ids=[seq_id], n_keep=n_keep,
-                                       n_discard=n_discard, context_shift=context_shift)
+                                       n_discard=n_discard, context_shift=context_shift, stop=stop)
         self._seq = self._par.seqs[0]
 
     @property
@@ -426,17 +378,17 @@ class Generation:
 
 
 def generate(ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
-             n_keep: int = 0, n_discard: int = 0, context_shift: bool = True) -> Generation:
+             n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = ()) -> Generation:
     """Stream the text generated after `prompt` on sequence seq_id, shifting the context when it is
     full (see ParallelGeneration for the options)."""
     return Generation(ctx, prompt, max_tokens, sampler, seq_id, n_keep=n_keep, n_discard=n_discard,
-                      context_shift=context_shift)
+                      context_shift=context_shift, stop=stop)
 
 
 def generate_parallel(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None, *,
                       seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
-                      context_shift: bool = True) -> ParallelGeneration:
+                      context_shift: bool = True, stop: str | Sequence[str] = ()) -> ParallelGeneration:
     """Generate after each prompt on its own sequence of ctx, all decoded together; iterate for
     (prompt index, text piece). See ParallelGeneration."""
     return ParallelGeneration(ctx, prompts, max_tokens, samplers, seq_ids=seq_ids, n_keep=n_keep,
-                              n_discard=n_discard, context_shift=context_shift)
+                              n_discard=n_discard, context_shift=context_shift, stop=stop)

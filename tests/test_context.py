@@ -124,3 +124,27 @@ def test_model_load_errors(tmp_path):
         with pytest.raises(ModelError, match=err):
             Model.load(p)
     assert isinstance(llamax.errors.ModelError("x"), llamax.LlamaxError)
+
+
+def test_the_public_fingerprint_is_what_state_files_carry_and_check(model, tmp_path):
+    """ctx.fingerprint is the 16 bytes every state of the context names its model by (header offset
+    16), and the ones set_data / load_file check (a blob naming another model is refused)."""
+    from llamax import StateError
+    from llamax import state as lstate
+
+    ctx = Context(model, n_ctx=256)
+    toks = model.tokenize("Hello there")
+    ctx.decode(Batch.one(toks))
+    assert ctx.fingerprint == lstate.fingerprint_bytes(model.fingerprint) and len(ctx.fingerprint) == 16
+    for blob in (ctx.state_get_data(), ctx.state_seq_get_data(0)):
+        assert blob[16:32] == ctx.fingerprint
+    ctx.state_seq_save_file(tmp_path / "s.bin", 0, toks)
+    assert ctx.fingerprint in (tmp_path / "s.bin").read_bytes()
+    blob = ctx.state_seq_get_data(0)
+    lstate.StateReader(blob, kind=lstate.KIND_SEQ, fingerprint=ctx.fingerprint, exact=True)
+    other = bytes(b ^ 1 for b in ctx.fingerprint)
+    with pytest.raises(StateError, match="another model"):
+        lstate.StateReader(blob, kind=lstate.KIND_SEQ, fingerprint=other, exact=True)
+    forged = blob[:16] + other + blob[32:]  # the header's CRC covers it: refused either way
+    with pytest.raises(StateError):
+        ctx.state_seq_set_data(forged, 0)

@@ -99,7 +99,7 @@ def test_plan_and_seq_ops_from_two_threads(kind):
 
 
 NOT_LOCKED = {"summary", "breakdown", "cache_of", "can_shift", "n_cells", "n_seq_max", "generation",
-              "lock", "n_threads_resolved"}
+              "lock", "n_threads_resolved", "fingerprint"}  # constants of the object (fingerprint: the context's model)
 
 
 def _public_methods(cls):
@@ -116,6 +116,30 @@ def test_every_public_operation_is_serialized(cls):
     """Every public method (and live property) of a memory or context runs under its lock."""
     unlocked = [name for name, fn in _public_methods(cls) if not getattr(fn, "locked", False)]
     assert unlocked == []
+
+
+def test_n_free_is_what_a_batch_can_still_take():
+    """n_free under the lock, per memory: the empty cells of the cache that holds one per position
+    (n_cells - n_used of a KV cache, of an iSWA cache's base, of a hybrid's attention cache; the
+    free states of a recurrent memory)."""
+    R, S = (6, 3), (6, 4)
+    kv, sw = kv_cache(), iswa_cache()
+    recr = RecurrentMemory(2, R, S, n_seq_max=4)
+    hyb = HybridMemory(KVCache(2, 1, 8, 64, n_seq_max=4, rope=RoPE(8)), RecurrentMemory(4, R, S, n_seq_max=4, layer_ids=[2, 3]))
+    free = {"kv": lambda: kv.n_cells - kv.n_used, "iswa": lambda: sw.base.n_cells - sw.base.n_used,
+            "recr": lambda: recr.n_cells - recr.n_used, "hyb": lambda: hyb.attn.n_cells - hyb.attn.n_used}
+    mems = {"kv": kv, "iswa": sw, "recr": recr, "hyb": hyb}
+    assert (kv.n_free, sw.n_free, recr.n_free, hyb.n_free) == (64, 256, 4, 64)
+    for step, (seq, n) in enumerate([(0, 10), (1, 7), (0, 3)]):
+        for name, mem in mems.items():
+            for _ in mem.plan(Batch(list(range(1, n + 1)), seq_ids=[seq] * n)):
+                pass
+            assert mem.n_free == free[name](), (name, step)
+    assert kv.n_free == 64 - 20 and recr.n_free == 2 and hyb.n_free == 64 - 20
+    for mem in mems.values():
+        mem.seq_rm(0)
+        assert mem.n_free == free[[k for k, v in mems.items() if v is mem][0]]()
+    assert kv.n_free == 64 - 7 and recr.n_free == 3
 
 
 def test_lock_is_held_during_native_work():

@@ -75,7 +75,7 @@ def test_engine_state_machine(smollm2):
             for seq, path in eng.tree.leaves():
                 assert seq_cells(mem, seq) == dict(enumerate(path))
             for seq, s in live.items():
-                assert seq_cells(mem, seq) == dict(enumerate(s.tokens))
+                assert seq_cells(mem, seq) == dict(enumerate(s.seq_state.tokens))
 
         def teardown(self):
             for r in self.reqs:

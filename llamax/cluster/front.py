@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, RequestError, StateError
-from llamax.serving.engine import bos_offset, prompt_tokens
+from llamax.sequence import bos_offset, prompt_tokens
 from llamax.serving.request import Result
 from llamax.cluster import routing
 

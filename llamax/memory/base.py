@@ -162,6 +162,13 @@ class Memory(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def n_free(self) -> int:
+        """Cells a batch can still take without overwriting any: n_cells - n_used of the cache that
+        holds one cell per position (a KV cache; an iSWA cache's base, whose SWA cache reuses cells
+        that left the window; a hybrid's attention cache; a recurrent memory's free states)."""
+
+    @property
+    @abc.abstractmethod
     def n_seq_max(self) -> int:
         """Number of sequence ids the memory accepts."""
 

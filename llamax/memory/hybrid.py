@@ -120,6 +120,13 @@ class HybridMemory(Memory):
         return self.attn.n_used + self.recr.n_used
 
     @property
+    @locked
+    def n_free(self) -> int:
+        """The attention cache's empty cells (a token takes one there; the recurrent memory holds
+        one state per sequence, whatever its length)."""
+        return self.attn.n_free
+
+    @property
     def n_seq_max(self) -> int:
         return self.attn.n_seq_max
 

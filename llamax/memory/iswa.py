@@ -134,6 +134,13 @@ class KVCacheISWA(KVMemory):
     def n_used(self) -> int:
         return self.base.n_used + self.swa.n_used
 
+    @property
+    @locked
+    def n_free(self) -> int:
+        """The base cache's empty cells: every position takes one there, while the SWA cache reuses
+        the cells that left the window."""
+        return self.base.n_free
+
     def breakdown(self) -> dict[str, int]:
         b, s = self.base.breakdown(), self.swa.breakdown()
         return {"k": b["k"], "v": b["v"], "k_swa": s["k"], "v_swa": s["v"]}

@@ -191,6 +191,12 @@ class KVCache(KVMemory):
     def n_used(self) -> int:
         return self.meta.n_used
 
+    @property
+    @locked
+    def n_free(self) -> int:
+        """Empty cells over every stream: n_cells - n_used."""
+        return self.kv_size * self.n_stream - self.meta.n_used
+
     def breakdown(self) -> dict[str, int]:
         """Bytes of the K and V buffers (the cell table is not counted, as in llama.cpp)."""
         return {"k": sum(a.nbytes for a in self.k), "v": sum(a.nbytes for a in self.v)}

@@ -148,6 +148,12 @@ class RecurrentMemory(Memory):
     def n_used(self) -> int:
         return int(np.count_nonzero(self._owner >= 0))
 
+    @property
+    @locked
+    def n_free(self) -> int:
+        """States no sequence holds: n_cells - n_used."""
+        return self.mem_size - int(np.count_nonzero(self._owner >= 0))
+
     def _cell_bytes(self) -> int:
         return 4 * len(self.layer_ids) * (int(np.prod(self.r_shape)) + int(np.prod(self.s_shape)))
 

@@ -41,18 +41,16 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 
-import numpy as np
-
 from llamax import checks
 from llamax import state as _state
 from llamax.batch import Batch
 from llamax.context import Context
 from llamax.dtypes import LLAMA_MAX_SEQ
 from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, StateError
-from llamax.generate import N_KEEP_MARGIN, context_shift
-from llamax.model.tokenizer import TextStream
 from llamax.params import ContextParams
-from llamax.sampling import PENALTY_LAST_N, Sampler
+from llamax.sampling import Sampler
+from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room,
+                             prompt_tokens, shift_discard)
 from llamax.serving.prefix_cache import PrefixCache, common_prefix
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 
@@ -72,7 +70,6 @@ class SeqState:
     fed: int = 0                     # how many of feed are in the cache
     pending: int | None = None       # the sampled token decoded next
     shifted: bool = False            # a context shift moved it (its tokens are no longer a prefix)
-    stream: TextStream | None = None # the request's detokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,13 +87,13 @@ class Suspended:
     state: SeqState
 
 
-class Slot(SeqState):
+class Slot:
     """One sequence of the context and the request decoding on it."""
 
     def __init__(self, i: int) -> None:
-        super().__init__()
         self.id = self.seq = i
         self.req: Request | None = None
+        self.seq_state = SeqState()      # what the sequence holds (kept after a request for reuse)
         self.lock: int | None = None     # the prefix cache's lock of this request's prefix
         self.last_tokens: list[int] = [] # the tokens of the last finished request (slot_save)
 
@@ -112,50 +109,11 @@ class Slot(SeqState):
 
     def take(self) -> SeqState:
         """The slot's sequence state, leaving the slot's empty."""
-        names = [f.name for f in dataclasses.fields(SeqState)]
-        out = SeqState(**{k: getattr(self, k) for k in names})
-        for k, v in dataclasses.asdict(SeqState()).items():
-            setattr(self, k, v)
+        out, self.seq_state = self.seq_state, SeqState()
         return out
 
     def put(self, st: SeqState) -> None:
-        for f in dataclasses.fields(SeqState):
-            setattr(self, f.name, getattr(st, f.name))
-
-
-def prompt_tokens(model, prompt) -> list[int]:
-    """The token ids of a request's prompt (Engine.submit's rules): a str tokenized with special
-    tokens, chat messages through the model's template, token ids checked against the vocabulary.
-
-    Raises:
-        BatchError: an empty prompt, or a token id outside the vocabulary.
-        TypeError: anything else.
-    """
-    m = model
-    if isinstance(prompt, str):
-        toks = m.tokenize(prompt, add_special=True, parse_special=True)
-    elif isinstance(prompt, Sequence) and prompt and all(isinstance(x, dict) for x in prompt):
-        toks = m.tokenize(m.apply_chat_template(list(prompt)), add_special=True, parse_special=True)
-    elif isinstance(prompt, Sequence) and not isinstance(prompt, (bytes, bytearray)):
-        toks = []
-        for i, t in enumerate(prompt):
-            if isinstance(t, bool) or not isinstance(t, int) and not hasattr(t, "__index__"):
-                raise BatchError(f"prompt token {i}: {t!r} is not a token id")
-            t = int(t)
-            if not 0 <= t < m.n_vocab:
-                raise BatchError(f"prompt token {i}: id {t} outside the vocabulary [0, {m.n_vocab})")
-            toks.append(t)
-    else:
-        raise TypeError(f"prompt: a str, a list of token ids or a list of chat messages, not {type(prompt).__name__}")
-    if not toks:
-        raise BatchError("empty prompt")
-    return toks
-
-
-def bos_offset(model, prompt) -> int:
-    """1 when tokenizing prompt adds a BOS token before the text (a str prompt, a model that adds
-    one): a request's n_keep counts prompt tokens after it."""
-    return int(isinstance(prompt, str) and bool(getattr(model.tokenizer, "add_bos", False)))
+        self.seq_state = st
 
 
 class Engine:
@@ -230,6 +188,7 @@ class Engine:
         self._slots = [Slot(i) for i in range(n_parallel)]
         self._queue: deque[Request] = deque()
         self._resume: list[Request] = []   # suspended requests, oldest first
+        self._saved: dict[Request, Suspended] = {}  # their saved states
         self._suspended_bytes = 0
         self._lock = threading.RLock()     # the engine's state and the context: one step at a time
         self._qlock = threading.Lock()     # the queue, for submit from any thread
@@ -238,8 +197,6 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._error: BaseException | None = None
-        self._eog: np.ndarray | None = None      # the end-of-generation ids, and a scratch row for ignore_eos
-        self._eog_row: np.ndarray | None = None
         self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0, requests_failed=0,
                        requests_suspended=0, steps=0, busy_s=0.0, slot_lookups=0, slot_hits=0, slot_reused=0)
 
@@ -271,7 +228,7 @@ class Engine:
             with self._qlock:
                 waiting = list(self._queue) + list(self._resume)
             for r in waiting + [s.req for s in self._slots if s.req is not None]:
-                r._cancel = True
+                r.cancel()
         with self._qlock:
             self._closing = True
             self._wake.notify_all()
@@ -300,7 +257,7 @@ class Engine:
                 while not self._has_work() and not self._closing:
                     self._wake.wait()
                 if self._closing and (not self._has_work() or all(
-                        r._cancel for r in list(self._queue) + self._resume +
+                        r.cancelled for r in list(self._queue) + self._resume +
                         [s.req for s in self._slots if s.req is not None])):
                     return
             try:
@@ -312,8 +269,12 @@ class Engine:
                     self._fail_all(e)
                 return
 
-    def _drive(self, req: Request) -> bool:
-        """Step for a caller waiting on req when no background loop runs; False if one does."""
+    # ---- the Driver of its requests (llamax.serving.request.Driver) --------------------------------
+    def drive(self, req: Request) -> bool:
+        """Step for a caller waiting on req when no background loop runs; False if one does.
+
+        Raises:
+            LlamaxError: the background loop stopped after an error."""
         if self._thread is not None and self._thread.is_alive():
             return False
         if self._error is not None:
@@ -360,8 +321,7 @@ class Engine:
             raise TypeError("stop: a string or a list of strings")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                           repeat_penalty=repeat_penalty, seed=seed)
-        keep = len(toks) if n_keep < 0 else n_keep + bos_offset(self.model, prompt)
-        keep = min(keep, len(toks), self.n_ctx_seq - N_KEEP_MARGIN)
+        keep = keep_length(n_keep, len(toks), bos_offset(self.model, prompt), self.n_ctx_seq)
         n_trunc = 0
         if len(toks) + 1 >= self.n_ctx_seq:
             if not self.context_shift:
@@ -376,9 +336,8 @@ class Engine:
             if len(self._queue) >= self.max_queue:
                 raise EngineFullError(f"the queue is full: {len(self._queue)} requests wait for "
                                       f"{self.n_parallel} slots (max_queue={self.max_queue})")
-            req = Request(self, self._next_id, toks, max_tokens=max_tokens, sampler=sampler, stop=stops,
-                          n_keep=keep, n_truncated=n_trunc)
-            req.ignore_eos = bool(ignore_eos)
+            decoder = SeqDecoder(self.model, sampler, max_tokens=max_tokens, stop=stops, ignore_eos=bool(ignore_eos))
+            req = Request(self, self._next_id, toks, decoder=decoder, n_keep=keep, n_truncated=n_trunc)
             self._next_id += 1
             self._queue.append(req)
             self._wake.notify_all()
@@ -388,16 +347,6 @@ class Engine:
         """submit() from asyncio: tokenizing and templating a long prompt run in a worker thread,
         not on the event loop."""
         return await asyncio.to_thread(self.submit, prompt, **kw)
-
-    def _without_eog(self, row: np.ndarray) -> np.ndarray:
-        """row with the end-of-generation tokens at -inf, in the engine's one scratch row (ignore_eos)."""
-        if self._eog is None:
-            self._eog = np.array([t for t in range(self.model.n_vocab) if self.model.is_eog(t)], dtype=np.int64)
-            self._eog_row = np.empty(self.model.n_vocab, dtype=np.float32)
-        assert self._eog_row is not None
-        np.copyto(self._eog_row, row)
-        self._eog_row[self._eog] = -np.inf
-        return self._eog_row
 
     def _truncate(self, toks: list[int], keep: int) -> tuple[list[int], int]:
         """llama-server's prompt truncation: keep the first `keep` tokens, drop whole blocks of half
@@ -416,66 +365,45 @@ class Engine:
 
     async def stream(self, prompt, **kw) -> AsyncIterator[str]:
         """Submit and yield the text pieces as they come (asyncio); leaving the loop early cancels."""
-        async for piece in self._pieces(self.submit(prompt, **kw)):
+        async for piece in self.submit(prompt, **kw):
             yield piece
 
     async def agenerate(self, prompt, **kw) -> Result:
         """Submit and wait for the Result without blocking the event loop."""
         req = self.submit(prompt, **kw)
-        async for _ in self._pieces(req):
+        async for _ in req:
             pass
         return req.result()
 
-    async def _pieces(self, req: Request) -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        wake = asyncio.Event()
-        req._listeners.append(lambda: loop.call_soon_threadsafe(wake.set))
-        try:
-            while True:
-                wake.clear()
-                piece, finished = req._take()
-                if piece is not None:
-                    yield piece
-                elif finished:
-                    req._raise_error()
-                    return
-                elif self._thread is None or not self._thread.is_alive():  # no loop, or it failed: _drive says
-                    await asyncio.to_thread(self._drive, req)
-                else:
-                    await wake.wait()
-        finally:
-            if not req.done:
-                req._cancel = True
-                self._notify()
-
     # ---- cancelling ------------------------------------------------------------------------------
-    def _cancel(self, req: Request) -> None:
+    def cancel(self, req: Request, wait: bool = True) -> None:
+        """End req, whose cancel() was called: at once (wait=True, no background loop), else before
+        the next step."""
         if req.done:
             return
-        req._cancel = True
-        if self._thread is not None and self._thread.is_alive():
-            self._notify()  # the loop ends it before its next step
+        if not wait or self._thread is not None and self._thread.is_alive():
+            self._notify()  # the loop (or the next step) ends it
             return
         with self._lock:
             self._reap_cancelled()
 
     def _reap_cancelled(self) -> None:
         with self._qlock:
-            gone = [r for r in self._queue if r._cancel]
+            gone = [r for r in self._queue if r.cancelled]
             for r in gone:
                 self._queue.remove(r)
         for r in gone:
             self._end(r, "cancelled")
-        for r in [r for r in self._resume if r._cancel]:
+        for r in [r for r in self._resume if r.cancelled]:
             self._resume.remove(r)
             self._drop_suspended(r)
             self._end(r, "cancelled")
         for s in self._slots:
-            if s.req is not None and s.req._cancel:
+            if s.req is not None and s.req.cancelled:
                 self._finish(s, "cancelled")
 
     def _end(self, req: Request, stop: str, error: BaseException | None = None) -> None:
-        req._finish(stop, error=error)
+        req.complete(stop, req.decoder.finish(stop), error=error)
         self._count(stop)
 
     def _fail_all(self, error: BaseException) -> None:
@@ -486,7 +414,7 @@ class Engine:
         with self._qlock:
             waiting, self._queue = list(self._queue), deque()
         for r in waiting + self._resume:
-            if r._saved is not None:
+            if r in self._saved:
                 self._drop_suspended(r)
             self._end(r, "error", error)
         self._resume = []
@@ -507,8 +435,7 @@ class Engine:
             return n
 
     def _free_cells(self) -> int:
-        mem = getattr(self.memory, "base", self.memory)
-        return mem.n_cells - mem.n_used
+        return self.memory.n_free
 
     def _busy(self) -> list[Slot]:
         return [s for s in self._slots if s.req is not None]
@@ -543,11 +470,11 @@ class Engine:
         if self.tree is None:
             if not self.prefix_cache:
                 return free[0]
-            return max(free, key=lambda s: common_prefix(s.tokens, req.prompt))
+            return max(free, key=lambda s: common_prefix(s.seq_state.tokens, req.prompt))
         have = self.tree.match_len(req.prompt)
         for s in self._slots:
             if s.req is not None and s.req.state == PREFILL:
-                if common_prefix(s.feed, req.prompt) >= have + DEFER_MIN:
+                if common_prefix(s.seq_state.feed, req.prompt) >= have + DEFER_MIN:
                     return None
         return free[0]
 
@@ -559,7 +486,7 @@ class Engine:
         if self.tree is not None:
             n, src = self.tree.lookup(prompt, limit)
         else:
-            n, src = (min(common_prefix(slot.tokens, prompt), limit) if self.prefix_cache else 0), None
+            n, src = (min(common_prefix(slot.seq_state.tokens, prompt), limit) if self.prefix_cache else 0), None
             self._m["slot_lookups"] += 1
         if self.tree is not None:  # take the prefix first: evicting for room must not free it
             mem.seq_rm(slot.seq, -1, -1)
@@ -584,19 +511,17 @@ class Engine:
                 self._m["slot_lookups"] -= 1
             return False
         if self.tree is not None:
-            slot.tokens = list(prompt[:n])
+            slot.seq_state.tokens = list(prompt[:n])
         else:
             mem.seq_rm(slot.seq, n, -1)
-            slot.tokens = slot.tokens[:n]
+            slot.seq_state.tokens = slot.seq_state.tokens[:n]
             if n:
                 self._m["slot_hits"] += 1
                 self._m["slot_reused"] += n
-        slot.req, slot.shifted = req, False
-        slot.feed, slot.fed, slot.pending = prompt, n, None
-        slot.stream = TextStream(self.model.tokenizer)
+        slot.req, slot.seq_state.shifted = req, False
+        slot.seq_state.feed, slot.seq_state.fed, slot.seq_state.pending = prompt, n, None
         req.n_cached = n
         req.state = PREFILL
-        req._slot = slot
         return True
 
     def _build(self) -> list[tuple[Slot, list[int], bool]]:
@@ -606,17 +531,19 @@ class Engine:
         for s in self._slots:
             if s.req is None or s.req.state != GENERATING or budget == 0:
                 continue
-            if len(s.tokens) + 1 >= self.n_ctx_seq and not self._shift(s):
+            if needs_room(len(s.seq_state.tokens), self.n_ctx_seq) and not self._shift(s):
                 self._finish(s, "length")
                 continue
-            assert s.pending is not None  # a generating slot holds its next token
-            out.append((s, [s.pending], True))
+            tok = s.seq_state.pending
+            assert tok is not None  # a generating slot holds its next token
+            out.append((s, [tok], True))
             budget -= 1
         for s in self._slots:
             if s.req is None or s.req.state != PREFILL or budget == 0:
                 continue
-            chunk = s.feed[s.fed:s.fed + budget]
-            out.append((s, chunk, s.fed + len(chunk) == len(s.feed)))
+            st = s.seq_state
+            chunk = st.feed[st.fed:st.fed + budget]
+            out.append((s, chunk, st.fed + len(chunk) == len(st.feed)))
             budget -= len(chunk)
         return out
 
@@ -677,22 +604,21 @@ class Engine:
         j = 0
         for s, chunk, want in batch:
             j += len(chunk)
-            req = s.req
-            s.tokens += chunk
+            req, st = s.running, s.seq_state
+            st.tokens += chunk
             if req.state == PREFILL:
-                s.fed += len(chunk)
+                st.fed += len(chunk)
                 self._m["prompt_tokens"] += len(chunk)
-                if s.fed < len(s.feed):
+                if st.fed < len(st.feed):
                     continue
-                if s.pending is not None:  # a suspended request computed again: go on generating
+                if st.pending is not None:  # a suspended request computed again: go on generating
                     req.state = GENERATING
                     continue
-                if self.tree is not None and not s.shifted:
-                    self._cache(s, len(s.tokens))
-                for t in req.prompt[-PENALTY_LAST_N:]:
-                    req.sampler.accept(t)
+                if self.tree is not None and not st.shifted:
+                    self._cache(s, len(st.tokens))
+                req.decoder.accept_prompt(req.prompt)
                 req.state = GENERATING
-                if req.max_tokens == 0:
+                if req.decoder.exhausted:
                     self._finish(s, "length")
                     continue
             else:
@@ -701,32 +627,24 @@ class Engine:
                 self._sample(s, self.ctx.get_logits_ith(j - 1))
 
     def _sample(self, s: Slot, row) -> None:
+        """The request's sampling step (SeqDecoder.step) on its logits row: its piece to the caller,
+        then its token decoded next or its end."""
         req = s.running
-        if req.ignore_eos:
-            row = self._without_eog(row)
-        tok = req.sampler.sample_logits(row)
-        req.sampler.accept(tok)
+        out = req.decoder.step(row)
         now = time.perf_counter()
         if req.t_first is None:
             req.t_first = now
         req.t_last = now
-        if self.model.is_eog(tok):
-            self._finish(s, "eog")
+        req.deliver(out.text)
+        if out.stop is not None:
+            self._finish(s, out.stop)
             return
-        req.generated.append(tok)
-        assert s.stream is not None
-        if req._emit(s.stream.push(tok)):
-            self._finish(s, "stop")
-            return
-        if 0 <= req.max_tokens <= len(req.generated):
-            self._finish(s, "length")
-            return
-        s.pending = tok
+        s.seq_state.pending = out.token
 
     def _cache(self, s: Slot, n: int) -> None:
         """Give the slot's first n tokens to the prefix cache and lock them for the running request."""
         assert self.tree is not None
-        toks = s.tokens[:n]
+        toks = s.seq_state.tokens[:n]
         self.tree.insert(toks, s.seq, n)
         self._release_lock(s)
         s.lock = self.tree.lock(toks, n)
@@ -735,23 +653,20 @@ class Engine:
         """End the slot's request: its cells go to the prefix cache (cache=False: are removed), the
         slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
-        tail = s.stream.flush() if s.stream is not None else ""
         assert req is not None
         if self.tree is not None:
             self._release_lock(s)
-            if cache and not s.shifted and s.tokens:
-                self.tree.insert(s.tokens, s.seq, len(s.tokens))
+            if cache and not s.seq_state.shifted and s.seq_state.tokens:
+                self.tree.insert(s.seq_state.tokens, s.seq, len(s.seq_state.tokens))
             self.memory.seq_rm(s.seq, -1, -1)
         elif not self.prefix_cache or not cache:
             self.memory.seq_rm(s.seq, -1, -1)
-            s.tokens = []
-        s.last_tokens = list(s.tokens)
+            s.seq_state.tokens = []
+        s.last_tokens = list(s.seq_state.tokens)
         if self.tree is not None:
-            s.tokens = []
-        s.req, s.pending, s.stream, s.feed, s.fed = None, None, None, [], 0
-        req._slot = None
-        req._finish(stop, tail, error=error)
-        self._count(stop)
+            s.seq_state.tokens = []
+        s.req, s.seq_state.pending, s.seq_state.feed, s.seq_state.fed = None, None, [], 0
+        self._end(req, stop, error)
 
     def _count(self, stop: str) -> None:
         self._m[{"cancelled": "requests_cancelled", "error": "requests_failed"}.get(stop, "requests_finished")] += 1
@@ -769,13 +684,10 @@ class Engine:
         do not move for the others. False when shifting is off or impossible."""
         if not self.context_shift:
             return False
-        mem, req = self.memory, s.running
-        keep = min(req.n_keep, len(s.tokens))
-        n_past = len(s.tokens)
-        n = (n_past - keep) // 2
-        limit = mem.exact_shift_limit(s.seq, keep)
-        if limit is not None and limit >= 1:
-            n = min(n, limit)
+        mem, req, st = self.memory, s.running, s.seq_state
+        keep = min(req.n_keep, len(st.tokens))
+        n_past = len(st.tokens)
+        n, _ = shift_discard(mem, s.seq, keep)
         if n <= 0:
             return False
         if self.tree is not None:
@@ -790,8 +702,8 @@ class Engine:
         else:
             return False
         done, _ = context_shift(mem, s.seq, keep, n)
-        del s.tokens[keep:keep + done]
-        s.shifted = True
+        del st.tokens[keep:keep + done]
+        st.shifted = True
         req.n_shift += 1
         return done > 0
 
@@ -800,14 +712,14 @@ class Engine:
         slot and put its request first in line to resume."""
         req = s.running
         blob = None
-        if s.tokens:
+        if s.seq_state.tokens:
             blob = self.ctx.state_seq_get_data(s.seq)
             if self._suspended_bytes + len(blob) > self.suspend_bytes:
                 blob = None
         if self.tree is not None:
             self._release_lock(s)
         self.memory.seq_rm(s.seq, -1, -1)
-        req._saved = Suspended(blob, s.take())
+        self._saved[req] = Suspended(blob, s.take())
         if blob is not None:
             self._suspended_bytes += len(blob)
         req.state = SUSPENDED
@@ -819,17 +731,14 @@ class Engine:
                  f"{len(blob)} bytes saved" if blob is not None else "tokens kept, to be computed again")
 
     def _drop_suspended(self, req: Request) -> None:
-        assert req._saved is not None
-        blob = req._saved.blob
+        blob = self._saved.pop(req).blob
         if blob is not None:
             self._suspended_bytes -= len(blob)
-        req._saved = None
 
     def _resume_into(self, req: Request, slot: Slot) -> bool:
         """Put a suspended request back on a slot: its saved state restored, or its tokens queued
         to be computed again. False while there is no room for it."""
-        sv = req._saved
-        assert sv is not None
+        sv = self._saved[req]
         busy = len(self._busy())
         need = len(sv.state.tokens) + (GROWTH * (busy + 1) if busy else 0)
         if need > self._free_cells() and self.tree is not None:
@@ -852,7 +761,6 @@ class Engine:
         self._drop_suspended(req)
         slot.put(st)
         slot.req, slot.lock = req, None
-        req._slot = slot
         return True
 
     # ---- slots -----------------------------------------------------------------------------------
@@ -863,10 +771,10 @@ class Engine:
             for s in self._slots:
                 r = s.req
                 out.append(dict(id=s.id, state=s.state, is_processing=r is not None, request=None if r is None else r.id,
-                                n_ctx=self.n_ctx_seq, n_past=len(s.tokens) if r is not None else 0,
+                                n_ctx=self.n_ctx_seq, n_past=len(s.seq_state.tokens) if r is not None else 0,
                                 n_prompt=0 if r is None else len(r.prompt), n_cached=0 if r is None else r.n_cached,
                                 n_generated=0 if r is None else len(r.generated),
-                                cached_tokens=len(s.tokens) if r is not None or self.tree is None else len(s.last_tokens)))
+                                cached_tokens=len(s.seq_state.tokens) if r is not None or self.tree is None else len(s.last_tokens)))
             return out
 
     def _slot(self, i) -> Slot:
@@ -900,7 +808,7 @@ class Engine:
             s = self._slot(i)
             self.memory.update()
             if s.req is not None or self.tree is None:
-                toks = list(s.tokens)
+                toks = list(s.seq_state.tokens)
                 self.ctx.state_seq_save_file(path, s.seq, toks)
             else:
                 n, src = self._lookup_quiet(s.last_tokens)
@@ -938,7 +846,7 @@ class Engine:
                 self.tree.insert(toks, s.seq, len(toks))
                 self.memory.seq_rm(s.seq, -1, -1)
             else:
-                s.tokens = list(toks)
+                s.seq_state.tokens = list(toks)
             s.last_tokens = list(toks)
             return dict(id_slot=s.id, filename=path.name, n_restored=len(toks))
 
@@ -948,9 +856,9 @@ class Engine:
             s = self._slot(i)
             if s.req is not None:
                 raise LlamaxError(f"slot {i} is processing request {s.req.id}")
-            n = len(s.tokens) if self.tree is None else len(s.last_tokens)
+            n = len(s.seq_state.tokens) if self.tree is None else len(s.last_tokens)
             self.memory.seq_rm(s.seq, -1, -1)
-            s.tokens, s.last_tokens = [], []
+            s.seq_state.tokens, s.last_tokens = [], []
             return dict(id_slot=s.id, n_erased=n)
 
     def clear_cache(self) -> None:
@@ -961,7 +869,7 @@ class Engine:
             for s in self._slots:
                 if s.req is None:
                     self.memory.seq_rm(s.seq, -1, -1)
-                    s.tokens = []
+                    s.seq_state.tokens = []
 
     # ---- handing a cached prefix to another engine -----------------------------------------------
     def _tree_for(self, what: str) -> PrefixCache:
@@ -1007,7 +915,7 @@ class Engine:
             raise TypeError(f"import_prefix takes a PrefixState, not {type(prefix).__name__}")
         toks = self._tokens(list(prefix.tokens))
         # the header, both checksums, the kind and the model: before anything is evicted for room
-        _state.StateReader(prefix.data, kind=_state.KIND_SEQ, fingerprint=self.ctx._fingerprint(), exact=True)
+        _state.StateReader(prefix.data, kind=_state.KIND_SEQ, fingerprint=self.ctx.fingerprint, exact=True)
         with self._lock:
             self.memory.update()
             if tree.match_len(toks) >= len(toks):

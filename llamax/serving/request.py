@@ -1,26 +1,29 @@
 """A request to the Engine and its result (llama-server's task and its final response).
 
 A Request is the caller's handle: iterate it for the text pieces as they are generated, call
-result() for the Result, cancel() to stop it. The engine's loop fills it from its own thread;
-every method here is safe from any thread. Without a background loop (no `with engine:`),
-iterating or waiting drives the engine's steps itself.
+result() for the Result, cancel() to stop it. It is data plus the Driver it was given: whoever runs
+it (the Engine) delivers its pieces with deliver() and ends it with complete(), and the Request
+asks its driver to step (drive) or to stop it (cancel). This module knows nothing of the Engine.
+Every method here is safe from any thread. Without a background loop (no `with engine:`),
+iterating or waiting drives the steps itself.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llamax.errors import RequestError
 from llamax.sampling import Sampler
+from llamax.sequence import SeqDecoder
 
 QUEUED, PREFILL, GENERATING, SUSPENDED, DONE = "queued", "prefill", "generating", "suspended", "done"
 
-if TYPE_CHECKING:
-    from llamax.serving.engine import Slot, Suspended
+POLL_S = 0.5  # a waiting caller looks again after this long (a driver that stopped stepping)
 
 
 @dataclass(frozen=True)
@@ -46,81 +49,90 @@ class Result:
     n_shift: int = 0
 
 
-class StopMatcher:
-    """Finds stop strings in streamed text and holds back a tail that may begin one."""
+class Driver(Protocol):
+    """What runs a Request (the Engine): the two things a Request asks of it."""
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = [s for s in stops if s]
-        self.text = ""
-        self.sent = 0  # characters of text handed out
+    def drive(self, req: Request) -> bool:
+        """Run one step for a caller waiting on req; False when a background loop runs the steps
+        (the caller then waits for req to change)."""
 
-    def push(self, piece: str) -> tuple[str, bool]:
-        """(text that can be handed out now, True if a stop string was completed)."""
-        self.text += piece
-        if not self.stops:
-            out, self.sent = self.text[self.sent:], len(self.text)
-            return out, False
-        lo = max(0, self.sent - max(len(s) for s in self.stops) + 1)
-        hits = [i for i in (self.text.find(s, lo) for s in self.stops) if i >= 0]
-        if hits:
-            cut = min(hits)
-            out = self.text[self.sent:cut] if cut > self.sent else ""
-            self.text, self.sent = self.text[:max(cut, self.sent)], max(cut, self.sent)
-            return out, True
-        hold = 0  # the longest tail of text that a stop string starts with
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(self.text) - self.sent), 0, -1):
-                if self.text.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        end = len(self.text) - hold
-        out = self.text[self.sent:end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return out, False
-
-    def flush(self) -> str:
-        out, self.sent = self.text[self.sent:], len(self.text)
-        return out
+    def cancel(self, req: Request, wait: bool = True) -> None:
+        """End req (req.cancelled is set). wait=True: before returning (after the step running now,
+        if any); wait=False: at the next step, without blocking."""
 
 
 class Request:
-    """One submitted request (see Engine.submit). Iterate for text pieces; result() waits."""
+    """One submitted request (see Engine.submit). Iterate for text pieces; result() waits.
 
-    def __init__(self, engine, rid: int, prompt: list[int], *, max_tokens: int, sampler: Sampler,
-                 stop: Sequence[str], n_keep: int, n_truncated: int = 0) -> None:
-        self._engine = engine
+    Args:
+        driver: what runs it (Driver).
+        rid: its id (submission order).
+        prompt: the tokens it runs (after truncation).
+        decoder: its sampling step (sampler, stop strings, max_tokens, ignore_eos).
+        n_keep: positions a context shift keeps.
+        n_truncated: prompt tokens dropped to fit the context.
+    """
+
+    def __init__(self, driver: Driver, rid: int, prompt: list[int], *, decoder: SeqDecoder, n_keep: int,
+                 n_truncated: int = 0) -> None:
+        self._driver = driver
         self.id = rid
-        self.prompt = prompt            # the tokens the request runs (after truncation)
-        self.n_truncated = n_truncated  # prompt tokens dropped to fit the context
-        self.max_tokens = max_tokens
-        self.sampler = sampler
+        self.prompt = prompt
+        self.n_truncated = n_truncated
+        self.decoder = decoder
         self.n_keep = n_keep
         self.state = QUEUED
         self.t_submit = time.perf_counter()
         self.t_first: float | None = None
         self.t_last: float | None = None
-        self.generated: list[int] = []  # sampled tokens (end-of-generation excluded)
         self.n_cached = 0
         self.n_shift = 0
-        self._stop = StopMatcher(stop)
+        self.error: BaseException | None = None  # why it failed (stop "error")
+        self._cancelled = False
         self._pieces: deque[str] = deque()
         self._cond = threading.Condition()
         self._result: Result | None = None
-        self._cancel = False
-        self.error: BaseException | None = None  # why it failed (stop "error")
-        self.ignore_eos = False
-        self._listeners: list = []      # called (from the engine's thread) when a piece or the result comes
-        self._saved: Suspended | None = None  # a suspended request's state
-        self._slot: Slot | None = None
+        self._listeners: list[Callable[[], None]] = []  # called (from the driver's thread) on a piece or the result
 
-    # ---- the caller's side ---------------------------------------------------------------------
+    # ---- what it holds -------------------------------------------------------------------------
+    @property
+    def sampler(self) -> Sampler:
+        return self.decoder.sampler
+
+    @property
+    def max_tokens(self) -> int:
+        return self.decoder.max_tokens
+
+    @property
+    def ignore_eos(self) -> bool:
+        return self.decoder.ignore_eos
+
+    @property
+    def generated(self) -> list[int]:
+        """The sampled tokens so far (end-of-generation excluded)."""
+        return self.decoder.generated
+
+    @property
+    def text(self) -> str:
+        """The text so far (up to a stop string)."""
+        return self.decoder.text
+
     @property
     def done(self) -> bool:
         return self._result is not None
 
+    @property
+    def cancelled(self) -> bool:
+        """cancel() was called (the request ends at once, or at the driver's next step)."""
+        return self._cancelled
+
+    # ---- the caller's side ---------------------------------------------------------------------
     def cancel(self) -> None:
         """Stop the request; its slot is freed at once (after the step running now, if any)."""
-        self._engine._cancel(self)
+        if self.done:
+            return
+        self._cancelled = True
+        self._driver.cancel(self)
 
     def result(self, timeout: float | None = None) -> Result:
         """Wait for the request to finish and return its Result.
@@ -131,13 +143,13 @@ class Request:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while self._result is None:
-            if not self._engine._drive(self):
+            if not self._driver.drive(self):
                 with self._cond:
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         raise TimeoutError(f"request {self.id} not finished after {timeout} s")
                     if self._result is None:
-                        self._cond.wait(left if left is not None else 0.5)
+                        self._cond.wait(left if left is not None else POLL_S)
             elif deadline is not None and time.monotonic() >= deadline and self._result is None:
                 raise TimeoutError(f"request {self.id} not finished after {timeout} s")
         self._raise_error()
@@ -155,59 +167,85 @@ class Request:
                     continue
                 if self._result is not None:
                     break
-            if not self._engine._drive(self):
+            if not self._driver.drive(self):
                 with self._cond:
                     if not self._pieces and self._result is None:
-                        self._cond.wait(0.5)
+                        self._cond.wait(POLL_S)
         self._raise_error()
 
     def __aiter__(self) -> AsyncIterator[str]:
         """`async for piece in req`: the pieces without blocking the event loop; leaving the loop
         before the request is done cancels it."""
-        return self._engine._pieces(self)
+        return self._apieces()
 
-    def __repr__(self) -> str:
-        return f"Request(id={self.id}, state={self.state}, prompt={len(self.prompt)}, generated={len(self.generated)})"
+    async def _apieces(self) -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+
+        def listener() -> None:
+            loop.call_soon_threadsafe(wake.set)
+
+        self._listeners.append(listener)
+        stepping = True  # no background loop known: step in a worker thread
+        try:
+            while True:
+                wake.clear()
+                piece, finished = self._take()
+                if piece is not None:
+                    yield piece
+                elif finished:
+                    self._raise_error()
+                    return
+                elif stepping:
+                    stepping = await asyncio.to_thread(self._driver.drive, self)
+                else:  # a background loop fills it; look again now and then in case it stopped
+                    try:
+                        await asyncio.wait_for(wake.wait(), POLL_S)
+                    except asyncio.TimeoutError:
+                        stepping = True
+        finally:
+            self._listeners.remove(listener)
+            if not self.done:
+                self._cancelled = True
+                self._driver.cancel(self, wait=False)
 
     def _take(self) -> tuple[str | None, bool]:
-        """(the next piece or None, finished): for the asyncio face."""
+        """(the next piece or None, finished)."""
         with self._cond:
             if self._pieces:
                 return self._pieces.popleft(), False
             return None, self._result is not None
 
-    # ---- the engine's side ---------------------------------------------------------------------
+    def __repr__(self) -> str:
+        return f"Request(id={self.id}, state={self.state}, prompt={len(self.prompt)}, generated={len(self.generated)})"
+
+    # ---- the driver's side ---------------------------------------------------------------------
     def _changed(self) -> None:
-        for f in self._listeners:
+        for f in list(self._listeners):
             f()
-    @property
-    def text(self) -> str:
-        return self._stop.text
 
-    def _emit(self, piece: str) -> bool:
-        """Hand out a decoded piece; True when it completed a stop string."""
-        out, hit = self._stop.push(piece)
-        if out:
-            with self._cond:
-                self._pieces.append(out)
-                self._cond.notify_all()
-            self._changed()
-        return hit
+    def deliver(self, piece: str) -> None:
+        """Hand out a text piece (already clear of stop strings) to the caller."""
+        if not piece:
+            return
+        with self._cond:
+            self._pieces.append(piece)
+            self._cond.notify_all()
+        self._changed()
 
-    def _finish(self, stop: str, tail: str = "", error: BaseException | None = None) -> Result:
-        if tail and stop != "stop":
-            self._emit(tail)
-        rest = self._stop.flush() if stop != "stop" else ""
+    def complete(self, stop: str, tail: str = "", error: BaseException | None = None) -> Result:
+        """End the request: tail is its last piece; error: it failed (stop "error", result() raises
+        RequestError). Returns its Result."""
         now = time.perf_counter()
         ttft = (self.t_first if self.t_first is not None else now) - self.t_submit
         n = len(self.generated)
         span = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
-        res = Result(text=self._stop.text, tokens=list(self.generated), stop=stop, n_prompt=len(self.prompt),
+        res = Result(text=self.text, tokens=list(self.generated), stop=stop, n_prompt=len(self.prompt),
                      n_cached=self.n_cached, n_generated=n, ttft_s=ttft,
                      gen_tps=(n - 1) / span if n > 1 and span > 0 else 0.0, n_shift=self.n_shift)
         with self._cond:
-            if rest:
-                self._pieces.append(rest)
+            if tail:
+                self._pieces.append(tail)
             self.error = error
             self.state = DONE
             self._result = res
