@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX, SEQ_WORDS
+from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX, SEQ_WORDS, seq_mask
 from llamax.errors import BatchError
 
 __all__ = ["Batch", "BatchAllocator", "UBatch", "MemoryPositions", "LLAMA_MAX_SEQ", "SEQ_WORDS"]
@@ -89,19 +89,6 @@ def _bits_to_pairs(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
     tok, seq = np.nonzero(b)
     return tok.astype(np.int64), seq.astype(np.int32)
-
-
-def _mask_ge(n_seq_max: int) -> np.ndarray:
-    """uint64[4] with the bits of every sequence id >= n_seq_max set."""
-    m = np.zeros(SEQ_WORDS, dtype=np.uint64)
-    for w in range(SEQ_WORDS):
-        lo = w * 64
-        if n_seq_max <= lo:
-            m[w] = np.uint64(0xFFFFFFFFFFFFFFFF)
-        elif n_seq_max < lo + 64:
-            k = n_seq_max - lo
-            m[w] = np.uint64(((1 << 64) - 1) ^ ((1 << k) - 1))
-    return m
 
 
 def _row_to_int(row: np.ndarray) -> int:
@@ -172,8 +159,8 @@ def _parse_seq_ids(seq_ids: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.nda
         if not 0 <= s < LLAMA_MAX_SEQ:
             raise BatchError(f"seq_ids = {s}: seq ids must be in [0, {LLAMA_MAX_SEQ})")
         primary = np.full(n, s, dtype=np.int32)
-        bits = np.zeros((n, SEQ_WORDS), dtype=np.uint64)
-        bits[:, s >> 6] = np.uint64(1 << (s & 63))
+        bits = np.empty((n, SEQ_WORDS), dtype=np.uint64)
+        bits[:] = seq_mask(s)
         return primary, np.ones(n, dtype=np.int32), bits, False
 
     a: np.ndarray | None
@@ -406,8 +393,8 @@ class UBatch:
         if n_seq_tokens < 0 or n_seqs < 1 or n_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"ubatch_reserve({n_seq_tokens}, {n_seqs}): bad sizes")
         n = n_seq_tokens * n_seqs
-        bits = np.zeros((n, SEQ_WORDS), dtype=np.uint64)
-        bits[:, 0] = _ONE_U64
+        bits = np.empty((n, SEQ_WORDS), dtype=np.uint64)
+        bits[:] = seq_mask(0)
         seq_idx = np.full(LLAMA_MAX_SEQ, -1, dtype=np.int32)
         seq_idx[:n_seqs] = np.arange(n_seqs, dtype=np.int32)
         return cls(
@@ -438,8 +425,7 @@ class UBatch:
         ub.pos[:] = pos
         ub.token[:] = token
         ub.seq_id[:] = seq_id
-        ub.seq_bits[:] = 0
-        ub.seq_bits[:, seq_id >> 6] = _ONE_U64 << np.uint64(seq_id & 63)
+        ub.seq_bits[:] = seq_mask(seq_id)
         ub.seq_id_unq[:] = seq_id
         ub.seq_idx[:] = -1
         ub.seq_idx[seq_id] = 0
@@ -661,13 +647,14 @@ class BatchAllocator:
         multi = batch.multi_seq
         # seq ids in [0, n_seq_max)
         if nsm < LLAMA_MAX_SEQ:
+            beyond = seq_mask(range(nsm, LLAMA_MAX_SEQ))
             if multi:
-                over = (bits & _mask_ge(nsm)).any(axis=1)
+                over = (bits & beyond).any(axis=1)
             else:
                 over = seq >= nsm
             if over.any():
                 i = int(np.argmax(over))
-                s = int(_bits_to_ids(bits[i] & _mask_ge(nsm))[0])
+                s = int(_bits_to_ids(bits[i] & beyond)[0])
                 raise BatchError(
                     f"invalid seq_id[{i}] = {s}: seq ids must be in [0, n_seq_max = {nsm})"
                 )
