@@ -680,11 +680,12 @@ def _seq_runs(pair_seq: np.ndarray, pair_pos: np.ndarray | None = None, *, one_s
     else:
         order = np.lexsort((pair_pos, pair_seq))
     ss = pair_seq[order]
-    first = np.empty(m, dtype=np.bool_)
-    first[0] = True
-    np.not_equal(ss[1:], ss[:-1], out=first[1:])
-    starts = np.flatnonzero(first)
-    return _SeqRuns(order, ss[starts], starts, np.diff(np.append(starts, m)), first)
+    edge = np.empty(m + 1, dtype=np.bool_)  # a run starts at j (j < m); m closes the last one
+    edge[0] = edge[m] = True
+    np.not_equal(ss[1:], ss[:-1], out=edge[1:m])
+    bounds = np.flatnonzero(edge)
+    starts = bounds[:-1]
+    return _SeqRuns(order, ss[starts], starts, bounds[1:] - starts, edge[:m])
 
 
 def _ranges_of(runs: _SeqRuns, sp: np.ndarray) -> tuple[_SeqRanges, np.ndarray]:
