@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX, SEQ_WORDS
+from llamax.dtypes import LLAMA_MAX_SEQ, POS_MAX, SEQ_WORDS, seq_mask
 from llamax.errors import BatchError
 
 __all__ = ["Batch", "BatchAllocator", "UBatch", "MemoryPositions", "LLAMA_MAX_SEQ", "SEQ_WORDS"]
@@ -89,19 +89,6 @@ def _bits_to_pairs(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     )
     tok, seq = np.nonzero(b)
     return tok.astype(np.int64), seq.astype(np.int32)
-
-
-def _mask_ge(n_seq_max: int) -> np.ndarray:
-    """uint64[4] with the bits of every sequence id >= n_seq_max set."""
-    m = np.zeros(SEQ_WORDS, dtype=np.uint64)
-    for w in range(SEQ_WORDS):
-        lo = w * 64
-        if n_seq_max <= lo:
-            m[w] = np.uint64(0xFFFFFFFFFFFFFFFF)
-        elif n_seq_max < lo + 64:
-            k = n_seq_max - lo
-            m[w] = np.uint64(((1 << 64) - 1) ^ ((1 << k) - 1))
-    return m
 
 
 def _row_to_int(row: np.ndarray) -> int:
@@ -172,8 +159,8 @@ def _parse_seq_ids(seq_ids: Any, n: int) -> tuple[np.ndarray, np.ndarray, np.nda
         if not 0 <= s < LLAMA_MAX_SEQ:
             raise BatchError(f"seq_ids = {s}: seq ids must be in [0, {LLAMA_MAX_SEQ})")
         primary = np.full(n, s, dtype=np.int32)
-        bits = np.zeros((n, SEQ_WORDS), dtype=np.uint64)
-        bits[:, s >> 6] = np.uint64(1 << (s & 63))
+        bits = np.empty((n, SEQ_WORDS), dtype=np.uint64)
+        bits[:] = seq_mask(s)
         return primary, np.ones(n, dtype=np.int32), bits, False
 
     a: np.ndarray | None
@@ -406,8 +393,8 @@ class UBatch:
         if n_seq_tokens < 0 or n_seqs < 1 or n_seqs > LLAMA_MAX_SEQ:
             raise ValueError(f"ubatch_reserve({n_seq_tokens}, {n_seqs}): bad sizes")
         n = n_seq_tokens * n_seqs
-        bits = np.zeros((n, SEQ_WORDS), dtype=np.uint64)
-        bits[:, 0] = _ONE_U64
+        bits = np.empty((n, SEQ_WORDS), dtype=np.uint64)
+        bits[:] = seq_mask(0)
         seq_idx = np.full(LLAMA_MAX_SEQ, -1, dtype=np.int32)
         seq_idx[:n_seqs] = np.arange(n_seqs, dtype=np.int32)
         return cls(
@@ -438,8 +425,7 @@ class UBatch:
         ub.pos[:] = pos
         ub.token[:] = token
         ub.seq_id[:] = seq_id
-        ub.seq_bits[:] = 0
-        ub.seq_bits[:, seq_id >> 6] = _ONE_U64 << np.uint64(seq_id & 63)
+        ub.seq_bits[:] = seq_mask(seq_id)
         ub.seq_id_unq[:] = seq_id
         ub.seq_idx[:] = -1
         ub.seq_idx[seq_id] = 0
@@ -451,6 +437,288 @@ class UBatch:
             f"equal_seqs={self.equal_seqs}, seq_id_unq={self.seq_id_unq.tolist()}, "
             f"n_outputs={self.n_outputs})"
         )
+
+
+# ----------------------------------------------------------------------------------------------
+# the stages of BatchAllocator.init (each only reads; the allocator commits at the end)
+
+
+class _SeqRanges(NamedTuple):
+    """Each sequence's position range in the batch (the ends of llama.cpp's seq_pos sets)."""
+
+    seqs: np.ndarray     # int32[k]: the batch's sequences, ascending
+    pos_min: np.ndarray  # int32[k]
+    pos_max: np.ndarray  # int32[k]
+
+
+class _MemoryEnds:
+    """The last position of each sequence in the memory (-1: empty, or no memory), asked once per
+    sequence."""
+
+    __slots__ = ("memory", "_last")
+
+    def __init__(self, memory: MemoryPositions | None) -> None:
+        self.memory = memory
+        self._last: dict[int, int] = {}
+
+    def last(self, s: int) -> int:
+        x = self._last.get(s)
+        if x is None:
+            x = int(self.memory.seq_pos_max(s)) if self.memory is not None else -1
+            self._last[s] = x
+        return x
+
+
+def _check_size(n: int, n_batch: int | None) -> None:
+    """Stage: at least one token, at most n_batch."""
+    if n == 0:
+        raise BatchError("empty batch: a batch needs at least one token (n_tokens == 0)")
+    if n_batch is not None and n > n_batch:
+        raise BatchError(f"the batch has {n} tokens, more than n_batch = {n_batch}: split it or raise n_batch")
+
+
+def _check_tokens(token: np.ndarray, n_vocab: int | None) -> None:
+    """Stage: every token id in [0, n_vocab) (n_vocab None: >= 0)."""
+    if token.shape[0] == 1:  # the generation step, without array temporaries
+        t = int(token[0])
+        i = 0 if t < 0 or (n_vocab is not None and t >= n_vocab) else -1
+    else:
+        bad = token < 0 if n_vocab is None else (token < 0) | (token >= n_vocab)
+        i = int(np.argmax(bad)) if bad.any() else -1
+    if i >= 0:
+        hi = n_vocab if n_vocab is not None else "inf"
+        raise BatchError(f"invalid token[{i}] = {int(token[i])}: token ids must be in [0, {hi})")
+
+
+def _check_seq_ids(batch: Batch, n_seq_max: int) -> None:
+    """Stage: every sequence of every token in [0, n_seq_max) (Batch already keeps them below 256)."""
+    if n_seq_max >= LLAMA_MAX_SEQ:
+        return
+    if batch.multi_seq:
+        over = (batch.seq_bits & seq_mask(range(n_seq_max, LLAMA_MAX_SEQ))).any(axis=1)
+        i = int(np.argmax(over)) if over.any() else -1
+    elif batch.n_tokens == 1:
+        i = 0 if int(batch.seq_id[0]) >= n_seq_max else -1
+    else:
+        over = batch.seq_id >= n_seq_max
+        i = int(np.argmax(over)) if over.any() else -1
+    if i >= 0:
+        ids = _bits_to_ids(batch.seq_bits[i])
+        raise BatchError(f"invalid seq_id[{i}] = {int(ids[ids >= n_seq_max][0])}: seq ids must be in "
+                         f"[0, n_seq_max = {n_seq_max})")
+
+
+def _fill_positions(batch: Batch, ends: _MemoryEnds) -> tuple[np.ndarray, _SeqRanges | None]:
+    """Stage: the batch's positions, those it has or, missing, each sequence's continuing the memory's
+    last (llama.cpp's auto-generated positions); with the sequences' ranges when the filling
+    guarantees every position rule (tokens of one sequence each), else None: check them."""
+    if batch.pos is not None:
+        return batch.pos, None
+    n, seq = batch.n_tokens, batch.seq_id
+    if _one_seq(batch):
+        s0 = int(seq[0])
+        p0 = ends.last(s0) + 1
+        _check_pos_room(s0, p0, n)
+        return (np.arange(p0, p0 + n, dtype=np.int32),
+                _SeqRanges(seq[:1], np.array([p0], dtype=np.int32), np.array([p0 + n - 1], dtype=np.int32)))
+    if not batch.multi_seq:
+        runs = _seq_runs(seq)
+        p0s = np.array([ends.last(s) + 1 for s in runs.seqs.tolist()], dtype=np.int64)
+        for s, p, c in zip(runs.seqs.tolist(), p0s.tolist(), runs.counts.tolist()):
+            _check_pos_room(s, p, c)
+        rank = np.arange(n) - np.repeat(runs.starts, runs.counts)
+        pos = np.empty(n, dtype=np.int32)
+        pos[runs.order] = np.repeat(p0s, runs.counts) + rank
+        return pos, _SeqRanges(runs.seqs, p0s.astype(np.int32), (p0s + runs.counts - 1).astype(np.int32))
+    # llama.cpp: pos[i] = p0[primary]; then every sequence of the token continues at pos[i] + 1
+    pair_tok, pair_seq = _token_seq_pairs(batch)
+    p0d = {s: ends.last(s) + 1 for s in np.unique(pair_seq).tolist()}
+    members = np.split(pair_seq, np.flatnonzero(np.diff(pair_tok)) + 1)
+    seq_l = seq.tolist()
+    pos_l = [0] * n
+    for i in range(n):
+        p = p0d[seq_l[i]]
+        if p >= POS_MAX:
+            raise BatchError(f"token {i}: its position {p} (after the memory's and the batch's "
+                             f"earlier tokens) is beyond the largest position {POS_MAX - 1}")
+        pos_l[i] = p
+        for s in members[i].tolist():
+            p0d[s] = p + 1
+    return np.asarray(pos_l, dtype=np.int32), None
+
+
+def _fill_outputs(batch: Batch, output_all: bool) -> np.ndarray:
+    """Stage: which tokens want an output: the batch's logits, by default the last token only;
+    every token for output_all (a batch that said otherwise is overridden, with llama.cpp's warning)."""
+    n = batch.n_tokens
+    if batch.logits is None:
+        if output_all:
+            return np.ones(n, dtype=np.bool_)
+        output = np.zeros(n, dtype=np.bool_)
+        output[-1] = True
+        return output
+    if output_all and not batch.logits.all():
+        logger.warning("init: embeddings required but some input tokens were not marked as outputs -> overriding")
+        return np.ones(n, dtype=np.bool_)
+    return batch.logits
+
+
+def _check_positions(batch: Batch, pos: np.ndarray, ends: _MemoryEnds, memory: MemoryPositions | None) -> _SeqRanges:
+    """Stage: positions that the batch gave (or that were filled for tokens of several sequences)
+    obey every rule, in llama.cpp's order: in [0, POS_MAX); per sequence, the first one continues the
+    memory (Y = X + 1) and none is missing up to the last; sequences coupled by a token hold the same
+    range in the memory; no sequence's positions decrease in batch order. Returns the ranges."""
+    _check_pos_range(pos)
+    pair_tok, pair_seq = _token_seq_pairs(batch)
+    runs = _seq_runs(pair_seq, one_seq=_one_seq(batch))  # each sequence's pairs in batch order
+    tok = pair_tok[runs.order]
+    sp = pos[tok]
+    back = (sp[1:] < sp[:-1]) & ~runs.first[1:]  # a sequence's position below its previous one
+    if back.any():  # an error, raised last: the ranges from a sort by position meanwhile
+        by_pos = _seq_runs(pair_seq, pos[pair_tok])
+        ranges, n_distinct = _ranges_of(by_pos, pos[pair_tok[by_pos.order]])
+    else:
+        ranges, n_distinct = _ranges_of(runs, sp)
+    _check_continuing(ranges, n_distinct, ends, pos, pair_tok, pair_seq)
+    if batch.multi_seq and memory is not None:
+        _check_coupled(pair_tok, pair_seq, batch.seq_id, memory)
+    if back.any():
+        j = int(np.flatnonzero(back)[np.argmin(tok[1:][back])])  # the earliest token that goes back
+        raise BatchError(
+            f"token {int(tok[j + 1])}: sequence {int(pair_seq[runs.order[j + 1]])} positions are decreasing "
+            f"inside the batch ({int(sp[j])} then {int(sp[j + 1])}; not allowed)"
+        )
+    return ranges
+
+
+def _check_pos_range(pos: np.ndarray) -> None:
+    """Every position in [0, POS_MAX) (a negative one would read as an empty cell)."""
+    lo, hi = (int(pos[0]),) * 2 if pos.shape[0] == 1 else (int(pos.min()), int(pos.max()))
+    if lo < 0:
+        i = int(np.argmax(pos < 0))
+        raise BatchError(f"token {i}: position {int(pos[i])} is negative (positions must be >= 0)")
+    if hi >= POS_MAX:
+        i = int(np.argmax(pos >= POS_MAX))
+        raise BatchError(f"token {i}: position {int(pos[i])} is beyond the largest position "
+                         f"{POS_MAX - 1} (positions lie in [0, {POS_MAX}))")
+
+
+def _check_continuing(ranges: _SeqRanges, n_distinct: np.ndarray, ends: _MemoryEnds, pos: np.ndarray,
+                      pair_tok: np.ndarray, pair_seq: np.ndarray) -> None:
+    """Each sequence of the batch starts right after its last position in the memory (Y = X + 1, when
+    the memory holds it) and has every position from its first to its last. O(k) plus the error's search."""
+    for k, s in enumerate(ranges.seqs.tolist()):
+        y, last = int(ranges.pos_min[k]), int(ranges.pos_max[k])
+        x = ends.last(s)
+        if x >= 0 and y != x + 1:
+            i = int(pair_tok[np.argmax((pair_seq == s) & (pos[pair_tok] == y))])
+            raise BatchError(
+                f"token {i}: the tokens of sequence {s} start at position Y = {y}, but the "
+                f"last position stored in the memory for sequence {s} is X = {x}; the "
+                "positions must stay consecutive: Y = X + 1"
+            )
+        if last - y + 1 > int(n_distinct[k]):
+            i, missing = _first_gap(pair_tok, pair_seq, pos, s)
+            raise BatchError(
+                f"token {i}: sequence {s} positions are not continuous inside the batch "
+                f"(position {missing} is missing before position {int(pos[i])})"
+            )
+
+
+def _check_coupled(pair_tok: np.ndarray, pair_seq: np.ndarray, seq: np.ndarray, memory: MemoryPositions) -> None:
+    """Sequences coupled by a token (a non-primary sequence s1 of a token whose primary is s0) must
+    hold the same range in the memory."""
+    prim = seq[pair_tok]
+    sel = pair_seq != prim
+    s1 = pair_seq[sel].astype(np.int64)
+    s0 = prim[sel].astype(np.int64)
+    t = pair_tok[sel]
+    if s1.size == 0:
+        return
+    key = s1 * LLAMA_MAX_SEQ + s0
+    ukey, first = np.unique(key, return_index=True)
+    cache: dict[int, tuple[int, int]] = {}
+
+    def rng(s: int) -> tuple[int, int]:
+        r = cache.get(s)
+        if r is None:
+            r = (int(memory.seq_pos_min(s)), int(memory.seq_pos_max(s)))
+            cache[s] = r
+        return r
+
+    for kk, f in zip(ukey.tolist(), first.tolist()):
+        a, b = divmod(kk, LLAMA_MAX_SEQ)
+        ra, rb = rng(a), rng(b)
+        if ra != rb:
+            raise BatchError(
+                f"token {int(t[f])}: sequence {a} is coupled to {b} in the input batch, but they "
+                f"have diverged in the memory (positions [{ra[0]}, {ra[1]}] vs [{rb[0]}, {rb[1]}])"
+            )
+
+
+class _SeqRuns(NamedTuple):
+    """(token, sequence) pairs grouped by sequence: `order` lists the pairs run after run, one run
+    per sequence, sequences ascending; inside a run, pairs in batch order (or by position)."""
+
+    order: np.ndarray    # int64[m]: pair indices, run after run
+    seqs: np.ndarray     # int32[k]: the sequence of each run, ascending
+    starts: np.ndarray   # int64[k]: where each run starts in order
+    counts: np.ndarray   # int64[k]: pairs in each run
+    first: np.ndarray    # bool[m]: order[j] is the first pair of its run
+
+
+def _seq_runs(pair_seq: np.ndarray, pair_pos: np.ndarray | None = None, *, one_seq: bool = False) -> _SeqRuns:
+    """The runs of the pairs' sequences: a stable sort by sequence, or by (sequence, position) when
+    pair_pos is given; one_seq says every pair has the same sequence (no sort). O(m log m)."""
+    m = pair_seq.shape[0]
+    if one_seq:
+        first = np.zeros(m, dtype=np.bool_)
+        first[0] = True
+        return _SeqRuns(np.arange(m), pair_seq[:1], np.zeros(1, dtype=np.int64), np.array([m]), first)
+    if pair_pos is None:
+        order = np.argsort(pair_seq, kind="stable")
+    else:
+        order = np.lexsort((pair_pos, pair_seq))
+    ss = pair_seq[order]
+    edge = np.empty(m + 1, dtype=np.bool_)  # a run starts at j (j < m); m closes the last one
+    edge[0] = edge[m] = True
+    np.not_equal(ss[1:], ss[:-1], out=edge[1:m])
+    bounds = np.flatnonzero(edge)
+    starts = bounds[:-1]
+    return _SeqRuns(order, ss[starts], starts, bounds[1:] - starts, edge[:m])
+
+
+def _ranges_of(runs: _SeqRuns, sp: np.ndarray) -> tuple[_SeqRanges, np.ndarray]:
+    """Each run's (first, last) position and its count of distinct positions (int64[k]), for runs whose
+    positions sp (in run order) do not decrease."""
+    distinct = runs.first.copy()
+    distinct[1:] |= sp[1:] != sp[:-1]
+    return (_SeqRanges(runs.seqs, sp[runs.starts], sp[runs.starts + runs.counts - 1]),
+            np.add.reduceat(distinct.astype(np.int64), runs.starts))
+
+
+def _first_gap(pair_tok: np.ndarray, pair_seq: np.ndarray, pos: np.ndarray, s: int) -> tuple[int, int]:
+    """(first token after the first hole of sequence s's positions, the missing position)."""
+    toks = pair_tok[pair_seq == s]
+    u = np.unique(pos[toks])
+    j = int(np.flatnonzero(np.diff(u) > 1)[0])
+    missing = int(u[j]) + 1
+    after = int(u[j + 1])
+    i = int(toks[np.argmax(pos[toks] == after)])
+    return i, missing
+
+
+def _token_seq_pairs(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """(token index int64[m], seq id int32[m]): every sequence of every token, token-major."""
+    if batch.multi_seq:
+        return _bits_to_pairs(batch.seq_bits)
+    return np.arange(batch.n_tokens), batch.seq_id
+
+
+def _one_seq(batch: Batch) -> bool:
+    """Every token belongs to the same one sequence."""
+    seq = batch.seq_id
+    return not batch.multi_seq and (seq.shape[0] == 1 or bool((seq == seq[0]).all()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,6 +871,19 @@ class BatchAllocator:
     ) -> None:
         """Validate `batch`, fill its positions and outputs, and make it the current batch.
 
+        The stages, in llama_batch_allocr::init's order; each raises before anything changes and only
+        the last one writes the allocator:
+
+            _check_size         not empty, at most n_batch tokens
+            _check_tokens       token ids in [0, n_vocab)
+            _check_seq_ids      sequence ids in [0, n_seq_max)
+            _fill_positions     missing positions continue each sequence of the memory
+            _fill_outputs       the tokens that want an output
+            _check_positions    positions not filled one sequence at a time: in range; per sequence
+                                continuing the memory (Y = X + 1), without holes, never decreasing;
+                                coupled sequences alike in the memory
+            _commit             the batch becomes the current one
+
         Args:
             batch: the input batch.
             memory: the memory the batch continues (duck-typed: seq_pos_min(s), seq_pos_max(s),
@@ -629,357 +910,39 @@ class BatchAllocator:
         nsm = self.n_seq_max if n_seq_max is None else int(n_seq_max)
         if not 1 <= nsm <= LLAMA_MAX_SEQ:
             raise BatchError(f"n_seq_max = {nsm} is outside [1, {LLAMA_MAX_SEQ}]")
+        _check_size(batch.n_tokens, self.n_batch)
+        _check_tokens(batch.token, self.n_vocab)
+        _check_seq_ids(batch, nsm)
+        ends = _MemoryEnds(memory)
+        pos, ranges = _fill_positions(batch, ends)
+        output = _fill_outputs(batch, output_all)
+        if ranges is None:  # positions given, or filled for tokens of several sequences
+            ranges = _check_positions(batch, pos, ends, memory)
+        self._commit(batch, pos, output, ranges)
 
-        n = batch.n_tokens
-        if n == 0:
-            raise BatchError("empty batch: a batch needs at least one token (n_tokens == 0)")
-        if self.n_batch is not None and n > self.n_batch:
-            raise BatchError(
-                f"the batch has {n} tokens, more than n_batch = {self.n_batch}: split it or "
-                "raise n_batch"
-            )
-
-        if n == 1 and not batch.multi_seq:
-            self._init_one(batch, memory, output_all, nsm)
-            return
-
-        token = batch.token
-        # token ids in [0, n_vocab)
-        if self.n_vocab is not None:
-            bad = (token < 0) | (token >= self.n_vocab)
-        else:
-            bad = token < 0
-        if bad.any():
-            i = int(np.argmax(bad))
-            hi = self.n_vocab if self.n_vocab is not None else "inf"
-            raise BatchError(
-                f"invalid token[{i}] = {int(token[i])}: token ids must be in [0, {hi})"
-            )
-
-        bits = batch.seq_bits
-        seq = batch.seq_id
-        multi = batch.multi_seq
-        # seq ids in [0, n_seq_max)
-        if nsm < LLAMA_MAX_SEQ:
-            if multi:
-                over = (bits & _mask_ge(nsm)).any(axis=1)
-            else:
-                over = seq >= nsm
-            if over.any():
-                i = int(np.argmax(over))
-                s = int(_bits_to_ids(bits[i] & _mask_ge(nsm))[0])
-                raise BatchError(
-                    f"invalid seq_id[{i}] = {s}: seq ids must be in [0, n_seq_max = {nsm})"
-                )
-
-        if multi:
-            pair_tok, pair_seq = _bits_to_pairs(bits)
-        else:
-            pair_tok, pair_seq = np.arange(n), seq
-
-        mem_max: dict[int, int] = {}
-
-        def x_of(s: int) -> int:
-            v = mem_max.get(s)
-            if v is None:
-                v = int(memory.seq_pos_max(s)) if memory is not None else -1
-                mem_max[s] = v
-            return v
-
-        # positions (and, when they are filled for one-sequence tokens, the per-sequence stats)
-        filled = batch.pos is None
-        one_seq = not multi and bool((seq == seq[0]).all())
-        known = False  # per-sequence stats known and every position rule holds by construction
-        if not filled:
-            assert batch.pos is not None
-            pos = batch.pos
-        elif one_seq:
-            s0 = int(seq[0])
-            p0 = x_of(s0) + 1
-            _check_pos_room(s0, p0, n)
-            pos = np.arange(p0, p0 + n, dtype=np.int32)
-            seqs = seq[:1]
-            s_min = np.array([p0], dtype=np.int32)
-            s_max = np.array([p0 + n - 1], dtype=np.int32)
-            known = True
-        elif not multi:
-            order = np.argsort(seq, kind="stable")
-            ss = seq[order]
-            brk = np.empty(n, dtype=np.bool_)
-            brk[0] = True
-            np.not_equal(ss[1:], ss[:-1], out=brk[1:])
-            starts = np.flatnonzero(brk)
-            counts = np.diff(np.append(starts, n))
-            seqs = ss[starts]
-            p0s = np.array([x_of(s) + 1 for s in seqs.tolist()], dtype=np.int64)
-            for s, p, c in zip(seqs.tolist(), p0s.tolist(), counts.tolist()):
-                _check_pos_room(s, p, c)
-            rank = np.arange(n) - np.repeat(starts, counts)
-            pos = np.empty(n, dtype=np.int32)
-            pos[order] = np.repeat(p0s, counts) + rank
-            s_min = p0s.astype(np.int32)
-            s_max = (p0s + counts - 1).astype(np.int32)
-            known = True
-        else:
-            # llama.cpp: pos[i] = p0[primary]; then every sequence of the token continues at pos[i] + 1
-            p0d = {s: x_of(s) + 1 for s in np.unique(pair_seq).tolist()}
-            members = np.split(pair_seq, np.flatnonzero(np.diff(pair_tok)) + 1)
-            seq_l = seq.tolist()
-            pos_l = [0] * n
-            for i in range(n):
-                p = p0d[seq_l[i]]
-                if p >= POS_MAX:
-                    raise BatchError(f"token {i}: its position {p} (after the memory's and the batch's "
-                                     f"earlier tokens) is beyond the largest position {POS_MAX - 1}")
-                pos_l[i] = p
-                for s in members[i].tolist():
-                    p0d[s] = p + 1
-            pos = np.asarray(pos_l, dtype=np.int32)
-
-        # outputs
-        if batch.logits is None:
-            if output_all:
-                output = np.ones(n, dtype=np.bool_)
-            else:
-                output = np.zeros(n, dtype=np.bool_)
-                output[-1] = True
-        else:
-            output = batch.logits
-            if output_all and not output.all():
-                logger.warning(
-                    "init: embeddings required but some input tokens were not marked as outputs "
-                    "-> overriding"
-                )
-                output = np.ones(n, dtype=np.bool_)
-
-        if not known:
-            # negative positions would read as empty cells
-            neg = pos < 0
-            if neg.any():
-                i = int(np.argmax(neg))
-                raise BatchError(f"token {i}: position {int(pos[i])} is negative (positions must be >= 0)")
-            big = pos >= POS_MAX
-            if big.any():
-                i = int(np.argmax(big))
-                raise BatchError(f"token {i}: position {int(pos[i])} is beyond the largest position "
-                                 f"{POS_MAX - 1} (positions lie in [0, {POS_MAX}))")
-
-            # per-sequence position stats (llama.cpp's seq_pos sets); fast when no sequence's
-            # positions decrease in batch order, else an exact (pos-sorted) pass
-            maybe_dec = True
-            if one_seq:
-                d = np.diff(pos)
-                if not (d < 0).any():
-                    seqs = seq[:1]
-                    s_min = pos[:1]
-                    s_max = pos[-1:]
-                    s_cnt = np.array([1 + np.count_nonzero(d)])
-                    maybe_dec = False
-            elif not multi:
-                o = np.argsort(seq, kind="stable")
-                ss = seq[o]
-                sp = pos[o]
-                brk = np.empty(n, dtype=np.bool_)
-                brk[0] = True
-                np.not_equal(ss[1:], ss[:-1], out=brk[1:])
-                d = np.diff(sp)
-                if not ((d < 0) & ~brk[1:]).any():
-                    starts = np.flatnonzero(brk)
-                    seqs = ss[starts]
-                    s_min = sp[starts]
-                    s_max = sp[np.append(starts[1:], n) - 1]
-                    distinct = brk.copy()
-                    distinct[1:] |= d != 0
-                    s_cnt = np.add.reduceat(distinct.astype(np.int64), starts)
-                    maybe_dec = False
-            if maybe_dec:
-                pair_pos = pos[pair_tok]
-                o = np.lexsort((pair_pos, pair_seq))
-                ss = pair_seq[o]
-                sp = pair_pos[o]
-                m = ss.shape[0]
-                brk = np.empty(m, dtype=np.bool_)
-                brk[0] = True
-                np.not_equal(ss[1:], ss[:-1], out=brk[1:])
-                starts = np.flatnonzero(brk)
-                seqs = ss[starts]
-                s_min = sp[starts]
-                s_max = sp[np.append(starts[1:], m) - 1]
-                distinct = brk.copy()
-                distinct[1:] |= sp[1:] != sp[:-1]
-                s_cnt = np.add.reduceat(distinct.astype(np.int64), starts)
-
-            for k, s in enumerate(seqs.tolist()):
-                y = int(s_min[k])
-                x = x_of(s)
-                if x >= 0 and y != x + 1:
-                    i = self._first_token_at(pair_tok, pair_seq, pos, s, y)
-                    raise BatchError(
-                        f"token {i}: the tokens of sequence {s} start at position Y = {y}, but the "
-                        f"last position stored in the memory for sequence {s} is X = {x}; the "
-                        "positions must stay consecutive: Y = X + 1"
-                    )
-                if int(s_max[k]) - y + 1 > int(s_cnt[k]):
-                    i, missing = self._first_gap(pair_tok, pair_seq, pos, s)
-                    raise BatchError(
-                        f"token {i}: sequence {s} positions are not continuous inside the batch "
-                        f"(position {missing} is missing before position {int(pos[i])})"
-                    )
-
-            # coupled sequences must hold the same range in the memory
-            if multi and memory is not None:
-                self._check_coupled(pair_tok, pair_seq, seq, memory)
-
-            # positions of a sequence must not decrease inside the batch
-            if maybe_dec:
-                self._check_not_decreasing(pair_tok, pair_seq, pos)
-
-        # ---- commit -----------------------------------------------------------------------
+    def _commit(self, batch: Batch, pos: np.ndarray, output: np.ndarray, ranges: _SeqRanges) -> None:
+        """init()'s last stage, the only one that writes: the checked batch becomes the current one,
+        every token unused."""
         self._batch = batch
-        self._n = n
-        self._token = token
-        self._pos = pos
-        self._seq_id = seq
-        self._n_seq_id = batch.n_seq_id
-        self._seq_bits = bits
-        self._output = output
-        self._n_outputs = int(np.count_nonzero(output))
-        self._multi = multi
-        self._clear_seq_pos()
-        self._seq_pos_min[seqs] = s_min
-        self._seq_pos_max[seqs] = s_max
-        self._seq_id_unq = np.asarray(seqs, dtype=np.int32)
-        self._groups = None
-        self.split_reset()
-
-    def _clear_seq_pos(self) -> None:
-        u = self._seq_id_unq
-        if u.size == 1:
-            s = int(u[0])
-            self._seq_pos_min[s] = -1
-            self._seq_pos_max[s] = -1
-        elif u.size:
-            self._seq_pos_min[u] = -1
-            self._seq_pos_max[u] = -1
-
-    def _init_one(self, batch: Batch, memory: MemoryPositions | None, output_all: bool, nsm: int) -> None:
-        """init() for one token in one sequence (the generation step): the same rules, scalar code."""
-        t = int(batch.token[0])
-        if t < 0 or (self.n_vocab is not None and t >= self.n_vocab):
-            hi = self.n_vocab if self.n_vocab is not None else "inf"
-            raise BatchError(f"invalid token[0] = {t}: token ids must be in [0, {hi})")
-        s = int(batch.seq_id[0])
-        if s >= nsm:
-            raise BatchError(f"invalid seq_id[0] = {s}: seq ids must be in [0, n_seq_max = {nsm})")
-        x = int(memory.seq_pos_max(s)) if memory is not None else -1
-        if batch.pos is not None:
-            pos = batch.pos
-            p = int(pos[0])
-        else:
-            p = x + 1
-            _check_pos_room(s, p, 1)
-            pos = np.array([p], dtype=np.int32)
-        if p < 0:
-            raise BatchError(f"token 0: position {p} is negative (positions must be >= 0)")
-        if p >= POS_MAX:
-            raise BatchError(f"token 0: position {p} is beyond the largest position {POS_MAX - 1} "
-                             f"(positions lie in [0, {POS_MAX}))")
-        if x >= 0 and p != x + 1:
-            raise BatchError(
-                f"token 0: the tokens of sequence {s} start at position Y = {p}, but the last "
-                f"position stored in the memory for sequence {s} is X = {x}; the positions "
-                "must stay consecutive: Y = X + 1"
-            )
-        if batch.logits is None or (output_all and not batch.logits[0]):
-            if batch.logits is not None:
-                logger.warning(
-                    "init: embeddings required but some input tokens were not marked as outputs "
-                    "-> overriding"
-                )
-            output = np.ones(1, dtype=np.bool_)
-        else:
-            output = batch.logits
-        # commit
-        self._batch = batch
-        self._n = 1
+        self._n = batch.n_tokens
         self._token = batch.token
         self._pos = pos
         self._seq_id = batch.seq_id
         self._n_seq_id = batch.n_seq_id
         self._seq_bits = batch.seq_bits
         self._output = output
-        self._n_outputs = int(output[0])
-        self._multi = False
-        self._clear_seq_pos()
-        self._seq_pos_min[s] = p
-        self._seq_pos_max[s] = p
-        self._seq_id_unq = batch.seq_id
+        self._n_outputs = int(np.count_nonzero(output))
+        self._multi = batch.multi_seq
+        old, new = self._seq_id_unq, ranges.seqs  # the old batch's sequences out, the new one's in
+        if old.size == 1 and new.size == 1:  # the generation step: scalar stores
+            self._seq_pos_min[int(old[0])] = self._seq_pos_max[int(old[0])] = -1
+            self._seq_pos_min[int(new[0])], self._seq_pos_max[int(new[0])] = ranges.pos_min[0], ranges.pos_max[0]
+        else:
+            self._seq_pos_min[old] = self._seq_pos_max[old] = -1
+            self._seq_pos_min[new], self._seq_pos_max[new] = ranges.pos_min, ranges.pos_max
+        self._seq_id_unq = new
         self._groups = None
-        self._used = np.zeros(1, dtype=np.bool_)
-        self._n_used = 0
-        self._out_ids = []
-
-    @staticmethod
-    def _check_not_decreasing(pair_tok: np.ndarray, pair_seq: np.ndarray, pos: np.ndarray) -> None:
-        o2 = np.argsort(pair_seq, kind="stable")
-        ss2 = pair_seq[o2]
-        sp2 = pos[pair_tok[o2]]
-        dec = (sp2[1:] < sp2[:-1]) & (ss2[1:] == ss2[:-1])
-        if dec.any():
-            cand = pair_tok[o2][1:][dec]
-            k = int(np.argmin(cand))
-            i = int(cand[k])
-            j = int(np.flatnonzero(dec)[k])
-            raise BatchError(
-                f"token {i}: sequence {int(ss2[j + 1])} positions are decreasing inside the "
-                f"batch ({int(sp2[j])} then {int(sp2[j + 1])}; not allowed)"
-            )
-
-    @staticmethod
-    def _first_token_at(pair_tok: np.ndarray, pair_seq: np.ndarray, pos: np.ndarray, s: int, p: int) -> int:
-        hit = (pair_seq == s) & (pos[pair_tok] == p)
-        return int(pair_tok[np.argmax(hit)])
-
-    @staticmethod
-    def _first_gap(pair_tok: np.ndarray, pair_seq: np.ndarray, pos: np.ndarray, s: int) -> tuple[int, int]:
-        """(first token after the first hole of sequence s's positions, the missing position)."""
-        toks = pair_tok[pair_seq == s]
-        u = np.unique(pos[toks])
-        j = int(np.flatnonzero(np.diff(u) > 1)[0])
-        missing = int(u[j]) + 1
-        after = int(u[j + 1])
-        i = int(toks[np.argmax(pos[toks] == after)])
-        return i, missing
-
-    @staticmethod
-    def _check_coupled(pair_tok: np.ndarray, pair_seq: np.ndarray, seq: np.ndarray, memory: MemoryPositions) -> None:
-        # pairs (coupled s1, primary s0) for every non-primary sequence of a token
-        prim = seq[pair_tok]
-        sel = pair_seq != prim
-        s1 = pair_seq[sel].astype(np.int64)
-        s0 = prim[sel].astype(np.int64)
-        t = pair_tok[sel]
-        if s1.size == 0:
-            return
-        key = s1 * LLAMA_MAX_SEQ + s0
-        ukey, first = np.unique(key, return_index=True)
-        cache: dict[int, tuple[int, int]] = {}
-
-        def rng(s: int) -> tuple[int, int]:
-            r = cache.get(s)
-            if r is None:
-                r = (int(memory.seq_pos_min(s)), int(memory.seq_pos_max(s)))
-                cache[s] = r
-            return r
-
-        for kk, f in zip(ukey.tolist(), first.tolist()):
-            a, b = divmod(kk, LLAMA_MAX_SEQ)
-            ra, rb = rng(a), rng(b)
-            if ra != rb:
-                raise BatchError(
-                    f"token {int(t[f])}: sequence {a} is coupled to {b} in the input batch, but they "
-                    f"have diverged in the memory (positions [{ra[0]}, {ra[1]}] vs [{rb[0]}, {rb[1]}])"
-                )
+        self.split_reset()
 
     # ---- splitting -----------------------------------------------------------------------
 

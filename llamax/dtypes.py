@@ -6,6 +6,8 @@ to the attended cell count. Nothing here is restated elsewhere: the other module
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from llamax._native import cells as _cells
@@ -14,6 +16,7 @@ from llamax._native import quants as _quants
 __all__ = [
     "CACHE_TYPES", "QUANTIZED_CACHE_TYPES", "FLOAT_CACHE_DTYPES", "LLAMA_MAX_SEQ", "SEQ_WORDS", "POS_MAX",
     "N_CTX_PAD", "N_KV_PAD", "block_size", "block_bytes", "row_bytes", "pad", "check_cache_type",
+    "seq_mask", "has_seq",
 ]
 
 #: KV cache element types (llama.cpp's -ctk / -ctv names), in the native layer's order.
@@ -35,6 +38,39 @@ POS_MAX: int = 2**31 - 1
 N_CTX_PAD: int = 256
 #: attention looks at the used cells padded to this (llama_kv_cache::get_n_kv), so the shapes stay put.
 N_KV_PAD: int = 256
+
+
+def seq_mask(seq_ids: int | Iterable[int]) -> np.ndarray:
+    """The sequence bitset of seq_ids (one id or any iterable of ids, repeats allowed): uint64[SEQ_WORDS]
+    with bit s % 64 of word s // 64 set for each id s (csrc/common.h's lx_seq_bits; a cell's "seq" field,
+    a row of Batch.seq_bits). O(LLAMA_MAX_SEQ + len(seq_ids)).
+
+    Raises:
+        ValueError: an id outside [0, LLAMA_MAX_SEQ).
+    """
+    mask = np.zeros(SEQ_WORDS, dtype=np.uint64)
+    if isinstance(seq_ids, (int, np.integer)):  # one id: the common case, no array of ids
+        s = int(seq_ids)
+        if not 0 <= s < LLAMA_MAX_SEQ:
+            raise ValueError(f"seq_id {s} is outside [0, {LLAMA_MAX_SEQ})")
+        mask[s >> 6] = np.uint64(1 << (s & 63))
+        return mask
+    ids = np.fromiter(seq_ids, dtype=np.int64)
+    if ids.size == 0:
+        return mask
+    bad = (ids < 0) | (ids >= LLAMA_MAX_SEQ)
+    if bad.any():
+        raise ValueError(f"seq_id {int(ids[np.argmax(bad)])} is outside [0, {LLAMA_MAX_SEQ})")
+    flags = np.zeros(LLAMA_MAX_SEQ, dtype=np.bool_)
+    flags[ids] = True
+    mask[:] = np.packbits(flags, bitorder="little").view("<u8")
+    return mask
+
+
+def has_seq(bits: np.ndarray, seq_id: int) -> np.ndarray:
+    """bool[n]: which rows of the bitsets bits (uint64[n, SEQ_WORDS]) hold sequence seq_id. O(n)."""
+    s = int(seq_id)
+    return ((bits[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1)).astype(bool)
 
 
 def pad(x: int, n: int) -> int:

@@ -364,6 +364,170 @@ def test_a_plan_of_many_ubatches_applies_in_turn():
     assert [kv.seq_pos_max(s) for s in range(3)] == [6, 6, 5]
 
 
+# ---- 5. the plan protocol: apply(i) / close, a context manager, iteration closed however it ends --
+R_SHAPE, S_SHAPE = (6, 3), (6, 4)
+
+
+def recurrent_memory():
+    return RecurrentMemory(2, R_SHAPE, S_SHAPE, n_seq_max=4)
+
+
+def hybrid_memory():
+    return HybridMemory(KVCache(1, 1, 8, 64, n_seq_max=4, layer_ids=[1]),
+                        RecurrentMemory(2, R_SHAPE, S_SHAPE, n_seq_max=4, layer_ids=[0]))
+
+
+PLAN_MEMORIES = [kv_cache, iswa_cache, recurrent_memory, hybrid_memory]
+
+
+def _users(mem):
+    """What a model reaches between two applies: [(KV memory, layers)], [(recurrent memory, layers)]."""
+    if isinstance(mem, HybridMemory):
+        return [(mem.attn, [1])], [(mem.recr, [0])]
+    if isinstance(mem, RecurrentMemory):
+        return [], [(mem, [0, 1])]
+    return [(mem, [0, 1])], []
+
+
+def compute(mem, ub):
+    """What a model does between two applies: store K/V and attend, or update the recurrent states."""
+    kv, recr = _users(mem)
+    for m, layers in kv:
+        for il in layers:
+            k = np.full((ub.n_tokens, 1, 8), float(ub.pos[0]), np.float32)
+            m.store(il, ub, k, k)
+            m.attend(il, ub, np.ones((ub.n_tokens, 2, 8), np.float32))
+    for m, layers in recr:
+        for il in layers:
+            v = m.recurrent_view(il, ub)
+            v.ssm[v.cells] += 1.0
+
+
+def assert_released(mem, ub):
+    """The plan is over: the memory holds no applied ubatch (no scratch state), and no lock."""
+    kv, recr = _users(mem)
+    zeros = np.zeros((ub.n_tokens, 1, 8), np.float32)
+    for m, layers in kv:
+        for il in layers:
+            with pytest.raises(ValueError, match="not the one being applied"):
+                m.store(il, ub, zeros, zeros)
+    for m, layers in recr:
+        for il in layers:
+            with pytest.raises(ValueError, match="not the one being applied"):
+                m.recurrent_view(il, ub)
+    parts = [mem.attn, mem.recr] if isinstance(mem, HybridMemory) else [mem.base, mem.swa] \
+        if isinstance(mem, KVCacheISWA) else [mem]
+    assert all(p._active is None and getattr(p, "_undo", None) is None for p in parts)
+    got = []
+    t = threading.Thread(target=lambda: got.append(mem.lock.acquire(timeout=5) and mem.lock.release() is None))
+    t.start()
+    t.join()
+    assert got == [True]
+
+
+def fed(make, batches, n_ubatch=2):
+    """A fresh memory that ran the batches: what the cells should hold."""
+    mem = make()
+    for b in batches:
+        for ub in mem.plan(b, n_ubatch=n_ubatch):
+            compute(mem, ub)
+    return mem
+
+
+@pytest.mark.parametrize("make", PLAN_MEMORIES)
+def test_plan_apply_and_close_explicitly(make):
+    mem = make()
+    plan = mem.plan(Batch([1, 2, 3, 4, 5]), n_ubatch=2)
+    assert len(plan) == 3 and plan.n_applied == 0 and not plan.closed
+    with pytest.raises(ValueError, match="out of order"):
+        plan.apply(1)
+    assert mem.n_used == 0
+    ubs = []
+    for i in range(len(plan)):
+        ub = plan.apply(i)
+        assert ub is plan.ubatches[i] and plan.n_applied == i + 1
+        compute(mem, ub)
+        ubs.append(ub)
+    with pytest.raises(ValueError, match="out of order"):
+        plan.apply(0)
+    compute(mem, ubs[-1])  # the last ubatch stays the memory's until the plan is closed
+    plan.close()
+    assert plan.closed
+    assert_released(mem, ubs[-1])
+    with pytest.raises(ValueError, match="closed"):
+        plan.apply(3)
+    plan.close()  # idempotent
+    assert mem.cells() == fed(make, [Batch([1, 2, 3, 4, 5])]).cells()
+
+
+@pytest.mark.parametrize("make", PLAN_MEMORIES)
+def test_plan_as_a_context_manager(make):
+    mem = make()
+    with mem.plan(Batch([1, 2, 3]), n_ubatch=2) as plan:
+        compute(mem, plan.apply(0))
+        ub = plan.apply(1)
+        compute(mem, ub)
+    assert plan.closed
+    assert_released(mem, ub)
+    snap = mem.cells()
+    with pytest.raises(KeyError):
+        with mem.plan(Batch([4, 5, 6]), n_ubatch=2) as plan:
+            ub = plan.apply(0)
+            raise KeyError("the model failed")
+    assert plan.closed
+    assert_released(mem, ub)
+    with mem.plan(Batch([7])) as unused:   # closed without an apply: nothing changes
+        pass
+    assert unused.closed and mem.seq_pos_max(0) == 4 and mem.cells() != snap
+    for ub in mem.plan(Batch([8])):         # the memory goes on from where the applies left it
+        compute(mem, ub)
+    assert mem.seq_pos_max(0) == 5
+
+
+@pytest.mark.parametrize("make", PLAN_MEMORIES)
+def test_a_loop_that_breaks_closes_the_plan(make):
+    mem = make()
+    plan = mem.plan(Batch([1, 2, 3, 4, 5]), n_ubatch=2)
+    for ub in plan:
+        compute(mem, ub)
+        break
+    assert plan.closed and plan.n_applied == 1
+    assert_released(mem, ub)
+    assert mem.seq_pos_max(0) == 1
+    with pytest.raises(ValueError, match="closed"):
+        plan.apply(1)
+    for ub in mem.plan(Batch([3, 4, 5]), n_ubatch=2):  # a new plan for the rest works
+        compute(mem, ub)
+    assert mem.cells() == fed(make, [Batch([1, 2, 3, 4, 5])]).cells()
+
+
+@pytest.mark.parametrize("make", PLAN_MEMORIES)
+def test_an_error_in_the_loop_closes_the_plan(make):
+    mem = make()
+    plan = mem.plan(Batch([1, 2, 3, 4, 5]), n_ubatch=2)
+    with pytest.raises(ZeroDivisionError):
+        for ub in plan:
+            compute(mem, ub)
+            if plan.n_applied == 2:
+                1 / 0
+    assert plan.closed and plan.n_applied == 2
+    assert_released(mem, ub)
+    mem.seq_rm(0, -1, -1)
+    for ub in mem.plan(Batch([1, 2, 3]), n_ubatch=2):
+        compute(mem, ub)
+    assert mem.cells() == fed(make, [Batch([1, 2, 3])]).cells()
+
+
+@pytest.mark.parametrize("make", [kv_cache, recurrent_memory])
+def test_closing_an_unapplied_plan_leaves_the_applied_ubatch_alone(make):
+    """Another plan made and closed while a loop runs does not take the loop's ubatch away."""
+    mem = make()
+    for ub in mem.plan(Batch([1, 2])):
+        with mem.plan(Batch([9], seq_ids=1)):
+            pass
+        compute(mem, ub)
+
+
 # ---- 7. types ---------------------------------------------------------------------------------
 def test_non_integers_are_type_errors():
     kv = kv_cache()

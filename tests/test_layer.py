@@ -86,7 +86,7 @@ def test_only_the_rows_with_logits_go_past_the_last_attention(model):
 def _view_of(model, **change):
     ctx = Context(model, n_ctx=256, n_threads=1)
     mem = ctx.memory
-    ub = next(iter(mem.plan(Batch(model.tokenize("Hello there")))))
+    ub = mem.plan(Batch(model.tokenize("Hello there"))).apply(0)
     views = [mem.layer_view(il, ub) for il in range(model.hparams.n_layer)]
     if change:
         views[3] = views[3]._replace(**change)
@@ -210,7 +210,7 @@ def test_layer_views_are_the_layer_views(which, request):
     m = request.getfixturevalue(which)
     ctx = Context(m, n_ctx=512, n_threads=2)
     mem = ctx.memory
-    ub = next(iter(mem.plan(Batch(m.tokenize(TEXT)))))
+    ub = mem.plan(Batch(m.tokenize(TEXT))).apply(0)
     views = mem.layer_views(ub)
     assert sorted(views) == list(range(m.hparams.n_layer))
     for il, v in views.items():

@@ -14,7 +14,8 @@ A memory holds what a context remembers between decodes. A decode reaches it in 
 
 Nothing mutates the cells except the seq_* operations, apply_ubatch and a state restore. plan()
 is the same path for Python model code that runs without a Context: it makes the batch allocator
-itself and returns a Plan, whose iteration applies each ubatch in turn.
+itself and returns a Plan (plan.apply(i) in turn, then plan.close(); a context manager, and
+iterating it is that loop, closed however it ends).
 
 Threads: every public operation of a memory runs under the memory's own lock (an RLock, `memory.lock`),
 so calls from several threads wait for each other; the native work inside still runs without the
@@ -219,10 +220,10 @@ class Memory(abc.ABC):
     def plan(self, batch: Batch, n_ubatch: int = 512, *, n_vocab: int | None = None,
              n_batch: int | None = None, output_all: bool = False) -> "Plan":
         """Validate the batch, split it into ubatches of at most n_ubatch tokens and reserve cells
-        for every one of them (for model code without a Context). Nothing changes until the plan is
-        iterated. The plan holds for the cells it was made on: once anything else changes them
-        (another plan applied, a seq_* operation, a clear, a restore), iterating it raises
-        StalePlanError and changes nothing.
+        for every one of them (for model code without a Context). Nothing changes until the plan
+        applies its first ubatch (plan.apply(0), or iterating it). The plan holds for the cells it was
+        made on: once anything else changes them (another plan applied, a seq_* operation, a clear, a
+        restore), applying raises StalePlanError and changes nothing.
 
         Raises:
             BatchError: the batch is invalid (the message names the token and the rule).
@@ -277,8 +278,8 @@ class MemoryContext:
 
     Made by Memory.init_batch after every ubatch was placed and rolled back, so the whole batch
     fits; nothing has changed yet. apply(i) writes ubatch i's cells, in order i = 0, 1, ...;
-    between two applies the model stores K/V and attends for every layer. It is valid for the
-    memory's generation it was made on (and, after each apply, the one that apply made).
+    between two applies the model stores K/V and attends for every layer; close() ends it. It is
+    valid for the memory's generation it was made on (and, after each apply, the one that apply made).
     """
 
     def __init__(self, memory: Memory, ubatches: list[UBatch], slots: list) -> None:
@@ -288,6 +289,7 @@ class MemoryContext:
         self.slots = slots      # per ubatch, what the memory reserved for it
         self.n_applied = 0
         self.generation = memory.generation
+        self.closed = False
 
     def __len__(self) -> int:
         return len(self.ubatches)
@@ -296,12 +298,15 @@ class MemoryContext:
         """Write ubatch i's cells (llama_memory_context_i::apply) and return it.
 
         Raises:
-            ValueError: i is not the next ubatch.
+            ValueError: i is not the next ubatch, or the context is closed.
             StalePlanError: the memory changed since this context was made (or since its last
                 apply); nothing changes.
         """
         mem = self.memory
         with mem.lock:
+            if self.closed:
+                raise ValueError(f"ubatch {i} applied after the plan was closed ({self.n_applied} of {len(self)} "
+                                 "ubatches were applied): plan the rest of the batch again")
             if i != self.n_applied:
                 raise ValueError(f"ubatch {i} applied out of order: the next is {self.n_applied} of {len(self)}")
             if mem.generation != self.generation:
@@ -316,17 +321,27 @@ class MemoryContext:
 
     def close(self) -> None:
         """The batch is done: the memory forgets its last ubatch (llama.cpp drops the memory context),
-        unless the memory moved on since (then that ubatch is no longer this context's)."""
+        unless the memory moved on since (then that ubatch is no longer this context's); nothing more
+        is applied. Idempotent."""
         mem = self.memory
         with mem.lock:
-            if mem.generation == self.generation:
+            if not self.closed and self.n_applied and mem.generation == self.generation:
                 mem.release_ubatch()
+            self.closed = True
 
 
 class Plan:
-    """A validated batch with its MemoryContext (Memory.plan): iterating applies each ubatch to the
-    cells in turn and yields it; between two steps the caller stores K/V and attends for every layer.
-    A plan that raised nothing fits entirely.
+    """A validated batch and the cells reserved for each of its ubatches (Memory.plan): the whole batch
+    fits, and nothing has changed yet. The protocol:
+
+        ub = plan.apply(i)    write ubatch i's cells (i = 0, 1, ... in turn) and return it; the caller
+                              then stores K/V and attends for every layer, before the next apply
+        plan.close()          the batch is done: the memory forgets the ubatch applied last (store and
+                              attend refuse it) and the plan applies nothing more; idempotent
+
+    `with mem.plan(batch) as plan:` closes it on the way out. Iterating the plan is the loop over
+    them: it applies each remaining ubatch in turn, yields it, and closes the plan when the loop ends,
+    breaks or raises (ubatches already applied stay in the cells).
     """
 
     def __init__(self, mctx: MemoryContext, balloc: BatchAllocator) -> None:
@@ -341,17 +356,50 @@ class Plan:
     def ubatches(self) -> list[UBatch]:
         return self.mctx.ubatches
 
-    def __len__(self) -> int:
-        return len(self.mctx)
-
-    def __iter__(self) -> Iterator[UBatch]:
-        for i in range(self.mctx.n_applied, len(self.mctx)):
-            yield self.mctx.apply(i)
-        self.mctx.close()
-
     @property
     def n_outputs(self) -> int:
         return self.balloc.n_outputs
+
+    @property
+    def n_applied(self) -> int:
+        """Ubatches applied so far."""
+        return self.mctx.n_applied
+
+    @property
+    def closed(self) -> bool:
+        return self.mctx.closed
+
+    def __len__(self) -> int:
+        return len(self.mctx)
+
+    def apply(self, i: int) -> UBatch:
+        """Write ubatch i's cells and return it (MemoryContext.apply).
+
+        Raises:
+            ValueError: i is not the next ubatch, or the plan is closed.
+            StalePlanError: the memory changed since the plan was made (or since its last apply);
+                nothing changes.
+        """
+        return self.mctx.apply(i)
+
+    def close(self) -> None:
+        """End the plan (MemoryContext.close)."""
+        self.mctx.close()
+
+    def __enter__(self) -> Plan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[UBatch]:
+        """apply() each remaining ubatch in turn and yield it, then close(); a loop that breaks or
+        raises drops this generator, whose finally closes the plan all the same."""
+        try:
+            while self.mctx.n_applied < len(self.mctx):
+                yield self.apply(self.mctx.n_applied)
+        finally:
+            self.close()
 
 
 def check_streams(memory: Memory, balloc: BatchAllocator) -> None:

@@ -33,7 +33,7 @@ from llamax._native.cells import CELL_STATE_DTYPE, SWA_TYPES, KVCells
 from llamax import checks
 from llamax.batch import BatchAllocator, UBatch
 from llamax.dtypes import (FLOAT_CACHE_DTYPES, LLAMA_MAX_SEQ, N_KV_PAD, POS_MAX, QUANTIZED_CACHE_TYPES,
-                           SEQ_WORDS, block_size, check_cache_type, pad, row_bytes)
+                           SEQ_WORDS, block_size, check_cache_type, has_seq, pad, row_bytes, seq_mask)
 from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
 from llamax.memory.base import KVMemory, LayerView, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
@@ -266,7 +266,7 @@ class KVCache(KVMemory):
         if cells.seq_n_cells(seq_id) == 0:
             return -1
         pos = cells.pos_view()
-        sel = _has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
+        sel = has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
         if p1 >= 0:
             sel &= pos < p1
         return int(pos[sel].max()) if sel.any() else -1
@@ -333,7 +333,7 @@ class KVCache(KVMemory):
         st = int(self.meta.seq_to_stream[seq_id])
         cells = self.meta.streams[st]
         pos = cells.pos_view()
-        sel = _has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
+        sel = has_seq(cells.seq_view(), seq_id) & (pos >= max(p0, 0))
         if p1 >= 0:
             sel &= pos < p1
         return cells, st, sel
@@ -356,11 +356,8 @@ class KVCache(KVMemory):
         p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
         self.update()
         cells, st, sel = self._seq_cells(seq_id, p0, p1)
-        bits = cells.seq_view()
-        word, bit = seq_id >> 6, np.uint64(1) << np.uint64(seq_id & 63)
-        others = bits.copy()
-        others[:, word] &= ~bit
-        src = np.flatnonzero(sel & others.any(axis=1))
+        own = seq_mask(seq_id)
+        src = np.flatnonzero(sel & (cells.seq_view() & ~own).any(axis=1))
         if src.size == 0:
             return 0
         states = cells.snapshot(src)
@@ -373,7 +370,7 @@ class KVCache(KVMemory):
             raise NoKVSlotError(f"seq_unshare({seq_id}): no room for {int(copy.sum())} copied cells "
                                 f"({self.n_used}/{self.n_cells} cells used)")
         left = states.copy()
-        left["seq"][:, word] &= ~bit
+        left["seq"] &= ~own
         cells.restore(src, left)
         src, states = src[copy], states[copy]
         if src.size == 0:
@@ -427,10 +424,7 @@ class KVCache(KVMemory):
     def held_only_by(self, seq_ids: Iterable[int]) -> tuple[int, int]:
         """(cells, K/V bytes) in use whose sequences are all among seq_ids (e.g. held only by a
         prefix cache)."""
-        mask = np.zeros(4, dtype=np.uint64)
-        for s in seq_ids:
-            s = self._seq(s)
-            mask[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+        mask = seq_mask([self._seq(s) for s in seq_ids])
         n = 0
         for cells in self.meta.streams:
             used = cells.pos_view() >= 0
@@ -655,14 +649,14 @@ class KVCache(KVMemory):
         sel = pos >= 0
         swa = self.swa_type != "none" and self.n_swa > 0
         if seq_id >= 0:
-            sel &= _has_seq(bits, seq_id)
+            sel &= has_seq(bits, seq_id)
             if swa and sel.any():
                 sel &= ~self.meta.masked_swa(pos, cells.seq_pos_max(seq_id))
         elif swa and sel.any():
             seen = np.zeros(pos.shape[0], dtype=bool)
             for s in range(self.n_seq_max):
                 if cells.seq_n_cells(s):
-                    has = _has_seq(bits, s)
+                    has = has_seq(bits, s)
                     seen |= has & ~self.meta.masked_swa(pos, cells.seq_pos_max(s))
             sel &= seen
         return np.flatnonzero(sel)
@@ -706,7 +700,7 @@ class KVCache(KVMemory):
             if seq_id < 0:
                 wire["seq"] = snap["seq"]
             else:
-                wire["seq"][:, seq_id >> 6] = np.uint64(1) << np.uint64(seq_id & 63)
+                wire["seq"] = seq_mask(seq_id)
             w.pack(_STREAM, idx.size, runs.shape[0])
             w.array(runs.astype("<u4"))
             w.array(wire)
@@ -759,9 +753,7 @@ class KVCache(KVMemory):
                              f"state, {want[li].tolist()} in this cache")
         heads = r.array("<u4", n_stream, "heads") if seq_id < 0 else None
 
-        allowed = np.zeros(SEQ_WORDS, dtype=np.uint64)
-        for s in range(self.n_seq_max):
-            allowed[s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+        allowed = seq_mask(range(self.n_seq_max))
         streams = []
         for st in range(n_stream):
             n_cells, n_runs = r.unpack(_STREAM, "stream header")
@@ -784,9 +776,7 @@ class KVCache(KVMemory):
                 raise StateError(f"{where}: a position of the state is outside [0, {POS_MAX})")
             bits = cells["seq"]
             if seq_id >= 0:
-                one = np.zeros(SEQ_WORDS, dtype=np.uint64)
-                one[src_seq >> 6] = np.uint64(1) << np.uint64(src_seq & 63)
-                if np.any(bits != one):
+                if np.any(bits != seq_mask(src_seq)):
                     raise StateError(f"{where}: a cell of the sequence state does not hold exactly sequence {src_seq}")
             else:
                 if np.any(bits & ~allowed):
@@ -794,9 +784,7 @@ class KVCache(KVMemory):
                 if not np.all(bits.any(axis=1)):
                     raise StateError(f"{where}: a used cell of the state holds no sequence")
                 if n_stream > 1:
-                    own = np.zeros(SEQ_WORDS, dtype=np.uint64)
-                    own[st >> 6] = np.uint64(1) << np.uint64(st & 63)
-                    if np.any(bits != own):
+                    if np.any(bits != seq_mask(st)):
                         raise StateError(f"{where}: stream {st} of the state holds another sequence than {st}")
             streams.append((st, runs, cells))
         if seq_id >= 0 and len(streams) > 1:
@@ -890,7 +878,7 @@ def _column_order(pos: list[np.ndarray], bits: list[np.ndarray], ubatch: UBatch)
     ordered = True
     for p, b in zip(pos, bits):
         for s in seqs:
-            ps = p[_has_seq(b, int(s))]
+            ps = p[has_seq(b, int(s))]
             if ps.size > 1 and np.any(ps[1:] <= ps[:-1]):
                 ordered = False
                 break
@@ -902,10 +890,6 @@ def _column_order(pos: list[np.ndarray], bits: list[np.ndarray], ubatch: UBatch)
 
 
 # ---- state helpers --------------------------------------------------------------------------
-def _has_seq(bits: np.ndarray, s: int) -> np.ndarray:
-    return ((bits[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1)).astype(bool)
-
-
 def _runs(idx: np.ndarray) -> np.ndarray:
     """[n_runs, 2] (first, length) of the runs of consecutive values in idx (in its order)."""
     if idx.size == 0:
