@@ -4,10 +4,11 @@
  *   W  [n_out] rows of a GGUF tensor as stored, or (r8) gemm.h's row-interleaved layout of them
  *   y  float [n_tok][n_out]  y[t][o] = sum_i x[t][i] * W[o][i]
  *
- *   type                                 stored as   engine            activations
- *   q4_0, q4_1, q5_0, q8_0               r8 or rows  lx_gemm_r8 / lx_gemm   q8_0 / q8_1 (ggml's)
- *   q5_1, q4_K, q5_K, q6_K               rows        lx_gemm           q8_1 / q8_K
- *   f32, f16, bf16, q2_K, q3_K           rows        lx_mul_mat        float32 (W dequantized)
+ *   type                        stored as    engine (lx_product_kind)      x taken as
+ *   q4_0, q4_1, q5_0, q8_0      r8           lx_gemm_r8 (GEMM_R8)          q8_0 / q8_1 (ggml's)
+ *                               GGUF rows    lx_gemm (GEMM)                q8_0 / q8_1
+ *   q5_1, q4_K, q5_K, q6_K      GGUF rows    lx_gemm (GEMM)                q8_1 / q8_K
+ *   f32, f16, bf16, q2_K, q3_K  GGUF rows    lx_mul_mat (FLOAT)            float32 (W dequantized)
  *
  * The GEMM (gemm.h) is the integer product, bit-identical for any batch, thread count and SIMD
  * level; matmul.h's float product serves the types without an integer dot. The layer step
