@@ -19,7 +19,7 @@ from setuptools.command.build_ext import build_ext
 # The native library: every csrc unit compiled once into libllamax (one CPU probe, one level cap),
 # which the Cython extensions link at run time from their own directory.
 CORE_SOURCES = ["csrc/cpu.c", "csrc/quants.c", "csrc/hadamard.c", "csrc/kv_cells.c", "csrc/slot_finder.c",
-                "csrc/kq_mask.c", "csrc/rope.c", "csrc/matmul.c", "csrc/gemm.c", "csrc/attention.c",
+                "csrc/kq_mask.c", "csrc/rope.c", "csrc/matmul.c", "csrc/gemm.c", "csrc/product.c", "csrc/attention.c",
                 "csrc/layer.c", "csrc/buffers.c", "csrc/sampling.c", "csrc/ssm.c"]
 CORE_PACKAGE = "llamax._native"
 

@@ -1,6 +1,6 @@
 """Benchmark of gemm.mul_mat (csrc/gemm.h: bit-identical quantized GEMM, any batch size) against
-matmul.mul_mat (the decode mat-vec) and numpy BLAS on a float32 copy of W, on real SmolLM2-135M
-and Gemma-3-270M tensors (the registry's GGUFs, pulled on first use).
+matmul.mul_mat (the float product: x times W dequantized tile by tile) and numpy BLAS on a float32
+copy of W, on real SmolLM2-135M and Gemma-3-270M tensors (the registry's GGUFs, pulled on first use).
 
 Prints, per tensor and n_tok, the median time (ms) and GF = 2 n_tok n_out n_in / time / 1e9 of
 each. Run: python benchmarks/bench_gemm.py [--threads 2] [--runs 15] [--ntok 1,4,16,64,512]
@@ -37,7 +37,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     print(f"threads {nth}, gemm simd level {cpu.LEVEL_NAMES[cpu.simd_level()]}, median of {args.runs} runs")
     print(f"{'tensor':34s} {'type':5s} {'n_tok':>5s} | {'gemm ms':>8s} {'GF':>6s} | "
-          f"{'mul_mat ms':>10s} {'GF':>6s} | {'BLAS ms':>8s} {'GF':>6s}")
+          f"{'float ms':>10s} {'GF':>6s} | {'BLAS ms':>8s} {'GF':>6s}")
     for model, names in TENSORS.items():
         g = Model.load(model).gguf
         for name in names:

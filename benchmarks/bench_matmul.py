@@ -1,11 +1,13 @@
-"""Benchmark of the quantized weight products of a decode step (llamax._native.matmul).
+"""Benchmark of the quantized weight products of a decode step (gemm.product: csrc/product.h's
+engine for the type, the GEMM for every integer type).
 
 y = x @ W.T with W in its GGUF blocks, at SmolLM2-135M's shapes (Q4_1 layers, the tied Q8_0
 output 576 -> 49152), for n_tok = 1 and 4 tokens, 1 and 2 threads. Reported: the median time and
 the GB/s of weight bytes read (W's stored bytes / time), next to the numpy baseline measured in the
 same run: x @ W_f32.T on weights dequantized to float32 beforehand (OpenBLAS sgemm with the same
-thread count; it reads 4 / 0.625 = 6.4x the bytes of Q4_1). "f32 act" is our product with
-act="f32" (float x, W dequantized tile by tile) instead of ggml's q8 activations.
+thread count; it reads 4 / 0.625 = 6.4x the bytes of Q4_1). "float" is matmul.mul_mat (float x,
+W dequantized tile by tile: the engine of the types without an integer product) on the same W.
+--type NAME (e.g. q5_1) gives the hot shapes random blocks of that type instead of the file's.
 
 Two settings:
   - hot: one weight matrix multiplied again and again (it stays in cache: compute-bound figures);
@@ -16,7 +18,7 @@ For scale: a plain memory copy (np.copyto of 256 MiB; read + write bytes counted
 Weights are the real SmolLM2 tensors (the registry's GGUF, pulled on first use, or --gguf PATH);
 a hot shape the file lacks gets random blocks of its type.
 
-    python benchmarks/bench_matmul.py [--quick] [--gguf PATH]
+    python benchmarks/bench_matmul.py [--quick] [--gguf PATH] [--type q5_1]
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from timing import median_time
 
-from llamax._native import cpu
+from llamax._native import cpu, gemm
 from llamax._native import matmul as M
 from llamax._native import quants as Q
 
@@ -97,13 +99,14 @@ def memcpy_gbs() -> float:
 
 # ---- benchmarks -------------------------------------------------------------------------------------
 
-def bench_hot(tensors: dict, quick: bool) -> None:
+def bench_hot(tensors: dict, quick: bool, w_type: int | None = None) -> None:
     rng = np.random.default_rng(0)
-    print("hot (one W, in cache):   ours = mul_mat (q8 act) | f32 act | numpy x @ W_f32.T (OpenBLAS)")
+    print("hot (one W, in cache):   ours = gemm.product | float = matmul.mul_mat | numpy x @ W_f32.T (OpenBLAS)")
     print(f"{'product':20s} {'n_in->n_out':>12s} {'type':>5s} {'tok':>3s} {'thr':>3s} "
-          f"{'ours ms':>8s} {'GB/s':>6s} {'f32act ms':>9s} {'numpy ms':>9s} {'GB/s':>6s} {'numpy/ours':>10s}")
+          f"{'ours ms':>8s} {'GB/s':>6s} {'float ms':>9s} {'numpy ms':>9s} {'GB/s':>6s} {'numpy/ours':>10s}")
     for what, tname, n_in, n_out, t in SHAPES:
-        raw = tensors.get(tname)
+        t = t if w_type is None else w_type
+        raw = tensors.get(tname) if w_type is None else None
         if raw is None:
             raw = random_weight(t, n_out, n_in, rng)
         raw = np.ascontiguousarray(raw)
@@ -113,8 +116,8 @@ def bench_hot(tensors: dict, quick: bool) -> None:
             out = np.empty((n_tok, n_out), np.float32)
             for nth in (1, 2):
                 rep = 20 if quick else (60 if raw.nbytes > 4e6 else 400)
-                ours = median_time(lambda: M.mul_mat(raw, t, x, out=out, n_threads=nth), rep)
-                f32a = median_time(lambda: M.mul_mat(raw, t, x, out=out, n_threads=nth, act="f32"), rep)
+                ours = median_time(lambda: gemm.product(raw, t, x, n_threads=nth), rep)
+                f32a = median_time(lambda: M.mul_mat(raw, t, x, out=out, n_threads=nth), rep)
                 blas_threads(nth)
                 npy = median_time(lambda: np.matmul(x, w32.T, out=out), rep)
                 print(f"{what:20s} {f'{n_in}->{n_out}':>12s} {Q.TYPE_NAMES[t]:>5s} {n_tok:3d} {nth:3d} "
@@ -140,14 +143,17 @@ def bench_sweep(reader, quick: bool) -> None:
     w32s = [Q.dequantize(ty, raw, (raw.shape[0], n_in)) for raw, ty, n_in in prods]
     total32 = sum(w.nbytes for w in w32s)
     rng = np.random.default_rng(1)
-    print(f"{'tok':>3s} {'thr':>3s} {'ours ms':>8s} {'GB/s':>6s} {'f32act ms':>9s} "
+    print(f"{'tok':>3s} {'thr':>3s} {'ours ms':>8s} {'GB/s':>6s} {'float ms':>9s} "
           f"{'numpy ms':>9s} {'GB/s':>6s} {'numpy/ours':>10s}")
     for n_tok in (1, 4):
         xs = {n_in: rng.standard_normal((n_tok, n_in)).astype(np.float32) for n_in in (576, 1536)}
         for nth in (1, 2):
-            def ours(act="q8"):
+            def ours(float_product=False):
                 for raw, ty, n_in in prods:
-                    M.mul_mat(raw, ty, xs[n_in], n_threads=nth, act=act)
+                    if float_product:
+                        M.mul_mat(raw, ty, xs[n_in], n_threads=nth)
+                    else:
+                        gemm.product(raw, ty, xs[n_in], n_threads=nth)
 
             def npy():
                 for (raw, ty, n_in), w in zip(prods, w32s):
@@ -155,7 +161,7 @@ def bench_sweep(reader, quick: bool) -> None:
 
             rep = 3 if quick else 9
             a = median_time(ours, rep)
-            b = median_time(lambda: ours("f32"), rep)
+            b = median_time(lambda: ours(True), rep)
             blas_threads(nth)
             c = median_time(npy, max(3, rep // 3))
             print(f"{n_tok:3d} {nth:3d} {a * 1e3:8.2f} {total / a / 1e9:6.1f} {b * 1e3:9.2f} "
@@ -167,6 +173,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer repetitions")
     ap.add_argument("--gguf", help="path of SmolLM2-135M-Instruct.Q4_1.gguf")
+    ap.add_argument("--type", help="a weight type name (q5_1, q4_K, ...) for the hot shapes' random blocks")
     args = ap.parse_args()
     print(f"simd level {cpu.LEVEL_NAMES[cpu.simd_level()]}; "
           f"OpenBLAS threads {'set per row' if SET_BLAS_THREADS else 'not settable (its default)'}")
@@ -177,7 +184,7 @@ def main() -> None:
     reader = gguf.GGUFReader(str(path))
     tensors = {t.name: np.asarray(t.data) for t in reader.tensors}
     print(f"weights: {path}")
-    bench_hot(tensors, args.quick)
+    bench_hot(tensors, args.quick, Q.type_id(args.type) if args.type else None)
     bench_sweep(reader, args.quick)
 
 

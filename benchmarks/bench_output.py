@@ -1,10 +1,11 @@
 """The decode step's logits product of a registry model's tied Q8_0 output, n_tok 1: the GEMM on the
-GGUF rows, the GEMM on the r8 layout the model keeps (csrc/gemm.h), and the mat-vec, alternating.
+GGUF rows, the GEMM on the r8 layout the model keeps (csrc/gemm.h), and the float product
+(csrc/matmul.h: W dequantized), alternating.
 
     python benchmarks/bench_output.py [--model gemma3-270m] [--threads 2] [--reps 9]
 
-Prints the median ms and GB/s of weights read for each (the three give: the same bits for the two
-GEMM paths; the mat-vec rounds its sums in another order).
+Prints the median ms and GB/s of weights read for each (the same bits for the two GEMM paths; the
+float product takes x unquantized).
 """
 import argparse
 import time
@@ -31,7 +32,7 @@ def main() -> None:
     x = np.random.default_rng(0).standard_normal((1, n_in)).astype(np.float32)
     runs = {"gemm (GGUF rows)": lambda: gemm.mul_mat(raw, t, x, n_threads=a.threads),
             "gemm (r8)": lambda: gemm.mul_mat_r8(packed, t, n_out, x, n_threads=a.threads),
-            "mat-vec": lambda: matmul.mul_mat(raw, t, x, n_threads=a.threads)}
+            "float product": lambda: matmul.mul_mat(raw, t, x, n_threads=a.threads)}
     times = {k: [] for k in runs}
     for _ in range(a.reps):
         for k, f in runs.items():

@@ -43,13 +43,23 @@ static int is_k(lx_type wt) {
     return wt == LX_TYPE_Q4_K || wt == LX_TYPE_Q5_K || wt == LX_TYPE_Q6_K;
 }
 
+/* the types with a min term (q8_1 activations): q4_1, q5_1 */
+static int has_min(lx_type wt) {
+    return wt == LX_TYPE_Q4_1 || wt == LX_TYPE_Q5_1;
+}
+
+/* the 5-bit types (the AVX2 int16 pair sums go 4 steps, not 8, before a madd) */
+static int is_5bit(lx_type wt) {
+    return wt == LX_TYPE_Q5_0 || wt == LX_TYPE_Q5_1;
+}
+
 int lx_gemm_supported(lx_type w_type) {
     return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 ||
-           w_type == LX_TYPE_Q8_0 || is_k(w_type);
+           w_type == LX_TYPE_Q5_1 || w_type == LX_TYPE_Q8_0 || is_k(w_type);
 }
 
 lx_type lx_gemm_dot_type(lx_type w_type) {
-    return is_k(w_type) ? LX_TYPE_Q8_K : w_type == LX_TYPE_Q4_1 ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
+    return is_k(w_type) ? LX_TYPE_Q8_K : has_min(w_type) ? LX_TYPE_Q8_1 : LX_TYPE_Q8_0;
 }
 
 /* r8 layout: a group-block's head, the 8 d (f16), then q4_1's 8 m (f16) or q5_0's 8 qh (u32) */
@@ -92,6 +102,18 @@ static void unpack_signed(lx_type wt, const uint8_t *w, int64_t b, int *q, float
         *dw = lx_fp16_to_fp32(x->d);
         break;
     }
+    case LX_TYPE_Q5_1: {
+        const lx_block_q5_1 *x = (const lx_block_q5_1 *) w + b;
+        uint32_t qh;
+        memcpy(&qh, x->qh, 4);
+        for (int j = 0; j < 16; ++j) {
+            q[j] = (x->qs[j] & 0xF) | (((qh >> j) & 1u) << 4);
+            q[j + 16] = (x->qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+        }
+        *dw = lx_fp16_to_fp32(x->d);
+        *mw = lx_fp16_to_fp32(x->m);
+        break;
+    }
     default: {
         const lx_block_q8_0 *x = (const lx_block_q8_0 *) w + b;
         for (int j = 0; j < 32; ++j) q[j] = x->qs[j];
@@ -110,7 +132,7 @@ static float dot_canon(lx_type wt, const uint8_t *w, const void *xq, int64_t nb)
         unpack_signed(wt, w, b, q, &dw, &mw);
         const int8_t *y;
         float dx, sx = 0.0f;
-        if (wt == LX_TYPE_Q4_1) {
+        if (has_min(wt)) {
             const lx_block_q8_1 *yb = (const lx_block_q8_1 *) xq + b;
             y = yb->qs, dx = lx_fp16_to_fp32(yb->d), sx = lx_fp16_to_fp32(yb->s);
         } else {
@@ -121,7 +143,7 @@ static float dot_canon(lx_type wt, const uint8_t *w, const void *xq, int64_t nb)
         for (int i = 0; i < LX_QK; ++i) isum += q[i] * y[i];
         const float s = dw * dx;
         acc = fmaf(s, (float) isum, acc);
-        if (wt == LX_TYPE_Q4_1) acc = fmaf(mw, sx, acc);
+        if (has_min(wt)) acc = fmaf(mw, sx, acc);
     }
     return acc;
 }
@@ -356,15 +378,12 @@ static void unpack_tile(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, in
                 mw[r * nb + b] = lx_fp16_to_fp32(x->m);
                 break;
             }
-            case LX_TYPE_Q5_0: {
-                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
-                uint32_t qh;
-                memcpy(&qh, x->qh, 4);
-                for (int j = 0; j < 16; ++j) {
-                    u[j] = (uint8_t) ((x->qs[j] & 0xF) | (((qh >> j) & 1u) << 4));
-                    u[j + 16] = (uint8_t) ((x->qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
-                }
-                dw[r * nb + b] = lx_fp16_to_fp32(x->d);
+            case LX_TYPE_Q5_0: case LX_TYPE_Q5_1: {
+                int q[LX_QK];
+                float d, m;
+                unpack_signed(wt, row, b, q, &d, &m);   /* q5_0: q - 16, so + 16 gives the 5-bit value */
+                for (int j = 0; j < LX_QK; ++j) u[j] = (uint8_t) (q[j] + (wt == LX_TYPE_Q5_0 ? 16 : 0));
+                dw[r * nb + b] = d, mw[r * nb + b] = m;
                 break;
             }
             default: {
@@ -794,9 +813,9 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
 #if LX_GEMM_PASS == 1
         if (wt != LX_TYPE_Q8_0) {
             /* int16 pair sums u*a + u'*a' summed over `per` steps before the one madd: |pair| <=
-             * 2 * 15 * 127 (nibbles, 8 steps: <= 30480) or 2 * 31 * 127 (q5_0, 4 steps: <= 31496),
-             * so the int16 sums are exact */
-            const int per = wt == LX_TYPE_Q5_0 ? 4 : 8;
+             * 2 * 15 * 127 (nibbles, 8 steps: <= 30480) or 2 * 31 * 127 (q5_0 / q5_1, 4 steps:
+             * <= 31496), so the int16 sums are exact */
+            const int per = is_5bit(wt) ? 4 : 8;
             for (int h = 0; h < 8; h += per) {
                 __m256i p[LX_GEMM_R * TMAX];
                 for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
@@ -828,7 +847,7 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
                 const VF s = MULF(BCF(dw + r * nb + b), dx);
                 acc[r * T + g] = FMAF(s, CVT(is[r * T + g]), acc[r * T + g]);
             }
-            if (wt == LX_TYPE_Q4_1) {
+            if (has_min(wt)) {
                 const VF sx = LDF((const float *) (rec[g] + 40 * L));
                 for (int r = 0; r < R; ++r) acc[r * T + g] = FMAF(BCF(mw + r * nb + b), sx, acc[r * T + g]);
             }
@@ -838,6 +857,32 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
 }
 
 #if LX_GEMM_PASS == 1
+/* the 32 unsigned (or, for q8_0, signed) W bytes of block b of a row, with its scales */
+static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int64_t b, uint16_t *dh, uint16_t *mh) {
+    if (wt == LX_TYPE_Q8_0) {
+        const lx_block_q8_0 *x = (const lx_block_q8_0 *) row + b;
+        *dh = x->d;
+        return _mm256_loadu_si256((const __m256i *) x->qs);
+    }
+    const uint8_t *qs, *qh = NULL;
+    if (wt == LX_TYPE_Q4_0) {
+        const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
+        qs = x->qs, *dh = x->d;
+    } else if (wt == LX_TYPE_Q4_1) {
+        const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
+        qs = x->qs, *dh = x->d, *mh = x->m;
+    } else if (wt == LX_TYPE_Q5_0) {
+        const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
+        qs = x->qs, qh = x->qh, *dh = x->d;
+    } else {
+        const lx_block_q5_1 *x = (const lx_block_q5_1 *) row + b;
+        qs = x->qs, qh = x->qh, *dh = x->d, *mh = x->m;
+    }
+    const __m256i v = lx_nib32_avx2(qs);   /* low nibbles in the low half, high ones in the high half */
+    if (!qh) return v;
+    return _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(qh), _mm256_set1_epi8(0x10)));
+}
+
 /* unpack_tile with the shared block unpacking (simd.h) and F16C (the same bytes and scales; a NaN scale keeps
  * its payload but gets the quiet bit, so NaN outputs may differ in payload between paths) */
 static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr, int64_t n_in,
@@ -856,21 +901,10 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
                 dw[r * nb + b] = _cvtsh_ss(x->d);
                 continue;
             }
-            const uint8_t *qs;
-            if (wt == LX_TYPE_Q4_0) {
-                const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
-                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d);
-            } else if (wt == LX_TYPE_Q4_1) {
-                const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
-                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d), mw[r * nb + b] = _cvtsh_ss(x->m);
-            } else {
-                const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
-                qs = x->qs, dw[r * nb + b] = _cvtsh_ss(x->d);
-            }
-            __m256i v = lx_nib32_avx2(qs);
-            if (wt == LX_TYPE_Q5_0)
-                v = _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(((const lx_block_q5_0 *) row + b)->qh), _mm256_set1_epi8(0x10)));
-            _mm256_storeu_si256((__m256i *) u, v);
+            uint16_t dh, mh = 0;
+            _mm256_storeu_si256((__m256i *) u, SFX(block_u)(wt, row, b, &dh, &mh));
+            dw[r * nb + b] = _cvtsh_ss(dh);
+            if (has_min(wt)) mw[r * nb + b] = _cvtsh_ss(mh);
         }
     }
 }
@@ -885,29 +919,6 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
  * Planar activations, token stride n_in + 12 nb: int8 qs[n_in], int32 corr[nb], float dx[nb],
  * float sx[nb]. */
 
-/* the 32 unsigned (or, for q8_0, signed) W bytes of block b of a row, with its scales */
-static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int64_t b, uint16_t *dh, uint16_t *mh) {
-    if (wt == LX_TYPE_Q8_0) {
-        const lx_block_q8_0 *x = (const lx_block_q8_0 *) row + b;
-        *dh = x->d;
-        return _mm256_loadu_si256((const __m256i *) x->qs);
-    }
-    const uint8_t *qs;
-    if (wt == LX_TYPE_Q4_0) {
-        const lx_block_q4_0 *x = (const lx_block_q4_0 *) row + b;
-        qs = x->qs, *dh = x->d;
-    } else if (wt == LX_TYPE_Q4_1) {
-        const lx_block_q4_1 *x = (const lx_block_q4_1 *) row + b;
-        qs = x->qs, *dh = x->d, *mh = x->m;
-    } else {
-        const lx_block_q5_0 *x = (const lx_block_q5_0 *) row + b;
-        qs = x->qs, *dh = x->d;
-    }
-    const __m256i v = lx_nib32_avx2(qs);   /* low nibbles in the low half, high ones in the high half */
-    if (wt != LX_TYPE_Q5_0) return v;
-    return _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(((const lx_block_q5_0 *) row + b)->qh), _mm256_set1_epi8(0x10)));
-}
-
 /* lane r = sum of the 8 int32 lanes of v[r] (exact) */
 static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
     const __m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
@@ -917,14 +928,14 @@ static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
 }
 
 /* gemm.h's chain, lane-wise over 8 rows, for block b of planar token tk: acc += (dw dx_b) isum
- * (isum = is + corr_b), then q4_1's acc += mw sx_b */
+ * (isum = is + corr_b), then q4_1's / q5_1's acc += mw sx_b */
 static LX_INLINE LX_TGT __m256 SFX(chain_step)(lx_type wt, __m256 acc, __m256i is, __m256 dw, __m256 mw,
                                                const uint8_t *tk, int64_t nb, int64_t b) {
     const int32_t *corr = (const int32_t *) (tk + nb * LX_QK);
     const float *dx = (const float *) (corr + nb), *sx = dx + nb;
     const __m256i isv = _mm256_add_epi32(is, _mm256_set1_epi32(corr[b]));
     acc = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dx[b])), _mm256_cvtepi32_ps(isv), acc);
-    return wt == LX_TYPE_Q4_1 ? _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc) : acc;
+    return has_min(wt) ? _mm256_fmadd_ps(mw, _mm256_set1_ps(sx[b]), acc) : acc;
 }
 
 /* the NT tokens' lanes 0..nr-1 into y[k][o0 + r] */
@@ -1084,6 +1095,7 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
     case LX_TYPE_Q4_0: LX_GEMM_SMALL_NT(LX_TYPE_Q4_0) break;
     case LX_TYPE_Q4_1: LX_GEMM_SMALL_NT(LX_TYPE_Q4_1) break;
     case LX_TYPE_Q5_0: LX_GEMM_SMALL_NT(LX_TYPE_Q5_0) break;
+    case LX_TYPE_Q5_1: LX_GEMM_SMALL_NT(LX_TYPE_Q5_1) break;
     default: LX_GEMM_SMALL_NT(LX_TYPE_Q8_0) break;
     }
 }
@@ -1364,6 +1376,7 @@ static LX_TGT void SFX(run)(lx_type wt, const uint8_t *tile, int64_t n_in, int n
         case LX_TYPE_Q4_0: LX_GEMM_R_CASES(LX_TYPE_Q4_0) break;
         case LX_TYPE_Q4_1: LX_GEMM_R_CASES(LX_TYPE_Q4_1) break;
         case LX_TYPE_Q5_0: LX_GEMM_R_CASES(LX_TYPE_Q5_0) break;
+        case LX_TYPE_Q5_1: LX_GEMM_R_CASES(LX_TYPE_Q5_1) break;
         default: LX_GEMM_R_CASES(LX_TYPE_Q8_0) break;
         }
         for (int r = 0; r < nr; ++r)

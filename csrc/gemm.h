@@ -7,25 +7,26 @@
  * What it is for: the weight products of prefill (n_tok up to the ubatch) and of decode, from the
  * stored blocks (no float32 copies of W), with results that do not depend on the batch: token t's
  * row of y is the same bits whatever the other rows of x, the thread count and the SIMD level.
- * matmul.h's lx_mul_mat computes the same integer block dots but sums the float terms in
- * lane-parallel orders that depend on the tile shape (hence on n_tok) and the SIMD level.
+ * It is llamax's one integer product: the weight types it lacks take matmul.h's float product
+ * (product.h holds the rule).
  *
  * ---- the canonical arithmetic (every path computes exactly these float operations) ----------
  *
- * x row t is quantized per block exactly as ggml (and lx_mul_mat) does, to the weight's dot type
- * (lx_gemm_dot_type: q8_0 for q4_0 / q5_0 / q8_0, q8_1 for q4_1, q8_K for the K-quants (below);
- * quants.h's rounding), giving
+ * x row t is quantized per block exactly as ggml does, to the weight's dot type
+ * (lx_gemm_dot_type: q8_0 for q4_0 / q5_0 / q8_0, q8_1 for q4_1 / q5_1, q8_K for the K-quants
+ * (below); quants.h's rounding), giving
  * int8 y_i, the block scale dx_b (f16 -> float, exact) and, for q8_1, sx_b (f16 -> float). W's
- * block b of row o has integer quants q_i (the stored field as in quants.h, before any offset),
- * the offset c (8 for q4_0, 16 for q5_0, 0 for q4_1 and q8_0, whose q_i are signed), the scale
- * dw_b and, for q4_1, the min mw_b (f16 -> float). Then, in float32 with round-to-nearest:
+ * block b of row o has integer quants q_i (the stored field as in quants.h, before any offset: the
+ * nibble, or for q5_0 / q5_1 the nibble | qh bit << 4), the offset c (8 for q4_0, 16 for q5_0, 0 for
+ * q4_1, q5_1 and q8_0, whose q_i are signed), the scale dw_b and, for q4_1 / q5_1, the min mw_b
+ * (f16 -> float). Then, in float32 with round-to-nearest:
  *
  *     acc = +0.0f
  *     for b = 0, 1, ..., nb - 1:                          (blocks in order, no other split)
  *         isum = sum_{i in b} (q_i - c) * y_i             exact integer (|isum| < 2^21)
  *         s    = dw_b * dx_b                              one rounded multiply
  *         acc  = fmaf(s, (float) isum, acc)               one fused multiply-add (exact cvt)
- *         acc  = fmaf(mw_b, sx_b, acc)                    q4_1 only: the min term
+ *         acc  = fmaf(mw_b, sx_b, acc)                    q4_1 / q5_1 only: the min term
  *     y[t][o] = acc
  *
  * One sequential chain per output: no partial accumulators, no reduction tree, so there is nothing
@@ -55,7 +56,7 @@
  *   Per R x T tile and block: 8 R T dot instructions and 3 R T float ones (cvt, mul, fma); W is
  *   read from memory once per call and each activation vector serves R rows. On AVX2 the
  *   maddubs int16 pair sums are added over 8 steps (nibbles: |sum| <= 8 * 2 * 15 * 127 = 30480)
- *   or 4 (q5_0: <= 31496) before one madd, exactly.
+ *   or 4 (q5_0 / q5_1: <= 31496) before one madd, exactly.
  *
  *   n_tok <= 8 (AVX2 and up): tokens in lanes would waste lanes and the per-call unpack would
  *   cost as much as the dots, so 8 W *rows* go in the lanes instead: each block is unpacked in
@@ -72,9 +73,9 @@
  * Error vs exact arithmetic (test (c)): against the float64 product of the dequantized W and the
  * dequantized quantized x, |y - y64| <= LX_GEMM_ERR(nb) * sum_b |dw_b dx_b isum_b| (+ |mw_b sx_b|),
  * LX_GEMM_ERR(n) = (2 n + 2) 2^-24: each term has one rounding from s and the chain at most n
- * roundings (Higham) (n the chain's terms; K-quants: 2 nbk, nbk for q6_K, where the rounding of
- * (float) isum is one more per term, within the bound), plus the rounding of sx_b in q8_1
- * (ggml's) for q4_1, which the test models.
+ * roundings (Higham) (n the chain's terms: nb, 2 nb for q4_1 / q5_1; K-quants: 2 nbk, nbk for q6_K,
+ * where the rounding of (float) isum is one more per term, within the bound), plus the rounding
+ * of sx_b in q8_1 (ggml's) for q4_1 / q5_1, which the test models.
  *
  * ---- the K-quants (q4_K, q5_K, q6_K: super-blocks of 256, q8_K activations) ------------------
  *
@@ -114,8 +115,9 @@
  * (LX_GEMM_CHUNK_BYTES; ~120 tokens for n_in 1536 q4_1); each chunk runs over all row tiles, W
  * being re-unpacked per chunk. Each output's chain is untouched, so the bits are the same.
  *
- * Types: q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K (lx_gemm_supported); n_in must be a multiple
- * of the block size (32, or 256 for the K-quants). Others are refused (lx_mul_mat serves them).
+ * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (lx_gemm_supported); n_in must be a
+ * multiple of the block size (32, or 256 for the K-quants). Others are refused (matmul.h's float
+ * product serves them: product.h).
  * Next: an AVX-512 K kernel (the same tiles on zmm with vpdpbusd + a per-sub-block scale), f32 /
  * f16 weights, q2_K / q3_K.
  */

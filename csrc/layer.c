@@ -1,15 +1,15 @@
-/* layer.c: one decoder layer in one call (see layer.h). Composes the kernels of gemm.c,
- * rope.c, attention.c, hadamard.c and quants.c; holds no policy (the cells come from the memory).
+/* layer.c: one decoder layer in one call (see layer.h). Composes the kernels of product.c (the
+ * weight products), rope.c, attention.c, hadamard.c and quants.c; holds no policy (the cells come
+ * from the memory).
  *
- *   work = | h | qkv | q | k | v | a | o | gu | act | tmp | gemm work | attention scratch |
+ *   work = | h | qkv | q | k | v | a | o | gu | act | tmp | product work | attention scratch |
  */
 #include "layer.h"
 
 #include "attention.h"
 #include "cpu.h"
-#include "gemm.h"
 #include "hadamard.h"
-#include "matmul.h"
+#include "product.h"
 #include "vexp.h"
 
 #include <math.h>
@@ -41,8 +41,7 @@ static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
     if (l->n_parts < 1 || l->n_parts > LX_LINEAR_MAX_PARTS || l->n_in != n_in || l->n_out != n_out) return 0;
     int64_t rows = 0;
     for (int i = 0; i < l->n_parts; ++i) {
-        if (!l->w[i] || l->rows[i] < 1 || !lx_mm_supported(l->type[i])) return 0;
-        if (l->r8[i] && !lx_gemm_r8_supported(l->type[i])) return 0;
+        if (!l->w[i] || l->rows[i] < 1 || lx_product_kind_of(l->type[i], l->r8[i]) == LX_PRODUCT_NONE) return 0;
         if (n_in % lx_type_block_size(l->type[i])) return 0;
         rows += l->rows[i];
     }
@@ -52,10 +51,7 @@ static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
 static size_t linear_work(const lx_linear *l, int64_t n, int n_threads, int64_t *widest) {
     size_t b = 0;
     for (int i = 0; i < l->n_parts; ++i) {
-        const lx_type t = l->type[i];
-        const size_t s = l->r8[i] ? lx_gemm_r8_work_size(t, n, l->n_in, n_threads)
-                         : lx_gemm_supported(t) ? lx_gemm_work_size(t, n, l->n_in, n_threads)
-                                                : lx_mm_work_size(t, n, l->n_in, LX_MM_ACT_Q8);
+        const size_t s = lx_product_work_size(l->type[i], l->r8[i], n, l->n_in, n_threads);
         if (s > b) b = s;
         if (l->n_parts > 1 && l->rows[i] > *widest) *widest = l->rows[i];
     }
@@ -138,19 +134,9 @@ void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64
     for (int64_t r = 0; r < n_rows; ++r) {
         const float *xr = x + r * n;
         float *yr = y + r * n;
-#ifdef LX_RMS_F32
-        float lane[8] = {0};
-        int64_t i = 0;
-        for (; i + 8 <= n; i += 8)
-            for (int j = 0; j < 8; ++j) lane[j] += xr[i + j] * xr[i + j];
-        for (int j = 0; i < n; ++i, ++j) lane[j] += xr[i] * xr[i];
-        const float s = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-        const float scale = 1.0f / sqrtf(s / (float) n + eps);
-#else
         double s = 0.0;
         for (int64_t i = 0; i < n; ++i) s += (double) (xr[i] * xr[i]);
         const float scale = 1.0f / sqrtf((float) (s / (double) n) + eps);
-#endif
         for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * scale) * g[i];
     }
 }
@@ -235,15 +221,10 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
     }
 }
 
-/* one part: the GEMM for its types (batch-invariant; on r8 or GGUF rows), else ggml's mat-vec
- * (f16, f32, q2_K, q3_K) */
+/* one part: product.h's engine for its type and layout */
 static void part_product(const lx_linear *l, int i, const float *x, float *y, int64_t n, int64_t n_out,
                          void *gw, int nt) {
-    const void *w = l->w[i];
-    const lx_type t = l->type[i];
-    if (l->r8[i]) lx_gemm_r8(w, t, x, y, n, l->n_in, n_out, gw, nt);
-    else if (lx_gemm_supported(t)) lx_gemm(w, t, x, y, n, l->n_in, n_out, gw, nt);
-    else lx_mul_mat(w, t, x, y, n, l->n_in, n_out, LX_MM_ACT_Q8, gw, nt);
+    lx_product(l->w[i], l->type[i], l->r8[i], x, y, n, l->n_in, n_out, gw, nt);
 }
 
 /* y = x W^T over W's parts (joined by columns through tmp when there are several) */

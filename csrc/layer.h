@@ -10,12 +10,14 @@
  *                                   └─ + [post_ffw_norm] ───────────────────────────────┘ = x'
  *
  * [..] only where the layer has the weight (Gemma 3: q_norm, k_norm, post norms; GELU gate from
- * ggml's f16 table); llama: SiLU gate. Every product is lx_gemm (gemm.h), so a row's result does
- * not depend on the other rows, the number of rows or n_threads; every other step is per row in a
- * fixed order. Numerics follow ggml's CPU ops: rms_norm sums x*x in double (ggml_float), scale =
- * 1/sqrtf(mean + eps), then times the weight; silu = x / (1 + exp(-x)) (vexp.h's exp, within 2 ulp
- * of expf); geglu looks the gate's
- * f16 rounding up in the table (0 at or below -10, the gate itself at or above 10).
+ * ggml's f16 table); llama: SiLU gate. Every weight product is lx_product (product.h): the GEMM
+ * (gemm.h) for the integer types, so a row's result does not depend on the other rows, the number
+ * of rows or n_threads; the float product (matmul.h) for f32, f16, bf16, q2_K and q3_K weights,
+ * whose rows do not depend on those either but whose sums differ between SIMD levels. Every
+ * other step is per row in a fixed order. Numerics follow ggml's CPU ops: rms_norm sums x*x in
+ * double (ggml_float), scale = 1/sqrtf(mean + eps), then times the weight; silu = x / (1 + exp(-x))
+ * (vexp.h's exp, within 2 ulp of expf); geglu looks the gate's f16 rounding up in the table (0 at
+ * or below -10, the gate itself at or above 10).
  *
  * The memory owns the cells: the caller passes the layer's K/V buffers from the first stream the
  * ubatch touches, the cell index of every token (its part p lives in stream s0 + p), and the KQ
@@ -35,8 +37,9 @@
 
 #define LX_LINEAR_MAX_PARTS 4
 
-/* W [n_out, n_in] as runs of one ggml type stacked along n_out (each a gemm.h or matmul.h type);
- * a part is GGUF rows, or gemm.h's r8 layout (r8 1: a lx_gemm_r8_supported type, rows padded to 8) */
+/* W [n_out, n_in] as runs of one ggml type stacked along n_out (each a type with a product.h
+ * product); a part is GGUF rows, or gemm.h's r8 layout (r8 1: a lx_gemm_r8_supported type, rows
+ * padded to 8) */
 typedef struct {
     int n_parts;
     const void *w[LX_LINEAR_MAX_PARTS];

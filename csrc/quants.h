@@ -5,7 +5,7 @@
  * uint16_t bits), and ggml's quantized blocks (section "ggml blocks" below:
  * layouts with their _Static_asserts, dequantize rows, quantize rows for the
  * activations of quantized dot products). Matrix products over these blocks
- * live in matmul.h.
+ * live in product.h (gemm.h, matmul.h).
  *
  * f16:
  * Conventions (same as ggml's fp16 helpers, bit-exact with numpy.float16):

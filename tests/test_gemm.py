@@ -1,18 +1,26 @@
-"""Tests of the bit-identical quantized GEMM (csrc/gemm via llamax._native.gemm).
+"""Tests of the bit-identical quantized GEMM (csrc/gemm via llamax._native.gemm), llamax's one
+integer product, and of product.h's rule (gemm.product).
 
   (a) every SIMD level of this CPU and n_threads 1 / 2 give the bits of the scalar reference
       (gemm.h's canonical loop), for every n_tok;
   (b) batch invariance: row t of a product over n_tok tokens is the product of token t alone;
   (c) the reference is within LX_GEMM_ERR(n_terms) * sum|terms| of the float64 product of the
-      dequantized W and ggml's quantized activations (test_matmul's q8 oracle);
-  (d) it agrees with matmul.mul_mat (same integer dots, other float order) within both bounds.
+      dequantized W and ggml's quantized activations (the q8 oracle below);
+  (d) against plain x @ W.T (W dequantized) it is off by the activation rounding only:
+      |W| @ |x - x^| (+ the s rounding) + the accumulation bound, llama.cpp's own error.
 Weights are random ggml blocks (finite f16 scales), as in test_matmul.
+
+The q8 oracle, in float64 numpy: the activations are quantized exactly as ggml does (the numpy
+quantizers of test_quants_blocks), then y_emul = x^ @ W.T with W dequantized by numpy, plus the one
+place ggml does not use x^ itself: the q8_1 block sum s = f16(d * sum q) of the q4_1 / q5_1 min
+term; sum|terms| <= (|a| + |b|) @ |x^|, a / b the scaled-quant / offset parts of W.
 """
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_matmul import check_close, q8_oracle, weights
+from test_matmul import check_close, w_parts, weights
+from test_quants_blocks import gguf, gguf_dequantize, np_dequantize, np_quantize_q8_0, np_quantize_q8_K
 
 from llamax._native import cpu
 from llamax._native import gemm as G
@@ -20,7 +28,8 @@ from llamax._native import matmul as M
 from llamax._native import quants as Q
 
 K_TYPES = [Q.TYPE_Q4_K, Q.TYPE_Q5_K, Q.TYPE_Q6_K]
-TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q8_0] + K_TYPES
+TYPES = [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, Q.TYPE_Q5_1, Q.TYPE_Q8_0] + K_TYPES
+FLOAT_TYPES = [Q.TYPE_F32, Q.TYPE_F16, Q.TYPE_BF16, Q.TYPE_Q2_K, Q.TYPE_Q3_K]   # product.h: the float product
 LEVELS = [lv for lv in cpu.levels() if lv != cpu.AVX512]  # AVX512 without VNNI runs AVX2
 N_TOKS = [1, 2, 3, 5, 8, 13, 64, 130, 512]
 U = 2.0 ** -24
@@ -34,6 +43,45 @@ def name(t: int) -> str:
 def _reset_level():
     yield
     cpu.set_simd_level(-1)
+
+
+def x_hat(dt: int, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """ggml's quantized activations as float64 [n_tok, n_in], and for q8_1 the per-block
+    (s - d * sum q) [n_tok, n_in/32] that its min term uses instead of sum x^."""
+    rows, corr = [], []
+    for r in x:
+        if dt == Q.TYPE_Q8_K:
+            d, qs, _ = np_quantize_q8_K(r)
+            rows.append((d.astype(np.float64)[:, None] * qs).reshape(-1))
+        else:
+            d16, qs, s16 = np_quantize_q8_0(r)
+            d = d16.astype(np.float64)[:, None]
+            rows.append((d * qs).reshape(-1))
+            corr.append(s16.astype(np.float64) - d[:, 0] * qs.astype(np.int64).sum(axis=1))
+    return np.array(rows), (np.array(corr) if dt == Q.TYPE_Q8_1 else None)
+
+
+def q8_oracle(t: int, raw: np.ndarray, x: np.ndarray):
+    """(y_emul, mag, act_err) float64 [n_tok, n_out] (see the module docstring)."""
+    n_out, n_in = raw.shape[0], x.shape[1]
+    w, wmag = w_parts(t, raw, n_out, n_in)
+    dt = G.dot_type(t)
+    xh, corr = x_hat(dt, x)
+    y = xh @ w.T
+    mag = np.abs(xh) @ wmag.T
+    act_err = np.abs(x.astype(np.float64) - xh) @ np.abs(w).T
+    if corr is not None:                       # m_w * (s - d sum q) per block
+        m = np.ascontiguousarray(raw).view(np.uint8).reshape(n_out, -1, Q.block_bytes(t))[:, :, 2:4]
+        m = np.ascontiguousarray(m).view(np.float16)[..., 0].astype(np.float64)   # [n_out, nb]
+        y += corr @ m.T
+        mag += np.abs(corr) @ np.abs(m).T
+        act_err += np.abs(corr) @ np.abs(m).T
+    return y, mag, act_err
+
+
+def tol(t: int, n_in: int, mag: np.ndarray) -> np.ndarray:
+    """LX_GEMM_ERR(n_terms) * sum|terms|, plus 2u for W's own rounding in the numpy oracle."""
+    return (G.err_factor(t, n_in) + 2 * U) * mag + 1e-30
 
 
 def kin(t: int, n_in: int) -> int:
@@ -89,18 +137,27 @@ def test_reference_within_bound_of_float64(t, n_in):
     raw, x = case(t, n_in, 23, 13, 300 + t)
     y, mag, _ = q8_oracle(t, raw, x)
     ref = G.mul_mat_ref(raw, t, x)
-    check_close(ref, y, (G.err_factor(t, n_in) + 2 * U) * mag + 1e-30, f"{name(t)} ref vs float64")
+    check_close(ref, y, tol(t, n_in, mag), f"{name(t)} ref vs float64")
 
 
 @pytest.mark.parametrize("t", TYPES, ids=name)
-def test_agrees_with_matmul(t):
-    n_in = kin(t, 640)
-    raw, x = case(t, n_in, 41, 13, 500 + t)
-    _, mag, _ = q8_oracle(t, raw, x)
-    got = G.mul_mat(raw, t, x, n_threads=2)
-    mm = M.mul_mat(raw, t, x, n_threads=2)
-    bound = (G.err_factor(t, n_in) + M.err_factor(t, n_in, "q8") + 4 * U) * mag + 1e-30
-    check_close(got, mm.astype(np.float64), bound, f"{name(t)} vs matmul")
+def test_vs_exact_product(t):
+    """Plain x @ W.T (W dequantized): off by the activation rounding only (llama.cpp's own error)."""
+    rng = np.random.default_rng(300 + t)
+    n_in = 1024
+    raw = weights(t, 19, n_in, rng)
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    w = np_dequantize(t, raw, (19, n_in)).astype(np.float64)
+    _, mag, act_err = q8_oracle(t, raw, x)
+    got = G.mul_mat(raw, t, x)
+    check_close(got, x.astype(np.float64) @ w.T, act_err + tol(t, n_in, mag), name(t))
+
+
+def test_dot_types_follow_ggml():
+    assert {t: G.dot_type(t) for t in TYPES} == {
+        Q.TYPE_Q4_0: Q.TYPE_Q8_0, Q.TYPE_Q5_0: Q.TYPE_Q8_0, Q.TYPE_Q8_0: Q.TYPE_Q8_0,
+        Q.TYPE_Q4_1: Q.TYPE_Q8_1, Q.TYPE_Q5_1: Q.TYPE_Q8_1,
+        Q.TYPE_Q4_K: Q.TYPE_Q8_K, Q.TYPE_Q5_K: Q.TYPE_Q8_K, Q.TYPE_Q6_K: Q.TYPE_Q8_K}
 
 
 def test_empty_and_out():
@@ -156,26 +213,29 @@ def test_r8_gives_the_gemm_bits(t, n_out):
                 np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x[:n_tok], n_threads=nt), ref)
 
 
-@pytest.mark.parametrize("t", sorted(G.R8_TYPES), ids=name)
-def test_r8_extreme_quants(t):
+@pytest.mark.parametrize("t", [t for t in TYPES if t not in K_TYPES], ids=name)
+@pytest.mark.parametrize("n_tok", [3, 20])
+def test_extreme_quants(t, n_tok):
     """The largest integer sums the kernels form (every quant at its top, every activation at 127 or
-    -127): the int16 pair sums added before each madd stay exact."""
+    -127): the int16 pair sums added before each madd stay exact, on GGUF rows (the rows-in-lanes
+    kernel for n_tok <= 8, tokens in lanes past it) and in the r8 layout where the type has it."""
     n_in, n_out = 256, 16
     raw = weights(t, n_out, n_in, np.random.default_rng(1))
     bb, rb = Q.block_bytes(t), raw.shape[1]
     blocks = raw.reshape(n_out, rb // bb, bb)
-    head = {Q.TYPE_Q4_0: 2, Q.TYPE_Q4_1: 4, Q.TYPE_Q5_0: 2, Q.TYPE_Q8_0: 2}[t]
-    blocks[:, :, head:] = 0x81 if t == Q.TYPE_Q8_0 else 0xFF       # q8_0: -127; nibbles 15 (q5_0: qh all set)
+    head = {Q.TYPE_Q4_0: 2, Q.TYPE_Q4_1: 4, Q.TYPE_Q5_0: 2, Q.TYPE_Q5_1: 4, Q.TYPE_Q8_0: 2}[t]
+    blocks[:, :, head:] = 0x81 if t == Q.TYPE_Q8_0 else 0xFF       # q8_0: -127; nibbles 15 (q5_*: qh all set)
     blocks[8:, :, head:] = 0x7F if t == Q.TYPE_Q8_0 else 0xFF
-    packed = G.pack_r8(raw, t)
+    packed = G.pack_r8(raw, t) if t in G.R8_TYPES else None
     for sign in (1, -1):
-        x = np.full((3, n_in), sign, np.float32)
+        x = np.full((n_tok, n_in), sign, np.float32)
         x[1] = -x[1]
         ref = G.mul_mat_ref(raw, t, x)
         assert np.all(np.isfinite(ref))
         for level in LEVELS:
             cpu.set_simd_level(level)
-            np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=2), ref)
+            if packed is not None:
+                np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=2), ref)
             np.testing.assert_array_equal(G.mul_mat(raw, t, x, n_threads=2), ref)
 
 
@@ -228,3 +288,84 @@ def test_r8_layout_of_the_nibble_types(t, head):
             for c in range(4):
                 np.testing.assert_array_equal(flat[g + hb + 32 * c + 4 * r:][:4], qs[4 * c:4 * c + 4])
     np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])
+
+
+# ---- real tensors ----------------------------------------------------------------------------------
+
+def test_smollm2_tensors(smollm2_gguf):
+    """Real Q4_1 / Q8_0 rows: within the q8 oracle's bound, and off plain x @ W.T by the activation
+    rounding only."""
+    r = gguf.GGUFReader(str(smollm2_gguf))
+    tensors = {t.name: t for t in r.tensors}
+    rng = np.random.default_rng(9)
+    for nm, rows in [("blk.0.attn_q.weight", None), ("blk.0.ffn_down.weight", None),
+                     ("blk.3.attn_k.weight", None), ("token_embd.weight", 300)]:
+        t = tensors[nm]
+        ty = int(t.tensor_type)
+        raw = np.ascontiguousarray(np.asarray(t.data))
+        raw = raw if rows is None else raw[:rows]
+        n_out, n_in = raw.shape[0], int(t.shape[0])
+        w = gguf_dequantize(ty, raw, (n_out, n_in)).astype(np.float64)
+        for n_tok in (1, 4, 20):
+            x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+            y, mag, act_err = q8_oracle(ty, raw, x)
+            got = G.mul_mat(raw, ty, x)
+            check_close(got, y, tol(ty, n_in, mag), nm)
+            check_close(got, x.astype(np.float64) @ w.T, act_err + tol(ty, n_in, mag), nm)
+
+
+# ---- product.h: the one rule of which product a weight takes ------------------------------------
+
+def test_product_rule():
+    """Every weight type has exactly one engine per layout: the GEMM for its types (r8 only where the
+    layout exists), the float product for the others; activation formats and unknown numbers none."""
+    for t in TYPES:
+        assert G.product_kind(t) == "gemm"
+        assert G.product_kind(t, r8=True) == ("gemm_r8" if t in G.R8_TYPES else "none")
+    for t in FLOAT_TYPES:
+        assert G.product_kind(t) == "float" and G.product_kind(t, r8=True) == "none"
+    for t in (Q.TYPE_Q8_1, Q.TYPE_Q8_K, 4, 63, 64, -1):
+        assert G.product_kind(t) == "none"
+    assert set(G.R8_TYPES) <= set(G.W_TYPES) and {t for t in G.W_TYPES} == set(TYPES)
+    with pytest.raises(TypeError):
+        G.product_kind(2.0)
+
+
+@pytest.mark.parametrize("t", TYPES + FLOAT_TYPES, ids=name)
+def test_product_is_its_engines_bits(t):
+    """gemm.product gives the bits of the engine product_kind names, in either layout."""
+    rng = np.random.default_rng(700 + t)
+    n_in, n_out = 512, 21
+    raw = weights(t, n_out, n_in, rng)
+    for n_tok in (1, 5, 17):
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        got = G.product(raw, t, x, n_threads=2)
+        want = G.mul_mat(raw, t, x, n_threads=1) if t in TYPES else M.mul_mat(raw, t, x, n_threads=1)
+        np.testing.assert_array_equal(got, want)
+        if t in G.R8_TYPES:
+            np.testing.assert_array_equal(G.product(G.pack_r8(raw, t), t, x, r8=True, n_out=n_out), want)
+
+
+def test_product_errors():
+    raw = weights(Q.TYPE_Q5_1, 5, 64, np.random.default_rng(3))
+    x = np.zeros((2, 64), np.float32)
+    assert G.product(raw, Q.TYPE_Q5_1, x[:0]).shape == (0, 5)
+    with pytest.raises(ValueError, match="no weight product"):
+        G.product(raw, Q.TYPE_Q8_1, x)
+    with pytest.raises(ValueError, match="r8"):
+        G.product(raw, Q.TYPE_Q5_1, x, r8=True)
+    with pytest.raises(TypeError):
+        G.product(raw, "q5_1", x)
+    with pytest.raises(ValueError, match="bytes"):
+        G.product(raw[:, :-1].copy(), Q.TYPE_Q5_1, x)
+    with pytest.raises(ValueError, match="multiple"):
+        G.product(raw, Q.TYPE_Q5_1, np.zeros((2, 48), np.float32))
+    with pytest.raises(ValueError, match="x must be"):
+        G.product(raw, Q.TYPE_Q5_1, x.astype(np.float64))
+    with pytest.raises(ValueError, match="n_out"):
+        G.product(raw, Q.TYPE_Q5_1, x, n_out=4)
+    with pytest.raises(ValueError, match="n_out"):
+        G.product(G.pack_r8(weights(Q.TYPE_Q4_0, 8, 64, np.random.default_rng(4)), Q.TYPE_Q4_0), Q.TYPE_Q4_0, x,
+                  r8=True, n_out=9)
+    with pytest.raises(ValueError):
+        G.product(raw, Q.TYPE_Q5_1, x, n_threads=0)

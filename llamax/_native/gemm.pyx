@@ -3,8 +3,10 @@
 (csrc/gemm.h): the result of a token does not depend on n_tok, n_threads or the SIMD level.
 
 W uint8 [n_out, row_bytes] (a GGUF tensor's bytes), x float32 [n_tok, n_in]. x is quantized per
-block as ggml does (q8_0, q8_1 for Q4_1, q8_K for the K-quants) and the exact integer block dots are summed in one
-fixed float chain per output (gemm.h's canonical arithmetic). Thin wrappers: validate with the
+block as ggml does (q8_0, q8_1 for Q4_1 / Q5_1, q8_K for the K-quants) and the exact integer block
+dots are summed in one fixed float chain per output (gemm.h's canonical arithmetic). `product` is
+the weight product of any type (csrc/product.h: this GEMM where it has the type, else matmul.h's
+float product), the one rule the native layer step follows too. Thin wrappers: validate with the
 GIL, run the C kernel with the GIL released.
 """
 import numpy as np
@@ -13,7 +15,9 @@ cimport numpy as cnp
 from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from libc.stdint cimport int32_t, int64_t
 
-from llamax._native.quants cimport LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes, lx_type, lx_type_block_bytes, lx_type_block_size
+from llamax._native.product cimport lx_product, lx_product_kind_of, lx_product_work_size
+from llamax._native.quants cimport (LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_1, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes,
+                                    lx_type, lx_type_block_bytes, lx_type_block_size)
 
 # the declarations of csrc/gemm.h come from gemm.pxd (same module name)
 
@@ -22,7 +26,7 @@ cnp.import_array()
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 # ggml type numbers this module takes as weights, and their names (for messages)
-W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+W_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 def supported(w_type) -> bool:
@@ -36,7 +40,7 @@ def dot_type(w_type) -> int:
 
 
 def err_factor(w_type, int64_t n_in) -> float:
-    """LX_GEMM_ERR(n_terms), n_terms = n_in / 32 blocks (twice that for Q4_1's min terms), or
+    """LX_GEMM_ERR(n_terms), n_terms = n_in / 32 blocks (twice that for Q4_1 / Q5_1's min terms), or
     n_in / 256 super-blocks for Q6_K (twice that for Q4_K / Q5_K's min terms): the bound factor vs
     the float64 product of the dequantized operands (see gemm.h)."""
     cdef lx_type wt = _w_type(w_type)
@@ -44,7 +48,7 @@ def err_factor(w_type, int64_t n_in) -> float:
         return LX_GEMM_ERR(<double> (n_in // 256))
     if wt == LX_TYPE_Q4_K or wt == LX_TYPE_Q5_K:
         return LX_GEMM_ERR(<double> (2 * (n_in // 256)))
-    return LX_GEMM_ERR(<double> ((n_in // 32) * (2 if wt == LX_TYPE_Q4_1 else 1)))
+    return LX_GEMM_ERR(<double> ((n_in // 32) * (2 if wt == LX_TYPE_Q4_1 or wt == LX_TYPE_Q5_1 else 1)))
 
 
 cdef lx_type _w_type(object t) except *:
@@ -97,7 +101,7 @@ def mul_mat(raw, ggml_type, x, out=None, n_threads=None):
     Args:
         raw: uint8 [n_out, row_bytes(ggml_type, n_in)], C-contiguous (a GGUF tensor's bytes;
             read-only is fine).  # IN
-        ggml_type: ggml type number of W: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q8_0 (8), Q4_K (12),
+        ggml_type: ggml type number of W: Q4_0 (2), Q4_1 (3), Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12),
             Q5_K (13), Q6_K (14).
         x: float32 [n_tok, n_in], C-contiguous, finite (else unspecified values).  # IN
         out: float32 [n_tok, n_out], C-contiguous, or None for a new array.  # OUT
@@ -128,19 +132,29 @@ cdef enum:   # _run's paths
     _FAST = 0
     _REF = 1
     _R8 = 2
+    _PRODUCT = 3      # lx_product over GGUF rows
+    _PRODUCT_R8 = 4   # lx_product over the r8 layout
 
 
 cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int64_t n_in,
                  int64_t n_out, int nth, int path):
-    """Call the C product (path: _FAST, _REF, or _R8 over a packed W) on validated operands (the
-    work buffer lives for the call only)."""
+    """Call the C product (path: _FAST, _REF, _R8 over a packed W, or product.h's _PRODUCT /
+    _PRODUCT_R8) on validated operands (the work buffer lives for the call only)."""
     if n_tok == 0 or n_out == 0:
         return out
-    cdef size_t ws = lx_gemm_r8_work_size(wt, n_tok, n_in, nth) if path == _R8 else \
-        lx_gemm_work_size(wt, n_tok, n_in, nth)
-    cdef void *work = PyMem_RawMalloc(ws)
-    if work == NULL:
-        raise MemoryError(f"gemm.mul_mat: cannot allocate {ws} bytes of work")
+    cdef int r8 = 1 if path == _PRODUCT_R8 else 0
+    cdef size_t ws
+    if path >= _PRODUCT:
+        ws = lx_product_work_size(wt, r8, n_tok, n_in, nth)
+    elif path == _R8:
+        ws = lx_gemm_r8_work_size(wt, n_tok, n_in, nth)
+    else:
+        ws = lx_gemm_work_size(wt, n_tok, n_in, nth)
+    cdef void *work = NULL
+    if ws > 0:
+        work = PyMem_RawMalloc(ws)
+        if work == NULL:
+            raise MemoryError(f"gemm: cannot allocate {ws} bytes of work")
     cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> w)
     cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
     cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
@@ -150,6 +164,8 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
                 lx_gemm_ref(wp, wt, xp, yp, n_tok, n_in, n_out, work)
             elif path == _R8:
                 lx_gemm_r8(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
+            elif path >= _PRODUCT:
+                lx_product(wp, wt, r8, xp, yp, n_tok, n_in, n_out, work, nth)
             else:
                 lx_gemm(wp, wt, xp, yp, n_tok, n_in, n_out, work, nth)
     finally:
@@ -234,3 +250,63 @@ def rows_r8(packed, ggml_type, rows):
     with nogil:
         lx_gemm_unpack_r8_rows(wt, wp, ip, n, op, n_in)
     return out
+
+
+# ---- the weight product of any type (csrc/product.h) ----------------------------------------
+
+PRODUCT_KINDS = {0: "none", 1: "gemm", 2: "gemm_r8", 3: "float"}
+
+
+def product_kind(ggml_type, r8=False) -> str:
+    """The engine product.h gives W of this ggml type stored as GGUF rows (r8 False) or in pack_r8's
+    layout: "gemm", "gemm_r8", "float" (matmul.h: x times the dequantized W) or "none"."""
+    if isinstance(ggml_type, bool) or not isinstance(ggml_type, (int, np.integer)):
+        raise TypeError(f"ggml_type must be an int, got {type(ggml_type).__name__}")
+    if not 0 <= int(ggml_type) < 64:
+        return "none"
+    return PRODUCT_KINDS[<int> lx_product_kind_of(<lx_type> <int> int(ggml_type), 1 if r8 else 0)]
+
+
+def product(raw, ggml_type, x, r8=False, n_out=None, n_threads=None):
+    """y = x @ W.T through product.h's engine for W's type and layout (lx_product): the GEMM above
+    (the same bits for any batch, thread count and level) for its types, else the float product.
+
+    Args:
+        raw: uint8 C-contiguous: W's GGUF rows [n_out, row_bytes], or (r8) pack_r8's layout of them
+            [ceil(n_out / 8) * 8, row_bytes].  # IN
+        ggml_type: ggml type number of W (product_kind(ggml_type, r8) != "none").
+        x: float32 [n_tok, n_in], C-contiguous, finite.  # IN
+        r8: raw is pack_r8's layout.
+        n_out: W's rows; None: raw.shape[0] (GGUF rows only).
+        n_threads: threads (None or -1 = all cores); the bits do not depend on it.
+
+    Returns:
+        float32 [n_tok, n_out] (new). Cost: reads W once per call (the GEMM: per 8 tokens when
+        n_tok <= 8); O(n_tok * n_out * n_in).
+
+    Raises:
+        TypeError: a non-int type.
+        ValueError: a type without a product (in this layout), shape / dtype / byte-count mismatch,
+            n_in not a positive multiple of the block size, n_out not fitting raw, bad n_threads.
+    """
+    if product_kind(ggml_type, r8) == "none":
+        raise ValueError(f"ggml_type {int(ggml_type)} has no weight product{' in the r8 layout' if r8 else ''}")
+    cdef lx_type wt = <lx_type> <int> int(ggml_type)
+    cdef int nth = resolve_n_threads(n_threads)
+    if not isinstance(x, np.ndarray) or x.dtype != np.float32 or x.ndim != 2 or not x.flags.c_contiguous:
+        raise ValueError("x must be a C-contiguous float32 array [n_tok, n_in]")
+    if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
+        raise ValueError("raw must be a C-contiguous uint8 array [rows, row_bytes]")
+    cdef int64_t n_tok = x.shape[0], n_in = x.shape[1], bs = lx_type_block_size(wt)
+    if n_in <= 0 or n_in % bs:
+        raise ValueError(f"n_in = {n_in} must be a positive multiple of the block size {bs}")
+    if <size_t> raw.shape[1] != lx_row_bytes(wt, n_in):
+        raise ValueError(f"a row of n_in = {n_in} values of type {int(ggml_type)} takes {lx_row_bytes(wt, n_in)} "
+                         f"bytes, raw rows hold {raw.shape[1]}")
+    cdef int64_t rows = raw.shape[0] if n_out is None else n_out
+    if r8 and (raw.shape[0] % 8 or not raw.shape[0] - 8 < rows <= raw.shape[0]):
+        raise ValueError(f"n_out {rows} does not fit {raw.shape[0]} packed rows")
+    if not r8 and rows != raw.shape[0]:
+        raise ValueError(f"n_out {rows} given for {raw.shape[0]} GGUF rows")
+    out = np.empty((n_tok, rows), dtype=np.float32)
+    return _run(raw, wt, x, out, n_tok, n_in, rows, nth, _PRODUCT_R8 if r8 else _PRODUCT)

@@ -18,8 +18,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport calloc, free
 
-from llamax._native.gemm cimport lx_gemm_r8_supported
-from llamax._native.matmul cimport lx_mm_supported
+from llamax._native.product cimport LX_PRODUCT_NONE, lx_product_kind_of
 from llamax._native.quants cimport lx_row_bytes, lx_type
 from llamax._native.rope cimport LX_ROPE_NEOX, LX_ROPE_NORM, lx_pos, lx_rope_kind
 
@@ -98,7 +97,7 @@ cdef int _linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str wh
             raise ValueError(f"{what}: a part is (raw, type) or (packed, type, rows, r8)")
         raw, t = part[0], part[1]
         if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < 64 \
-                or not lx_mm_supported(<lx_type> <int> int(t)):
+                or lx_product_kind_of(<lx_type> <int> int(t), 0) == LX_PRODUCT_NONE:
             raise ValueError(f"{what}: ggml type {t} has no native product")
         if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
             raise ValueError(f"{what}: a part must be C-contiguous uint8 [rows, row_bytes]")
@@ -107,7 +106,7 @@ cdef int _linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str wh
         if raw.shape[1] != rb:
             raise ValueError(f"{what}: rows of {raw.shape[1]} bytes, expected {rb}")
         n_rows, r8 = (raw.shape[0], False) if len(part) == 2 else (part[2], bool(part[3]))
-        if r8 and (not lx_gemm_r8_supported(<lx_type> <int> ti) or raw.shape[0] % 8
+        if r8 and (lx_product_kind_of(<lx_type> <int> ti, 1) == LX_PRODUCT_NONE or raw.shape[0] % 8
                    or not raw.shape[0] - 8 < n_rows <= raw.shape[0]):
             raise ValueError(f"{what}: not an r8 layout of {n_rows} rows of type {ti}")
         if not r8 and n_rows != raw.shape[0]:

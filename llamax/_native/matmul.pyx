@@ -1,18 +1,16 @@
 # cython: language_level=3
-"""y = x @ W.T with W in its GGUF blocks (csrc/matmul.h): the weight products of a decode step.
+"""y = x @ W.T in float32 with W dequantized (csrc/matmul.h): the weight products of the types the
+GEMM (gemm.pyx) has no integer dot for, and the ordered product of float32 weights.
 
 W [n_out, n_in] stays as stored (uint8 [n_out, row_bytes], a GGUF tensor's bytes; or float32 /
-float16 [n_out, n_in] for F32 / F16); x float32 [n_tok, n_in]. act="q8" (default) is ggml's CPU
-product: x quantized per block to 8 bits (q8_0 / q8_1 / q8_K) and exact integer block dots, as
-llama.cpp computes it; act="f32" multiplies float x with W dequantized tile by tile (the result of
-BLAS on the dequantized W, up to float rounding). Thin wrappers: validate with the GIL, run the C
-kernel with the GIL released.
+float16 [n_out, n_in] for F32 / F16); x float32 [n_tok, n_in] is used as is and W is dequantized
+tile by tile (the result of BLAS on the dequantized W, up to float rounding). Thin wrappers:
+validate with the GIL, run the C kernel with the GIL released.
 """
 import numpy as np
 
 cimport numpy as cnp
-from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t
 
 from llamax._native.quants cimport lx_row_bytes, lx_type, lx_type_block_size
 
@@ -26,7 +24,6 @@ TILE = LX_MM_TILE
 ROWS = LX_MM_ROWS
 NT = LX_MM_NT
 
-_ACTS = {"q8": LX_MM_ACT_Q8, "f32": LX_MM_ACT_F32}
 # ggml type numbers this module accepts as weights, and their names (for messages)
 _W_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
             10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
@@ -42,20 +39,9 @@ cdef lx_type _w_type(object t) except *:
     return <lx_type> v
 
 
-cdef lx_mm_act _act(object act) except *:
-    if act not in _ACTS:
-        raise ValueError(f"act must be 'q8' or 'f32', got {act!r}")
-    return <lx_mm_act> <int> _ACTS[act]
-
-
-def dot_type(w_type, act="q8") -> int:
-    """ggml type x rows take for a product with W of w_type (8 Q8_0, 9 Q8_1, 15 Q8_K; 0 = float)."""
-    return <int> lx_mm_dot_type(_w_type(w_type), _act(act))
-
-
-def err_factor(w_type, int64_t n_in, act="q8") -> float:
-    """LX_MM_ERR(n_terms): |mul_mat - mul_mat_ref| <= err_factor * sum|terms| (see matmul.h)."""
-    return LX_MM_ERR(<double> lx_mm_n_terms(_w_type(w_type), n_in, _act(act)))
+def err_factor(int64_t n_in) -> float:
+    """LX_MM_ERR(n_in): |mul_mat - mul_mat_ref| <= err_factor * sum_i |W[o][i]| |x[t][i]| (see matmul.h)."""
+    return LX_MM_ERR(<double> n_in)
 
 
 cdef tuple _check(object w, lx_type wt, object x, object out):
@@ -86,20 +72,17 @@ cdef tuple _check(object w, lx_type wt, object x, object out):
     return n_tok, n_in, n_out, out
 
 
-def mul_mat(w, w_type, x, out=None, n_threads=None, act="q8"):
-    """y = x @ W.T, W given by its stored rows.
+def mul_mat(w, w_type, x, out=None, n_threads=None):
+    """y = x @ W.T in float32, W given by its stored rows and dequantized.
 
     Args:
         w: uint8 [n_out, row_bytes(w_type, n_in)], C-contiguous (a GGUF tensor's bytes, read-only
             is fine); or float32 [n_out, n_in] for F32, float16 / uint16 for F16, uint16 for BF16.  # IN
         w_type: ggml type number of W (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K..Q6_K).
-        x: float32 [n_tok, n_in], C-contiguous, finite (act="q8": a non-finite x gives
-            unspecified values).  # IN
+        x: float32 [n_tok, n_in], C-contiguous.  # IN
         out: float32 [n_tok, n_out], C-contiguous, or None for a new array.  # OUT
         n_threads: threads over output rows (None or -1 = all cores); the result does not depend
             on it.
-        act: "q8" (ggml's integer product on quantized x) or "f32" (float x, W dequantized in
-            tiles). Types without an integer dot (F32, F16, BF16, Q2_K, Q3_K) always use "f32".
 
     Returns:
         out. Cost: reads W once (plus n_tok * n_in floats); O(n_tok * n_out * n_in).
@@ -109,46 +92,35 @@ def mul_mat(w, w_type, x, out=None, n_threads=None, act="q8"):
             block size, bad n_threads, out overlapping an input.
     """
     cdef lx_type wt = _w_type(w_type)
-    cdef lx_mm_act a = _act(act)
     cdef int nth = resolve_n_threads(n_threads)
     n_tok, n_in, n_out, out = _check(w, wt, x, out)
-    return _run(w, wt, x, out, n_tok, n_in, n_out, a, nth, False)
+    return _run(w, wt, x, out, n_tok, n_in, n_out, nth, False)
 
 
-def mul_mat_ref(w, w_type, x, act="q8"):
-    """mul_mat through the scalar reference (single-threaded, terms summed one by one)."""
+def mul_mat_ref(w, w_type, x):
+    """mul_mat through the scalar reference (single-threaded, products added one by one)."""
     cdef lx_type wt = _w_type(w_type)
-    cdef lx_mm_act a = _act(act)
     n_tok, n_in, n_out, out = _check(w, wt, x, None)
-    return _run(w, wt, x, out, n_tok, n_in, n_out, a, 1, True)
+    return _run(w, wt, x, out, n_tok, n_in, n_out, 1, True)
 
 
 cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int64_t n_in,
-                 int64_t n_out, lx_mm_act a, int nth, bint ref):
+                 int64_t n_out, int nth, bint ref):
     """Call the C product on validated operands (raw pointers: the arrays are C-contiguous
-    and of the checked dtypes; the work buffer lives for the call only)."""
+    and of the checked dtypes)."""
     if n_tok == 0 or n_out == 0:
         return out
     if n_in == 0:
         out[...] = 0
         return out
-    cdef size_t ws = lx_mm_work_size(wt, n_tok, n_in, a)
-    cdef void *work = NULL
-    if ws > 0:
-        work = PyMem_RawMalloc(ws)
-        if work == NULL:
-            raise MemoryError(f"mul_mat: cannot allocate {ws} bytes of work")
     cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> w)
     cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
     cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
-    try:
-        with nogil:
-            if ref:
-                lx_mul_mat_ref(wp, wt, xp, yp, n_tok, n_in, n_out, a, work)
-            else:
-                lx_mul_mat(wp, wt, xp, yp, n_tok, n_in, n_out, a, work, nth)
-    finally:
-        PyMem_RawFree(work)
+    with nogil:
+        if ref:
+            lx_mul_mat_ref(wp, wt, xp, yp, n_tok, n_in, n_out)
+        else:
+            lx_mul_mat(wp, wt, xp, yp, n_tok, n_in, n_out, nth)
     return out
 
 

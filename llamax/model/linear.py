@@ -2,12 +2,13 @@
 embedding; the one RMSNorm the architectures share.
 
 W stays in the GGUF's blocks (no float32 copy of any weight matrix) and every product is native,
-with the activations rounded per block to the weight's dot type as ggml does (q8_0 / q8_1 / q8_K),
-so the numerics are llama.cpp's CPU ones. For the types the GEMM has (csrc/gemm.h: q4_0, q4_1,
-q5_0, q8_0, q4_K, q5_K, q6_K: every registry model's) a token's result is the same bits whatever
+through the one rule of csrc/product.h (gemm.product), which the native layer step follows too. For
+the types the GEMM has (csrc/gemm.h: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K: every registry
+model's) the activations are rounded per block to the weight's dot type as ggml does (q8_0 / q8_1 /
+q8_K), so the numerics are llama.cpp's CPU ones, and a token's result is the same bits whatever
 else is in the batch (decode step, prefill, chunked prompt: one fixed arithmetic per output). Other
-types (f16, f32, q2_K, q3_K weights) take the quantized mat-vec (csrc/matmul.h), which rounds the
-same terms but sums them in an order that depends on the number of tokens.
+types (f16, f32, bf16, q2_K, q3_K weights) take the float product (csrc/matmul.h: x times the
+dequantized W).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from llamax._native import gemm, matmul, quants
+from llamax._native import gemm, quants
 from llamax._native import layer as _layer
 from llamax.model.gguf import GGUFFile
 
@@ -25,13 +26,6 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * w over the last axis (any leading shape), as ggml's rms_norm and
     the native layer step compute it (csrc/layer.h); a new C-contiguous array."""
     return _layer.rms_norm(x, w, eps)
-
-
-def _product(raw: np.ndarray, t: int, x: np.ndarray, n_threads: int) -> np.ndarray:
-    """x @ W.T from W's raw rows, natively (GEMM when it has the type, else the mat-vec)."""
-    if gemm.supported(t):
-        return gemm.mul_mat(raw, t, x, n_threads=n_threads)
-    return matmul.mul_mat(raw, t, x, n_threads=n_threads)
 
 
 class WeightSlab:
@@ -106,9 +100,8 @@ class Part(NamedTuple):
         return part
 
     def product(self, x: np.ndarray, n_threads: int) -> np.ndarray:
-        if self.r8:
-            return gemm.mul_mat_r8(self.raw, self.type, self.rows, x, n_threads=n_threads)
-        return _product(self.raw, self.type, x, n_threads)
+        """x @ W.T, float32 [len(x), rows], through csrc/product.h's engine for this type and layout."""
+        return gemm.product(self.raw, self.type, x, r8=self.r8, n_out=self.rows, n_threads=n_threads)
 
 
 class Linear:
