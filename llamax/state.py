@@ -223,7 +223,7 @@ class StateWriter:
         data_xor = 0
         for c in self._chunks:
             flat = np.ascontiguousarray(c).reshape(-1)  # a copy only for strided rows (a transposed V)
-            data_xor ^= _buffers.xor64(flat)  # a chunk starts on a word of the data region
+            data_xor ^= _buffers.xor64(flat.data)  # a chunk starts on a word of the data region
             out.append(flat)
             if flat.size % 8:
                 out.append(bytes(-flat.size % 8))
@@ -244,7 +244,7 @@ class StateWriter:
 
         Raises:
             ValueError: the buffer is shorter than the blob (nothing is written) or read-only."""
-        mv = memoryview(out).cast("B")
+        mv = (out.data if isinstance(out, np.ndarray) else memoryview(out)).cast("B")
         if mv.readonly:
             raise ValueError("the output buffer is read-only")
         if mv.nbytes < self.size:
