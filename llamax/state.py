@@ -20,7 +20,10 @@ metadata describes. A reader checks the lengths, the CRC and the XOR before it p
 file's reader: the XOR once the data is read, still before anything is installed), so a truncated
 blob or one bit flipped anywhere is refused before a single count is trusted (the CRC
 catches every burst of up to 32 bits in the small regions; the word XOR catches every odd number of
-flips in a bit lane of the data at memory speed).
+flips in a bit lane of the data at memory speed). A writer copies the data chunks from the memory
+and takes their XOR in the same pass (csrc/buffers.h, one native call), into a new bytes object
+(StateWriter.getvalue) or a buffer the caller keeps (write_into: Context.state_get_data_into); a
+reader takes the XOR in one pass, then a KV cache installs all its chunks in one native call.
 
 Metadata, in order (little-endian; `u32[n]` is an array of n):
 
