@@ -157,7 +157,8 @@ def test_every_way_of_writing_gives_the_same_blob(v_trans):
         w = state.writer(kv, seq_id)
         blob = w.getvalue(kind, state.NO_FINGERPRINT)
         assert len(blob) == w.size
-        assert b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in w.parts(kind, state.NO_FINGERPRINT)) == blob
+        parts = w.parts(kind, state.NO_FINGERPRINT)
+        assert b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in parts) == blob
         buf = bytearray(b"\xee" * (w.size + 5))
         assert w.write_into(buf, kind, state.NO_FINGERPRINT) == w.size
         assert bytes(buf[:w.size]) == blob and buf[w.size:] == b"\xee" * 5  # nothing past the blob

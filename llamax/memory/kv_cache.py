@@ -39,7 +39,7 @@ from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
 from llamax.memory.base import KVMemory, LayerView, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
-from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, row_views, write_tag
+from llamax.state import PASS_THREADS, TAG_KV, StateReader, StateWriter, read_tag, row_views, write_tag
 
 log = logging.getLogger("llamax")
 
@@ -819,7 +819,7 @@ class KVCache(KVMemory):
                     else:
                         pairs.append(row_views(self.v[li][st, d0:d0 + n], vs[li][j][off:off + n]))
             dsts, srcs = zip(*pairs) if pairs else ((), ())
-            _buffers.copy_rows(dsts, srcs, self.n_threads)
+            _buffers.copy_rows(dsts, srcs, PASS_THREADS)
 
         def install_all() -> None:
             with self.lock:
