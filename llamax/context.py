@@ -205,6 +205,24 @@ class Context:
         return w.getvalue(kind, self.fingerprint)
 
     @_locked
+    def state_get_size(self) -> int:
+        """Bytes state_get_data would return now (llama_state_get_size). O(cells), nothing copied."""
+        w, _ = self._writer(-1)
+        return w.size
+
+    @_locked
+    def state_get_data_into(self, out: bytearray | memoryview | np.ndarray) -> int:
+        """Write the whole state at the start of a writable buffer (llama_state_get_data into the
+        caller's dst): the same bytes as state_get_data, without a new object's fresh pages (a
+        buffer kept across saves is filled at memcpy speed). Returns the bytes written.
+
+        Raises:
+            ValueError: out is read-only or shorter than the state (state_get_size); nothing is written.
+        """
+        w, kind = self._writer(-1)
+        return w.write_into(out, kind, self._fingerprint())
+
+    @_locked
     def state_set_data(self, data: bytes | bytearray | memoryview) -> int:
         """Restore a state_get_data blob (llama_state_set_data); returns the bytes read (bytes after
         the blob are not read). Every cell goes back to its own index, so the next decode gives the
@@ -245,6 +263,19 @@ class Context:
         """The cells of one sequence (llama_state_seq_get_data), written as that sequence alone."""
         w, kind = self._writer(seq_id)
         return w.getvalue(kind, self.fingerprint)
+
+    @_locked
+    def state_seq_get_size(self, seq_id: int) -> int:
+        """Bytes state_seq_get_data(seq_id) would return now (llama_state_seq_get_size)."""
+        w, _ = self._writer(seq_id)
+        return w.size
+
+    @_locked
+    def state_seq_get_data_into(self, out: bytearray | memoryview | np.ndarray, seq_id: int) -> int:
+        """Write one sequence's state at the start of a writable buffer (llama_state_seq_get_data
+        into the caller's dst); returns the bytes written. As state_get_data_into."""
+        w, kind = self._writer(seq_id)
+        return w.write_into(out, kind, self._fingerprint())
 
     @_locked
     def state_seq_set_data(self, data: bytes | bytearray | memoryview, dest_seq_id: int) -> int:

@@ -20,7 +20,10 @@ metadata describes. A reader checks the lengths, the CRC and the XOR before it p
 file's reader: the XOR once the data is read, still before anything is installed), so a truncated
 blob or one bit flipped anywhere is refused before a single count is trusted (the CRC
 catches every burst of up to 32 bits in the small regions; the word XOR catches every odd number of
-flips in a bit lane of the data at memory speed).
+flips in a bit lane of the data at memory speed). A writer copies the data chunks from the memory
+and takes their XOR in the same pass (csrc/buffers.h, one native call), into a new bytes object
+(StateWriter.getvalue) or a buffer the caller keeps (write_into: Context.state_get_data_into); a
+reader takes the XOR in one pass, then a KV cache installs all its chunks in one native call.
 
 Metadata, in order (little-endian; `u32[n]` is an array of n):
 
@@ -126,25 +129,61 @@ def fingerprint_bytes(fingerprint: bytes | str | None) -> bytes:
     return hashlib.blake2b(bytes(fingerprint), digest_size=16).digest()
 
 
-def _xor64(flat: np.ndarray) -> int:
-    """XOR of the little-endian uint64 words of a uint8 array zero-padded to a multiple of 8."""
-    n = flat.shape[0]
-    full = n - n % 8
-    x = int(np.bitwise_xor.reduce(flat[:full].view(np.uint64))) if full else 0
-    if n > full:
-        x ^= int.from_bytes(flat[full:].tobytes(), "little")
-    return x
+#: threads of a pass over memory already mapped (the checksum of a blob, a copy into a kept buffer
+#: or into the cache): one core moves about as many bytes as two, and a pass split over two threads
+#: waits for whichever core is busy elsewhere (measured on a shared 2-core EPYC: 2 ms on one thread,
+#: 5 on two, for the 47 MB checksum). A new blob's pages are faulted in by every core (getvalue).
+PASS_THREADS = 1
+
+
+def _xor64(flat) -> int:
+    """XOR of the little-endian uint64 words of a C-contiguous buffer zero-padded to a multiple of 8."""
+    return _buffers.xor64(flat, PASS_THREADS)
+
+
+def _rows(a: np.ndarray, copy: bool) -> np.ndarray:
+    """[rows, n] uint8: one row per index of a's leading axes, a view if they merge into one axis
+    and the last is contiguous, else (copy) a contiguous copy."""
+    r = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+    strided = r.shape[-1] > 1 and r.strides[-1] != r.itemsize
+    if strided or r.__array_interface__["data"][0] != a.__array_interface__["data"][0]:
+        assert copy, f"no row view of an array of shape {a.shape} and strides {a.strides}"
+        r = np.ascontiguousarray(r)  # reshape copied, or the rows are strided: one contiguous copy
+    return r.view(np.uint8)
+
+
+def row_view(a: np.ndarray) -> np.ndarray:
+    """a's bytes as a 2-D uint8 array [rows, n] whose rows are contiguous, in a's order: one row
+    when a is C-contiguous (a run of K rows), else a view with one row per index of the leading
+    axes when they merge into one (the V columns of a run in a transposed V: one row per
+    channel), else a contiguous copy."""
+    a = np.asarray(a)
+    if a.flags.c_contiguous:
+        return a.reshape(1, -1).view(np.uint8)
+    return _rows(a, copy=True)
+
+
+def row_views(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Views of the same [rows, n] shape for a copy from src to dst (arrays of one shape), for
+    buffers.copy_rows: one row each when both are C-contiguous, else one row per index of the
+    leading axes (dst always a view of dst: asserted)."""
+    assert dst.shape == src.shape, (dst.shape, src.shape)
+    if dst.flags.c_contiguous and src.flags.c_contiguous:
+        return dst.reshape(1, -1).view(np.uint8), src.reshape(1, -1).view(np.uint8)
+    return _rows(dst, copy=False), _rows(np.asarray(src), copy=True)
 
 
 # ---- the two ends of a blob -----------------------------------------------------------------------
 class StateWriter:
-    """Collects a blob: metadata bytes and data chunks (kept as views, copied once at the end)."""
+    """Collects a blob: metadata bytes and data chunks. The chunks are kept as row views of the
+    memory and copied once, checksummed as they are copied, when the blob is written (getvalue,
+    write_into); the memory must not change in between."""
 
     def __init__(self) -> None:
         self._meta = bytearray()
-        self._data: list = []
+        self._chunks: list[np.ndarray] = []  # [rows, n] uint8 views
+        self._at: list[int] = []             # where each chunk starts in the data region (multiples of 8)
         self._data_len = 0
-        self._xor = 0
 
     def pack(self, st: struct.Struct, *values) -> None:
         """Append fixed fields to the metadata."""
@@ -155,29 +194,77 @@ class StateWriter:
         self._meta += np.ascontiguousarray(a).tobytes()
 
     def data(self, a: np.ndarray) -> None:
-        """Append an array's bytes to the data region as one chunk (padded to 8 bytes).
+        """Append an array's bytes to the data region as one chunk (padded to 8 bytes), in a's order.
 
-        A C-contiguous array is kept as a view and copied only when the blob is assembled."""
-        flat = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        self._xor ^= _xor64(flat)
-        self._data.append(flat)
-        pad = -flat.shape[0] % 8
-        if pad:
-            self._data.append(bytes(pad))
-        self._data_len += flat.shape[0] + pad
+        Kept as a view when its rows are contiguous (row_view); copied only when the blob is written."""
+        rows = row_view(a)
+        self._chunks.append(rows)
+        self._at.append(self._data_len)
+        self._data_len += rows.size + (-rows.size % 8)
+
+    @property
+    def _data_at(self) -> int:
+        return _HEADER.size + len(self._meta) + (-len(self._meta) % 8)
+
+    @property
+    def size(self) -> int:
+        """Bytes of the blob: header, padded metadata, data."""
+        return self._data_at + self._data_len
+
+    def _head(self, kind: int, fingerprint: bytes, data_xor: int) -> bytes:
+        """The header and the padded metadata, with both checksums."""
+        head = bytearray(_HEADER.pack(MAGIC, VERSION, kind, fingerprint, len(self._meta), self._data_len,
+                                      data_xor, 0, 0))
+        head += self._meta
+        head += bytes(-len(self._meta) % 8)
+        crc = zlib.crc32(memoryview(head)[_CRC_AT + 4:], zlib.crc32(memoryview(head)[:_CRC_AT]))
+        struct.pack_into("<I", head, _CRC_AT, crc)
+        return bytes(head)
+
+    def _pads(self) -> list[tuple[int, int]]:
+        """(offset in the blob, bytes) of the zero padding after each chunk that needs some."""
+        at0 = self._data_at
+        return [(at0 + at + c.size, -c.size % 8) for at, c in zip(self._at, self._chunks) if c.size % 8]
 
     def parts(self, kind: int, fingerprint: bytes) -> list:
-        """The blob as a list of buffers: header, padded metadata, data chunks."""
-        meta = bytes(self._meta) + bytes(-len(self._meta) % 8)
-        head = bytearray(_HEADER.pack(MAGIC, VERSION, kind, fingerprint, len(self._meta), self._data_len,
-                                      self._xor, 0, 0))
-        crc = zlib.crc32(meta, zlib.crc32(head[_CRC_AT + 4:], zlib.crc32(head[:_CRC_AT])))
-        struct.pack_into("<I", head, _CRC_AT, crc)
-        return [bytes(head), meta] + self._data
+        """The blob as a list of buffers (header with the padded metadata, then the data chunks and
+        their padding), for a file: the checksum takes one read of the data, the file write the other."""
+        out: list = []
+        data_xor = 0
+        for c in self._chunks:
+            flat = np.ascontiguousarray(c).reshape(-1)  # a copy only for strided rows (a transposed V)
+            data_xor ^= _xor64(flat.data)  # a chunk starts on a word of the data region
+            out.append(flat)
+            if flat.size % 8:
+                out.append(bytes(-flat.size % 8))
+        return [self._head(kind, fingerprint, data_xor)] + out
 
     def getvalue(self, kind: int, fingerprint: bytes) -> bytes:
-        """The blob as one bytes object (one copy of every data chunk, by every thread)."""
-        return _buffers.join(self.parts(kind, fingerprint))
+        """The blob as one new bytes object: every data chunk copied once (by every thread), its
+        checksum taken as it is copied."""
+        b = _buffers.BytesBuilder(self.size)
+        data_xor = _buffers.gather_xor(b, [self._data_at + at for at in self._at], self._chunks)
+        for at, n in self._pads():
+            b.write(at, bytes(n))
+        b.write(0, self._head(kind, fingerprint, data_xor))
+        return b.take()
+
+    def write_into(self, out: bytearray | memoryview | np.ndarray, kind: int, fingerprint: bytes) -> int:
+        """Write the blob at the start of a writable buffer of at least size bytes; returns size.
+
+        Raises:
+            ValueError: the buffer is shorter than the blob (nothing is written) or read-only."""
+        mv = (out.data if isinstance(out, np.ndarray) else memoryview(out)).cast("B")
+        if mv.readonly:
+            raise ValueError("the output buffer is read-only")
+        if mv.nbytes < self.size:
+            raise ValueError(f"the output buffer holds {mv.nbytes} bytes, the state takes {self.size}")
+        data_xor = _buffers.gather_xor(mv, [self._data_at + at for at in self._at], self._chunks, PASS_THREADS)
+        for at, n in self._pads():
+            mv[at:at + n] = bytes(n)
+        head = self._head(kind, fingerprint, data_xor)
+        mv[:len(head)] = head
+        return self.size
 
 
 class _Head:
@@ -254,7 +341,7 @@ class StateReader:
             mv = mv.cast("B")
         h = _Head(mv, mv.nbytes, exact)
         h.check_crc(mv)
-        h.check_xor(_xor64(np.frombuffer(mv, np.uint8, count=h.data_len, offset=h.data_at)))
+        h.check_xor(_xor64(mv[h.data_at:h.size]))
         h.check_kind(kind, fingerprint)
         self._start(mv, h)
 

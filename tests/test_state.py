@@ -145,6 +145,37 @@ def test_empty_states():
     assert dst.seq_pos_max(0) == -1 and dst.seq_pos_max(2) == 4
 
 
+@pytest.mark.parametrize("v_trans", [False, True])
+def test_every_way_of_writing_gives_the_same_blob(v_trans):
+    """getvalue (a new bytes object), write_into (a caller's buffer) and parts (a file) write the
+    same bytes: chunks padded with zeros (f16 rows of 6 bytes, runs of odd lengths), the data
+    checksum the XOR of the data region's little-endian words as numpy counts it."""
+    kv = make(n_head_kv=1, head_dim=3, type_k="f16", type_v="f16", v_trans=v_trans)
+    fill(kv, Batch(list(range(9)), seq_ids=[0, 1, 0, 0, 2, 0, 1, 0, 0]))
+    kv.seq_rm(0, 3, 4)  # a hole: runs of 1, 2 and 3 cells
+    for seq_id, kind in ((-1, state.KIND_MEMORY), (0, state.KIND_SEQ)):
+        w = state.writer(kv, seq_id)
+        blob = w.getvalue(kind, state.NO_FINGERPRINT)
+        assert len(blob) == w.size
+        parts = w.parts(kind, state.NO_FINGERPRINT)
+        assert b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in parts) == blob
+        buf = bytearray(b"\xee" * (w.size + 5))
+        assert w.write_into(buf, kind, state.NO_FINGERPRINT) == w.size
+        assert bytes(buf[:w.size]) == blob and buf[w.size:] == b"\xee" * 5  # nothing past the blob
+        meta_len, data_len, data_xor = np.frombuffer(blob, "<u8", count=3, offset=32)
+        data = np.frombuffer(blob, "<u8", offset=64 + int(meta_len) + (-int(meta_len) % 8))
+        assert data.size * 8 == data_len and int(np.bitwise_xor.reduce(data)) == data_xor
+        small = bytearray(w.size - 1)
+        with pytest.raises(ValueError, match="holds"):
+            w.write_into(small, kind, state.NO_FINGERPRINT)
+        assert small == bytearray(w.size - 1)  # nothing written
+        with pytest.raises(ValueError, match="read-only"):
+            w.write_into(bytes(w.size), kind, state.NO_FINGERPRINT)
+        dst = make(n_head_kv=1, head_dim=3, type_k="f16", type_v="f16", v_trans=v_trans)
+        assert state.set_data(dst, buf, seq_id) == len(blob)
+        assert all(rows_of(dst, s) == rows_of(kv, s) for s in ((0, 1, 2) if seq_id < 0 else (0,)))
+
+
 @pytest.mark.parametrize("swa_type", ["standard", "chunked"])
 def test_only_cells_inside_the_window_are_written(swa_type):
     kv = make(kv_size=64, n_swa=4, swa_type=swa_type, n_seq_max=2)
@@ -398,6 +429,9 @@ def test_context_round_trip_gives_the_same_logits(model, tmp_path):
     assert np.array_equal(fresh.get_logits(), logits)
     assert np.array_equal(fresh.get_logits_ith(2), ctx.get_logits_ith(2))
     assert fresh.state_get_data() == blob  # saved again: the same bytes
+    buf = np.zeros(fresh.state_get_size() + 3, np.uint8)  # into a caller's buffer: the same bytes
+    assert fresh.state_get_size() == len(blob) == fresh.state_get_data_into(buf)
+    assert buf[:len(blob)].tobytes() == blob and not buf[len(blob):].any()
     ctx.decode(Batch([5085]))
     fresh.decode(Batch([5085]))
     assert np.array_equal(fresh.get_logits(), ctx.get_logits())  # bit for bit: same cells, same kernels
@@ -418,6 +452,9 @@ def test_context_sequence_into_another_context(model, tmp_path):
     seq = src.state_seq_get_data(0)
     dst = Context(model, n_ctx=256, n_seq_max=4)
     assert dst.state_seq_set_data(seq, 3) == len(seq)
+    buf = bytearray(dst.state_seq_get_size(3))
+    assert dst.state_seq_get_data_into(buf, 3) == len(seq) == len(buf)
+    assert dst.state_seq_get_data(3) == buf  # written as sequence 3: the same bytes as the seq_get_data
     assert dst.memory.seq_pos_max(3) == src.memory.seq_pos_max(0)
     src.decode(Batch([11]))
     dst.decode(Batch([11], seq_ids=[3]))

@@ -183,7 +183,7 @@ cdef class Cells:
         ix = np.ascontiguousarray(idxs, dtype=np.int64).reshape(-1)
         if ix.size and (ix.min() < 0 or ix.max() >= lx_cells_size(self.c)):
             raise IndexError(f"cell index outside [0, {lx_cells_size(self.c)})")
-        if ix.size and np.unique(ix).size != ix.size:
+        if ix.size > 1 and not (np.diff(ix) > 0).all() and np.unique(ix).size != ix.size:  # sorted: no repeat
             raise ValueError("repeated cell index")
         return ix.astype(np.uint32)
 

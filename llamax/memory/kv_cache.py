@@ -25,6 +25,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from llamax._native import attention as _attn
+from llamax._native import buffers as _buffers
 from llamax._native import hadamard as _had
 from llamax._native import kq_mask as _mask
 from llamax._native import quants as _quants
@@ -38,7 +39,7 @@ from llamax.errors import LlamaxError, NoKVSlotError, StalePlanError, StateError
 from llamax.memory.base import KVMemory, LayerView, Memory, MemoryContext, check_streams, locked, split_batch
 from llamax.threads import resolve_n_threads
 from llamax.rope import RoPE
-from llamax.state import TAG_KV, StateReader, StateWriter, read_tag, write_tag
+from llamax.state import PASS_THREADS, TAG_KV, StateReader, StateWriter, read_tag, row_views, write_tag
 
 log = logging.getLogger("llamax")
 
@@ -663,12 +664,9 @@ class KVCache(KVMemory):
 
     def _row_bytes(self) -> np.ndarray:
         """u64 [n_layer, 2]: bytes of one cell's K row and V row (V column when v_trans), per layer."""
-        out = np.zeros((self.n_layer, 2), dtype="<u8")
-        for li in range(self.n_layer):
-            k, v = self.k[li], self.v[li]
-            out[li, 0] = int(np.prod(k.shape[2:])) * k.itemsize
-            out[li, 1] = int(np.prod(v.shape[1:-1] if self.v_trans else v.shape[2:])) * v.itemsize
-        return out
+        return np.array([(math.prod(k.shape[2:]) * k.itemsize,
+                          math.prod(v.shape[1:-1] if self.v_trans else v.shape[2:]) * v.itemsize)
+                         for k, v in zip(self.k, self.v)], dtype="<u8").reshape(self.n_layer, 2)
 
     @locked
     def state_write(self, w: StateWriter, seq_id: int = -1) -> None:
@@ -805,13 +803,17 @@ class KVCache(KVMemory):
             chunks.append((ks, vs))
 
         def copy_rows(st: int, lens: list[int], dst_runs: np.ndarray, ks, vs) -> None:
+            """Every layer's rows of the saved runs into the cells of dst_runs, in one native call."""
+            pairs = []
             for j, off, d0, n in _pair_runs(lens, dst_runs):
                 for li in range(n_layer):
-                    np.copyto(self.k[li][st, d0:d0 + n], ks[li][j][off:off + n])
+                    pairs.append(row_views(self.k[li][st, d0:d0 + n], ks[li][j][off:off + n]))
                     if self.v_trans:
-                        np.copyto(self.v[li][st, ..., d0:d0 + n], vs[li][j][..., off:off + n])
+                        pairs.append(row_views(self.v[li][st, ..., d0:d0 + n], vs[li][j][..., off:off + n]))
                     else:
-                        np.copyto(self.v[li][st, d0:d0 + n], vs[li][j][off:off + n])
+                        pairs.append(row_views(self.v[li][st, d0:d0 + n], vs[li][j][off:off + n]))
+            dsts, srcs = zip(*pairs) if pairs else ((), ())
+            _buffers.copy_rows(dsts, srcs, PASS_THREADS)
 
         def install_all() -> None:
             with self.lock:
