@@ -7,7 +7,7 @@
    recently used unlocked leaf goes. Each build of the tree gives its first 10 steps; the median
    over 100 steps.
 2. An Engine step (SmolLM2-135M, n_ctx 8192, 8 slots): 200 prompts cached first (the same shape,
-   32 tokens of their own), then requests that keep the 8 slots busy and the queue non-empty, each
+   32 tokens of their own), then requests that keep the 8 slots busy and 8 more queued, each
    48..79 greedy tokens, so that steps admit, finish and evict. Python time of a step = its wall
    time minus the time inside Context.decode; the median over the measured steps.
 
@@ -85,7 +85,7 @@ def bench_evict(n_prompts: int, steps: int = 100, per_build: int = 10) -> float:
 
 
 # ---- 2. an Engine step ------------------------------------------------------------------------------------
-def bench_step(model_name: str, n_cached: int = 200, measured: int = 120) -> dict:
+def bench_step(model_name: str, n_cached: int = 200, measured: int = 60) -> dict:
     model = llamax.Model.load(model_name)
     eng = llamax.Engine(model, n_ctx=8192, n_parallel=N_SLOTS, n_batch=512, max_queue=1024)
     prompt = lambda i: SYSTEM[i % 4] + list(range(2000 + 32 * i, 2032 + 32 * i))  # noqa: E731
@@ -108,12 +108,12 @@ def bench_step(model_name: str, n_cached: int = 200, measured: int = 120) -> dic
 
     def top_up():
         nonlocal nxt
-        while eng.metrics()["queue_len"] < 4:
+        while eng.metrics()["queue_len"] < N_SLOTS:
             eng.submit(prompt(nxt), max_tokens=48 + (nxt * 7) % 32, temperature=0, ignore_eos=True)
             nxt += 1
 
-    top_up()
     while eng.metrics()["slots_busy"] < N_SLOTS:
+        top_up()
         eng.step()
     m0 = eng.metrics()
     py, wall = [], []
