@@ -220,7 +220,7 @@ class Context:
             ValueError: out is read-only or shorter than the state (state_get_size); nothing is written.
         """
         w, kind = self._writer(-1)
-        return w.write_into(out, kind, self._fingerprint())
+        return w.write_into(out, kind, self.fingerprint)
 
     @_locked
     def state_set_data(self, data: bytes | bytearray | memoryview) -> int:
@@ -275,7 +275,7 @@ class Context:
         """Write one sequence's state at the start of a writable buffer (llama_state_seq_get_data
         into the caller's dst); returns the bytes written. As state_get_data_into."""
         w, kind = self._writer(seq_id)
-        return w.write_into(out, kind, self._fingerprint())
+        return w.write_into(out, kind, self.fingerprint)
 
     @_locked
     def state_seq_set_data(self, data: bytes | bytearray | memoryview, dest_seq_id: int) -> int:

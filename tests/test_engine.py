@@ -34,7 +34,7 @@ def used_cells_owned(engine):
     """Every used cell belongs to a running request's sequence or to the prefix cache."""
     mem = engine.memory
     live = {s.seq for s in engine._slots if s.req is not None}
-    tree = set(engine.tree.seq_ids) if engine.tree is not None else set()
+    tree = set(engine.reuse.seq_ids)
     for pos, seqs in mem.cells():
         if pos >= 0:
             assert seqs and seqs <= live | tree, (pos, seqs)
@@ -94,7 +94,7 @@ def test_eviction_under_pressure_and_clear_cache(model):
     assert m["requests_finished"] == 16 and m["cells_used"] == m["cells_cached"] > 0
     assert m["requests_suspended"] == 0  # eviction was enough: nothing was suspended
     eng.clear_cache()
-    assert eng.memory.n_used == 0 and eng.metrics()["cells_cached"] == 0 and eng.tree.n_prompts == 0
+    assert eng.memory.n_used == 0 and eng.metrics()["cells_cached"] == 0 and eng.reuse.n_prompts == 0
 
 
 def test_cancel_while_prefilling_and_generating(model):
@@ -352,9 +352,41 @@ def test_holds_128_cached_prompts(model, type_kv):
     assert eng.metrics()["prefix_hits"] - m["prefix_hits"] == 128 == eng.metrics()["prefix_lookups"] - lookups
 
 
+def test_a_request_turned_away_leaves_the_cache_and_its_counters_as_they_were(model):
+    """The prefix lookup has no side effect: a request that does not fit beside a running one is
+    looked up and turned away at every step, and until it is admitted the prefix cache's nodes
+    (runs, use times, lock counts) and the lookup / hit counters stay as they were; it is counted
+    once, when it is admitted."""
+    eng = Engine(model, n_ctx=256, n_parallel=2)
+    c = list(range(3000, 3040))
+    eng.generate(c, max_tokens=1, temperature=0)            # a cached prompt for b to hit
+    a = eng.submit(list(range(1000, 1130)), max_tokens=60, temperature=0, ignore_eos=True)
+    while a.state != "generating":
+        eng.step()
+
+    def snapshot():
+        m = eng.metrics()
+        nodes = sorted((n.start, n.tokens.tolist(), n.last_use, n.lock) for n in eng.reuse.tree.nodes())
+        return m["prefix_lookups"], m["prefix_hits"], m["tokens_reused"], m["cached_prompts"], nodes
+
+    before = snapshot()
+    b = eng.submit(c[:30] + list(range(2000, 2100)), max_tokens=4, temperature=0)
+    steps = 0
+    while not a.done:
+        eng.step()
+        steps += 1
+        if not a.done:
+            assert b.state == "queued" and snapshot() == before, steps
+    assert steps > 10
+    b_res = b.result()
+    m = eng.metrics()
+    assert b_res.n_cached == 30
+    assert (m["prefix_lookups"], m["prefix_hits"], m["tokens_reused"]) == (before[0] + 1, before[1] + 1, before[2] + 30)
+
+
 def test_one_stream_per_slot_reuses_the_slots_own_cache(model):
     eng = Engine(model, n_ctx=2048, n_parallel=2, kv_unified=False)
-    assert eng.tree is None and eng.n_ctx_seq == 1024
+    assert eng.reuse.name == "slots" and eng.n_ctx_seq == 1024
     p1 = model.tokenize(SYSTEM + " First question?", add_special=True)
     p2 = model.tokenize(SYSTEM + " Second question?", add_special=True)
     r1 = eng.generate(p1, max_tokens=6, temperature=0)

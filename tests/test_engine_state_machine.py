@@ -68,11 +68,11 @@ def test_engine_state_machine(smollm2):
         def cells_are_owned(self):
             eng, mem = self.eng, self.eng.memory
             live = {s.seq: s for s in eng._slots if s.req is not None}
-            tree = set(eng.tree.seq_ids)
+            tree = set(eng.reuse.seq_ids)
             for pos, seqs in mem.cells():
                 if pos >= 0:
                     assert seqs and seqs <= set(live) | tree, (pos, seqs)
-            for seq, path in eng.tree.leaves():
+            for seq, path in eng.reuse.tree.leaves():
                 assert seq_cells(mem, seq) == dict(enumerate(path))
             for seq, s in live.items():
                 assert seq_cells(mem, seq) == dict(enumerate(s.seq_state.tokens))

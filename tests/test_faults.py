@@ -114,7 +114,7 @@ def test_a_failing_forward_pass_fails_only_its_request(model):
     assert len(failures) >= 2  # in a batch with the others, then alone
     assert [r.result().tokens for r in reqs] == want
     assert eng.failed is None and eng.metrics()["requests_failed"] == 1
-    assert eng.tree.match_len(bad_prompt) < len(model.tokenize(QUESTIONS[3])) + 1  # nothing of it cached
+    assert eng.reuse.tree.match_len(bad_prompt) < len(model.tokenize(QUESTIONS[3])) + 1  # nothing of it cached
     cache_consistent(eng)
 
 
@@ -167,7 +167,7 @@ def test_a_cancelled_request_gives_its_cells_back_and_changes_no_one_else(model,
         assert reqs[i].result().tokens == w, i
     m = eng.metrics()
     assert m["requests_cancelled"] == 1 and m["requests_finished"] == 3
-    assert eng.tree.match_len(victim.prompt) < len(victim.prompt) or when == "generating"
+    assert eng.reuse.tree.match_len(victim.prompt) < len(victim.prompt) or when == "generating"
     cache_consistent(eng)
 
 
@@ -325,7 +325,7 @@ def test_a_full_disk_while_saving_a_slot_keeps_the_file_the_cache_and_the_reques
     eng.step()
     eng.step()
     assert eng._slots[0].req is req and eng._slots[1].req is None  # slot 0 busy, slot 1 idle (its cache)
-    idle_toks = list(eng._slots[1].last_tokens)
+    idle_toks = list(eng.reuse.kept(1))
     cells, seqs = eng.memory.cells(), [eng.ctx.state_seq_get_data(s) for s in range(2)]
     metrics = {k: v for k, v in eng.metrics().items() if k != "busy_s"}
     with monkeypatch.context() as mp:
@@ -340,7 +340,7 @@ def test_a_full_disk_while_saving_a_slot_keeps_the_file_the_cache_and_the_reques
     assert {n: digest(tmp_path / n) for n in listing(tmp_path)} == files
     assert eng.memory.cells() == cells and [eng.ctx.state_seq_get_data(s) for s in range(2)] == seqs
     assert {k: v for k, v in eng.metrics().items() if k != "busy_s"} == metrics
-    assert eng._slots[1].last_tokens == idle_toks
+    assert eng.reuse.kept(1) == idle_toks
     run(eng)
     assert req.result().tokens == want
     fresh = Engine(model, n_ctx=1024, n_parallel=2, n_threads=1, slot_save_path=tmp_path)

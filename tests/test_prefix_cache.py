@@ -123,9 +123,9 @@ def test_a_branch_inside_an_edge_splits_it():
     assert sorted(lv.values()) == sorted([A, B]) and pc.n_prompts == 2
     check_leaves(mem, pc)
     assert mem.n_used == 13                      # the 5 shared tokens are stored once
-    assert [n.tokens for n in pc.root.children.values()] == [A[:5]]
+    assert [n.tokens.tolist() for n in pc.root.children.values()] == [A[:5]]
     head = pc.root.children[1]
-    assert sorted(c.tokens for c in head.children.values()) == [A[5:], B[5:]] and head.seq is None
+    assert sorted(c.tokens.tolist() for c in head.children.values()) == [A[5:], B[5:]] and head.seq is None
     for prompt, want in ((A, 10), (B, 8), (A[:3], 3), (A[:5] + [20, 99], 6), (A[:6] + [0], 6)):
         n, s = pc.lookup(prompt, len(prompt))
         assert n == want and held(mem, s).items() >= dict(enumerate(prompt[:n])).items()
@@ -497,3 +497,242 @@ class PrefixMachine(RuleBasedStateMachine):
 TestPrefixMachine = PrefixMachine.TestCase
 TestPrefixMachine.settings = settings(max_examples=50, stateful_step_count=30, deadline=None,
                                       suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+
+
+# ---- match / commit: a lookup has no side effect, a hit counts when it commits ------------------
+def snapshot(pc):
+    """Everything a lookup could change: the leaves, every node's run, use time and lock count,
+    the evictable set and the counters."""
+    nodes = sorted((n.start, n.tokens.tolist(), n.last_use, n.lock, n.seq) for n in pc.nodes())
+    return (sorted(pc.leaves()), nodes, sorted(n.start for n in pc.evictable()),
+            (pc.lookups, pc.hits, pc.tokens_reused), pc.n_prompts)
+
+
+def test_match_has_no_side_effects_and_commit_counts_it():
+    mem, pc = two_branches()
+    before, cells = snapshot(pc), mem.cells()
+    for prompt in (A + [99], B, A[:3], [7, 7], []):
+        pc.match(prompt, len(prompt))
+    assert snapshot(pc) == before and mem.cells() == cells
+    m = pc.match(B + [1], 9)
+    assert m.n == 8 and holds_path(mem, m.seq, B) and m.leaf.seq == m.seq and m.node is m.path[-1]
+    pc.commit(m)
+    assert (pc.lookups, pc.hits, pc.tokens_reused) == (before[3][0] + 1, before[3][1] + 1, before[3][2] + 8)
+    assert all(n.last_use == pc._clock for n in m.path + (m.leaf,))
+    miss = pc.match([5, 5], 2)
+    assert miss.n == 0 and miss.seq is None and miss.node is None
+    pc.commit(miss)                      # a miss is a lookup, not a hit
+    assert (pc.lookups, pc.hits) == (before[3][0] + 2, before[3][1] + 1)
+    assert pc.lookup(A, 10) == (10, next(s for s, p in pc.leaves() if p == A))  # match + commit at once
+    assert pc.lookups == before[3][0] + 3
+
+
+# ---- lock counts -------------------------------------------------------------------------------------
+def test_lock_counts_are_copied_on_split_and_released_through_both_halves():
+    mem, pc = make()
+    decode(mem, A, 0)
+    pc.insert(A, 0, 10)
+    mem.seq_rm(0, -1, -1)
+    (node,) = pc.root.children.values()
+    h1, h2 = pc.lock(A, 3), pc.lock(A, 10)  # both name A's one node, whole
+    assert node.lock == 2 and not pc.evictable()
+    decode(mem, B, 1)
+    pc.insert(B, 1, 8)                   # splits A's node after 5 tokens
+    mem.seq_rm(1, -1, -1)
+    head = pc.root.children[1]
+    tail, branch = head.children[6], head.children[20]
+    assert tail is node and tail.parent is head
+    assert (head.lock, tail.lock, branch.lock) == (2, 2, 0)
+    assert pc.evictable() == {branch}
+    pc.unlock(h1)
+    assert (head.lock, tail.lock) == (1, 1) and pc.evictable() == {branch}
+    pc.unlock(h1)                        # twice: a no-op
+    pc.unlock(h2)
+    assert (head.lock, tail.lock) == (0, 0) and pc.evictable() == {tail, branch}
+    h3 = pc.lock(B + [1], 9)             # the lock of a longer path than the tree holds: B's nodes
+    assert (head.lock, tail.lock, branch.lock) == (1, 0, 1) and pc.evictable() == {tail}
+    pc.clear()                           # the locks go with the tree; the handle is a no-op after
+    pc.unlock(h3)
+    assert not pc.evictable() and pc.n_prompts == 0
+
+
+# ---- eviction order and trimming -----------------------------------------------------------------------
+def test_eviction_follows_last_use():
+    mem, pc = make(kv_size=64)
+    prompts = [[k] * 4 for k in (1, 2, 3, 4)]
+    for p in prompts:
+        decode(mem, p, 0)
+        pc.insert(p, 0, 4)
+        mem.seq_rm(0, -1, -1)
+    for k in (3, 1, 4, 2):               # use order: 3 is the least recent, 2 the most
+        pc.lookup([k] * 4, 4)
+    gone = []
+    for _ in range(4):
+        before = {p[0] for _, p in pc.leaves()}
+        assert pc.evict(4) == 4
+        gone += sorted(before - {p[0] for _, p in pc.leaves()})
+    assert gone == [3, 1, 4, 2] and mem.n_used == 0
+
+
+def test_evict_trims_tail_first_and_stays_on_the_leaf_it_began():
+    mem, pc = make()
+    X, Y = list(range(1, 9)), [50] * 5
+    for p in (X, Y):
+        decode(mem, p, 0)
+        pc.insert(p, 0, len(p))
+        mem.seq_rm(0, -1, -1)
+    pc.lookup(Y, 5)                      # X is the least recently used
+    sx = next(s for s, p in pc.leaves() if p == X)
+    for k, left in ((3, 5), (1, 4), (2, 2)):
+        assert pc.evict(k) == k
+        assert dict(pc.leaves())[sx] == X[:left] and holds_path(mem, sx, X[:left])
+    assert pc.evict(3) == 3              # X's last 2, then Y's last one
+    assert leaves(pc) == {next(iter(leaves(pc))): Y[:4]} and mem.n_used == 4
+
+
+def test_source_finds_another_leaf_when_the_matched_one_was_evicted():
+    """A match ending on an inner node takes the most recently used way down to a leaf; evicting
+    for room (the match's path locked) may take that leaf whole and free its sequence: source()
+    then names another leaf below the locked node, which holds the same prefix."""
+    mem, pc = make(kv_size=64, seq_ids=(4, 5, 6, 7))
+    C = A[:7] + [30]
+    for p, seq in ((A, 0), (B, 1), (C, 2)):
+        decode(mem, p, seq)
+    pc.insert(A, 0, 10)
+    pc.insert(B, 1, 8)                   # [1..5] -> [6..10] | [20, 21, 22]
+    pc.insert(C, 2, 8)                   # [1..5] -> [6, 7] -> [8, 9, 10] | [30];  [20, 21, 22]
+    for s in (0, 1, 2):
+        mem.seq_rm(s, -1, -1)
+    hc = pc.lock(C, 8)                   # a request runs on C
+    pc.lookup(A, 10)
+    pc.lookup(B, 8)
+    pc.insert(A[:6], 3, 6)               # ends inside [6, 7]: marks it used, not [8, 9, 10]
+    m = pc.match(A[:5] + [99], 6)
+    sa = next(s for s, p in pc.leaves() if p == A)
+    assert m.n == 5 and m.seq == sa      # via [6, 7] (the most recent) to [8, 9, 10]
+    h = pc.lock_match(m)
+    assert pc.evict(3) == 3 and sa not in dict(pc.leaves())  # A's leaf was the least recently used
+    m2 = pc.source(m)
+    assert m2.n == 5 and m2.seq == next(s for s, p in pc.leaves() if p == C)
+    assert holds_path(mem, m2.seq, C)
+    assert pc.source(m2) is m2           # its sequence still holds the prefix: the same match
+    pc.unlock(h)
+    pc.unlock(hc)
+
+
+# ---- the evictable set against a brute-force recomputation ----------------------------------------------
+def path_of(node):
+    out = []
+    while node.parent is not None:
+        out[:0] = node.tokens.tolist()
+        node = node.parent
+    return out
+
+
+class LockMachine(RuleBasedStateMachine):
+    """Inserts, lookups, locks, unlocks, evictions and clears in any order. After each step the lock
+    count of every node is recomputed from the live locks' token paths (a lock holds every node
+    whose whole path is a prefix of the path it locked), the evictable set from those counts, and
+    both must equal what the tree keeps up to date; every evictable leaf has its entry on the heap;
+    every cached token is one used cell. An eviction takes the least recently used leaves first."""
+
+    @initialize(n_tree=st.integers(2, 4))
+    def setup(self, n_tree):
+        self.mem, self.pc = make(48, TREE[:n_tree])
+        self.live = {}   # handle -> the token path it locked
+        self.dead = []   # handles from before a clear, and released ones
+
+    def _walk_end(self, tokens, n):
+        last = None
+        for node, _ in self.pc._walk(np.asarray(tokens, dtype=np.int64), n):
+            last = node
+        return [] if last is None else path_of(last)
+
+    @rule(prompt=PROMPTS)
+    def insert(self, prompt):
+        try:
+            decode(self.mem, prompt, 0)
+        except NoKVSlotError:
+            self.pc.evict(len(prompt))
+            try:
+                decode(self.mem, prompt, 0)
+            except NoKVSlotError:
+                return
+        new = self.pc.insert(prompt, 0, len(prompt))
+        assert 0 <= new <= len(prompt)
+        self.mem.seq_rm(0, -1, -1)
+
+    @rule(prompt=PROMPTS, commit=st.booleans())
+    def lookup(self, prompt, commit):
+        before, cells = snapshot(self.pc), self.mem.cells()
+        m = self.pc.match(prompt, len(prompt))
+        assert snapshot(self.pc) == before and self.mem.cells() == cells
+        assert m.n == in_tree(self.pc, prompt)
+        if commit:
+            self.pc.commit(m)
+
+    @rule(prompt=PROMPTS, data=st.data())
+    def lock(self, prompt, data):
+        n = data.draw(st.integers(0, len(prompt)))
+        locked = self._walk_end(prompt, n)
+        h = self.pc.lock(prompt, n)
+        assert h not in self.live and h not in self.dead
+        self.live[h] = locked
+
+    @precondition(lambda self: self.live or self.dead)
+    @rule(data=st.data())
+    def unlock(self, data):
+        h = data.draw(st.sampled_from(sorted(self.live) + self.dead))
+        self.pc.unlock(h)
+        if h in self.live:
+            del self.live[h]
+            self.dead.append(h)
+
+    @rule(k=st.integers(0, 20))
+    def evict(self, k):
+        pc, mem = self.pc, self.mem
+        before = {n.seq: (path_of(n), n.last_use) for n in pc.evictable()}
+        tokens0 = sum(len(n.tokens) for n in pc.nodes())
+        freed = pc.evict(k)
+        assert freed == tokens0 - sum(len(n.tokens) for n in pc.nodes())  # a trimmed token is a freed cell
+        assert freed <= k and (freed == k or not pc.evictable())
+        after = dict(pc.leaves())
+        trimmed = {s for s, (p, _) in before.items() if after.get(s) != p}
+        kept = set(before) - trimmed
+        if trimmed and kept:  # least recently used first
+            assert max(before[s][1] for s in trimmed) <= min(before[s][1] for s in kept)
+
+    @rule(kind=st.sampled_from(range(10)))
+    def clear(self, kind):
+        if kind:
+            return
+        self.pc.clear()
+        self.dead += list(self.live)
+        self.live = {}
+
+    @invariant()
+    def counts_and_evictable_set(self):
+        if not hasattr(self, "pc"):
+            return
+        pc, mem = self.pc, self.mem
+        nodes = list(pc.nodes())
+        for node in nodes:
+            p = path_of(node)
+            want = sum(1 for L in self.live.values() if len(p) <= len(L) and L[:len(p)] == p)
+            assert node.lock == want, (p, node.lock, want)
+        brute = {n for n in nodes if n.seq is not None and not any(
+            L[:len(path_of(n))] == path_of(n) for L in self.live.values())}
+        assert pc.evictable() == brute
+        heap = set(map(id, pc._heap))
+        for n in brute:
+            assert n.entry is not None and id(n.entry) in heap and n.entry[0] == n.last_use
+        assert {n.seq: n for n in nodes if n.seq is not None} == pc._owner
+        for L in self.live.values():   # what a lock holds stays cached
+            assert in_tree(pc, L) == len(L)
+        check_leaves(mem, pc)
+        assert mem.n_used == sum(len(n.tokens) for n in nodes)  # a shared prefix is stored once
+
+
+TestLockMachine = LockMachine.TestCase
+TestLockMachine.settings = settings(max_examples=60, stateful_step_count=40, deadline=None,
+                                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])

@@ -53,7 +53,7 @@ def test_refused_blobs_change_nothing(model, gemma):
 
     b = Engine(model, n_ctx=1024, n_parallel=2)
     turn(b, model.tokenize("Something else entirely.", add_special=True))
-    before = b.memory.cells(), b.tree.n_prompts
+    before = b.memory.cells(), b.reuse.n_prompts
 
     g = Engine(gemma, n_ctx=1024, n_parallel=2)
     gf = gemma.tokenize(SYSTEM, add_special=True)
@@ -74,7 +74,7 @@ def test_refused_blobs_change_nothing(model, gemma):
     for what, p in bad.items():
         with pytest.raises(StateError):
             b.import_prefix(p)
-        assert (b.memory.cells(), b.tree.n_prompts) == before, what
+        assert (b.memory.cells(), b.reuse.n_prompts) == before, what
     with pytest.raises(TypeError):
         b.import_prefix((good.tokens, good.data))
     assert b.import_prefix(good) == len(good.tokens)  # b still works

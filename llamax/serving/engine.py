@@ -23,7 +23,8 @@ Each step is one decode of at most n_batch tokens (update_slots):
     finished requests       their cells go to the prefix cache (prompt and generated tokens), the
                             slot is free at once
 
-Sequence ids: slot i decodes on sequence i; with kv_unified and prefix_cache the ids from n_parallel up
+Sequence ids: slot i decodes on sequence i. How prefixes are reused is the reuse's (reuse.py: one
+protocol, the Engine never asks which): with kv_unified and prefix_cache the ids from n_parallel up
 to 256 belong to the prefix cache's leaves (one cached prompt each). With one stream per slot
 (kv_unified=False) cells cannot be shared between streams: each slot keeps its last request's cells
 (llama-server's cache_prompt) and a request goes to the free slot whose cache shares the longest
@@ -51,14 +52,13 @@ from llamax.params import ContextParams
 from llamax.sampling import Sampler
 from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room,
                              prompt_tokens, shift_discard)
-from llamax.serving.prefix_cache import PrefixCache, common_prefix
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
+from llamax.serving.reuse import PrefixReuse, PrefixState, reuse_class
 
 log = logging.getLogger("llamax")
 
 GROWTH = 16                 # free cells per running request (and the new one) a request needs to join:
                             # without that headroom the youngest would be suspended again at once
-DEFER_MIN = 16              # wait for an in-flight prefill that would give this many more cached tokens
 SUSPEND_BYTES = 1 << 30     # RAM for the states of suspended requests
 
 
@@ -70,14 +70,6 @@ class SeqState:
     fed: int = 0                     # how many of feed are in the cache
     pending: int | None = None       # the sampled token decoded next
     shifted: bool = False            # a context shift moved it (its tokens are no longer a prefix)
-
-
-@dataclasses.dataclass(frozen=True)
-class PrefixState:
-    """A cached prefix handed from one Engine to another (export_prefix / import_prefix): its
-    tokens and the versioned, fingerprinted state_seq_get_data blob of their cells."""
-    tokens: list[int]
-    data: bytes
 
 
 @dataclasses.dataclass
@@ -93,9 +85,7 @@ class Slot:
     def __init__(self, i: int) -> None:
         self.id = self.seq = i
         self.req: Request | None = None
-        self.seq_state = SeqState()      # what the sequence holds (kept after a request for reuse)
-        self.lock: int | None = None     # the prefix cache's lock of this request's prefix
-        self.last_tokens: list[int] = [] # the tokens of the last finished request (slot_save)
+        self.seq_state = SeqState()      # what the sequence holds while a request runs on it
 
     @property
     def state(self) -> str:
@@ -163,8 +153,8 @@ class Engine:
                               f"(llamax.generate, `llamax run`)")
         self.model = model
         self.n_parallel = n_parallel
-        tree = bool(prefix_cache) and bool(kv_unified) and n_parallel < LLAMA_MAX_SEQ
-        n_seq_max = LLAMA_MAX_SEQ if tree else n_parallel
+        reuse = reuse_class(bool(prefix_cache), bool(kv_unified), n_parallel)
+        n_seq_max = reuse.n_seq_max(n_parallel)
         params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                                kv_unified=kv_unified, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
                                swa_full=swa_full, n_threads=n_threads)
@@ -177,8 +167,7 @@ class Engine:
             raise ValueError(f"n_ctx_slot = {n_ctx_slot}: a slot needs at least {2 * N_KEEP_MARGIN} cells")
         self.n_batch = self.params.n_batch
         self.context_shift = bool(context_shift) and self.memory.can_shift
-        self.prefix_cache = bool(prefix_cache)
-        self.tree = PrefixCache(self.memory, range(n_parallel, n_seq_max)) if tree else None
+        self.reuse: PrefixReuse = reuse(self.memory, n_parallel)
         self.slot_save_path = None if slot_save_path is None else pathlib.Path(slot_save_path).resolve()
         if self.slot_save_path is not None and self.slot_save_path.is_dir():
             stale = _state.remove_stale_tmp(self.slot_save_path)  # a save killed midway left these
@@ -198,11 +187,11 @@ class Engine:
         self._closing = False
         self._error: BaseException | None = None
         self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0, requests_failed=0,
-                       requests_suspended=0, steps=0, busy_s=0.0, slot_lookups=0, slot_hits=0, slot_reused=0)
+                       requests_suspended=0, steps=0, busy_s=0.0)
 
     def __repr__(self) -> str:
         return (f"Engine(n_parallel={self.n_parallel}, n_ctx={self.params.n_ctx}, n_ctx_seq={self.n_ctx_seq}, "
-                f"prefix_cache={'tree' if self.tree else 'slots' if self.prefix_cache else 'off'})")
+                f"prefix_cache={self.reuse.name})")
 
     # ---- the background loop ---------------------------------------------------------------------
     def __enter__(self) -> Engine:
@@ -467,57 +456,27 @@ class Engine:
     def _choose(self, req: Request, free: list[Slot]) -> Slot | None:
         """The slot for req, or None to let it wait a step for a prompt being prefilled that shares
         more with it than the cache holds now."""
-        if self.tree is None:
-            if not self.prefix_cache:
-                return free[0]
-            return max(free, key=lambda s: common_prefix(s.seq_state.tokens, req.prompt))
-        have = self.tree.match_len(req.prompt)
-        for s in self._slots:
-            if s.req is not None and s.req.state == PREFILL:
-                if common_prefix(s.seq_state.feed, req.prompt) >= have + DEFER_MIN:
-                    return None
-        return free[0]
+        prefilling = [s.seq_state.feed for s in self._slots if s.req is not None and s.req.state == PREFILL]
+        seq = self.reuse.pick(req.prompt, [s.seq for s in free], prefilling)
+        return None if seq is None else self._slots[seq]
 
     def _start(self, req: Request, slot: Slot) -> bool:
         """Put req on slot with the cached prefix of its prompt; False if its prompt does not fit
-        the free cells (after evicting cached prefixes) while other requests run."""
-        prompt, mem = req.prompt, self.memory
+        the free cells (after evicting cached prefixes) while other requests run. The lookup has
+        no side effect: a request turned away leaves the cache and its counters as they were
+        (but for the room made), and is looked up again at a later step."""
+        prompt = req.prompt
         limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
-        if self.tree is not None:
-            n, src = self.tree.lookup(prompt, limit)
-        else:
-            n, src = (min(common_prefix(slot.seq_state.tokens, prompt), limit) if self.prefix_cache else 0), None
-            self._m["slot_lookups"] += 1
-        if self.tree is not None:  # take the prefix first: evicting for room must not free it
-            mem.seq_rm(slot.seq, -1, -1)
-            if n:
-                assert src is not None  # a hit names the sequence holding the prefix
-                mem.seq_cp(src, slot.seq, 0, n)
-                slot.lock = self.tree.lock(prompt, n)
-        need = len(prompt) - n + GROWTH * (len(self._busy()) + 1)
-        short = need - self._free_cells()
-        if short > 0 and self.tree is not None:
-            self.tree.evict(short)
-            short = need - self._free_cells()
-        if short > 0 and self._busy():
-            if self.tree is not None:  # undo: it is looked up again at a later step
-                mem.seq_rm(slot.seq, -1, -1)
-                self._release_lock(slot)
-                self.tree.lookups -= 1
-                if n:
-                    self.tree.hits -= 1
-                    self.tree.tokens_reused -= n
-            elif self.prefix_cache:
-                self._m["slot_lookups"] -= 1
+        hit = self.reuse.lookup(slot.seq, prompt, limit)
+        need = len(prompt) - hit.n + GROWTH * (len(self._busy()) + 1)
+        self.reuse.lock(slot.seq, hit)  # evicting for room must not take the prefix
+        if need > self._free_cells():
+            self.reuse.evict(need - self._free_cells())
+        if need > self._free_cells() and self._busy():
+            self.reuse.unlock(slot.seq)
             return False
-        if self.tree is not None:
-            slot.seq_state.tokens = list(prompt[:n])
-        else:
-            mem.seq_rm(slot.seq, n, -1)
-            slot.seq_state.tokens = slot.seq_state.tokens[:n]
-            if n:
-                self._m["slot_hits"] += 1
-                self._m["slot_reused"] += n
+        n = self.reuse.attach(slot.seq, hit)  # seq_cp the prefix, count the lookup
+        slot.seq_state.tokens = list(prompt[:n])
         slot.req, slot.seq_state.shifted = req, False
         slot.seq_state.feed, slot.seq_state.fed, slot.seq_state.pending = prompt, n, None
         req.n_cached = n
@@ -583,7 +542,7 @@ class Engine:
     def _make_room(self, batch, n_tokens: int):
         """The batch did not fit: evict cached prefixes, else suspend the youngest request, else
         (one request alone) halve its prompt chunk or shift it; returns the batch to retry."""
-        if self.tree is not None and self.tree.evict(n_tokens) > 0:
+        if self.reuse.evict(n_tokens) > 0:
             return batch
         busy = self._busy()
         if len(busy) > 1:
@@ -614,8 +573,8 @@ class Engine:
                 if st.pending is not None:  # a suspended request computed again: go on generating
                     req.state = GENERATING
                     continue
-                if self.tree is not None and not st.shifted:
-                    self._cache(s, len(st.tokens))
+                if not st.shifted:
+                    self.reuse.note_prefilled(s.seq, st.tokens)
                 req.decoder.accept_prompt(req.prompt)
                 req.state = GENERATING
                 if req.decoder.exhausted:
@@ -641,41 +600,18 @@ class Engine:
             return
         s.seq_state.pending = out.token
 
-    def _cache(self, s: Slot, n: int) -> None:
-        """Give the slot's first n tokens to the prefix cache and lock them for the running request."""
-        assert self.tree is not None
-        toks = s.seq_state.tokens[:n]
-        self.tree.insert(toks, s.seq, n)
-        self._release_lock(s)
-        s.lock = self.tree.lock(toks, n)
-
     def _finish(self, s: Slot, stop: str, *, cache: bool = True, error: BaseException | None = None) -> None:
         """End the slot's request: its cells go to the prefix cache (cache=False: are removed), the
         slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
         assert req is not None
-        if self.tree is not None:
-            self._release_lock(s)
-            if cache and not s.seq_state.shifted and s.seq_state.tokens:
-                self.tree.insert(s.seq_state.tokens, s.seq, len(s.seq_state.tokens))
-            self.memory.seq_rm(s.seq, -1, -1)
-        elif not self.prefix_cache or not cache:
-            self.memory.seq_rm(s.seq, -1, -1)
-            s.seq_state.tokens = []
-        s.last_tokens = list(s.seq_state.tokens)
-        if self.tree is not None:
-            s.seq_state.tokens = []
+        self.reuse.release(s.seq, s.seq_state.tokens, cache=cache, shifted=s.seq_state.shifted)  # the cells are the reuse's now
+        s.seq_state.tokens = []
         s.req, s.seq_state.pending, s.seq_state.feed, s.seq_state.fed = None, None, [], 0
         self._end(req, stop, error)
 
     def _count(self, stop: str) -> None:
         self._m[{"cancelled": "requests_cancelled", "error": "requests_failed"}.get(stop, "requests_finished")] += 1
-
-    def _release_lock(self, s: Slot) -> None:
-        if s.lock is not None:
-            assert self.tree is not None  # only the prefix cache locks
-            self.tree.unlock(s.lock)
-        s.lock = None
 
     # ---- overflow: context shift and suspension --------------------------------------------------
     def _shift(self, s: Slot) -> bool:
@@ -690,14 +626,13 @@ class Engine:
         n, _ = shift_discard(mem, s.seq, keep)
         if n <= 0:
             return False
-        if self.tree is not None:
-            self._release_lock(s)
+        self.reuse.unlock(s.seq)
         for _ in range(3):
             try:
                 mem.seq_unshare(s.seq, keep + n, -1)
                 break
             except NoKVSlotError:  # no room for the copies: the cache lets go of its claims first
-                if self.tree is None or not self.tree.evict(n_past) and not self.tree.n_prompts:
+                if not self.reuse.evict(n_past) and not self.reuse.n_prompts:
                     return False
         else:
             return False
@@ -716,8 +651,7 @@ class Engine:
             blob = self.ctx.state_seq_get_data(s.seq)
             if self._suspended_bytes + len(blob) > self.suspend_bytes:
                 blob = None
-        if self.tree is not None:
-            self._release_lock(s)
+        self.reuse.unlock(s.seq)
         self.memory.seq_rm(s.seq, -1, -1)
         self._saved[req] = Suspended(blob, s.take())
         if blob is not None:
@@ -741,10 +675,11 @@ class Engine:
         sv = self._saved[req]
         busy = len(self._busy())
         need = len(sv.state.tokens) + (GROWTH * (busy + 1) if busy else 0)
-        if need > self._free_cells() and self.tree is not None:
-            self.tree.evict(need - self._free_cells())
+        if need > self._free_cells():
+            self.reuse.evict(need - self._free_cells())
         if busy and need > self._free_cells():
             return False
+        self.reuse.take(slot.seq)  # the slot's own cache goes: the request brings its cells
         if sv.blob is not None:
             try:
                 self.ctx.state_seq_set_data(sv.blob, slot.seq)
@@ -760,7 +695,7 @@ class Engine:
         req.state = PREFILL if st.fed < len(st.feed) else GENERATING
         self._drop_suspended(req)
         slot.put(st)
-        slot.req, slot.lock = req, None
+        slot.req = req
         return True
 
     # ---- slots -----------------------------------------------------------------------------------
@@ -774,7 +709,7 @@ class Engine:
                                 n_ctx=self.n_ctx_seq, n_past=len(s.seq_state.tokens) if r is not None else 0,
                                 n_prompt=0 if r is None else len(r.prompt), n_cached=0 if r is None else r.n_cached,
                                 n_generated=0 if r is None else len(r.generated),
-                                cached_tokens=len(s.seq_state.tokens) if r is not None or self.tree is None else len(s.last_tokens)))
+                                cached_tokens=len(s.seq_state.tokens) if r is not None else len(self.reuse.kept(s.seq))))
             return out
 
     def _slot(self, i) -> Slot:
@@ -807,28 +742,13 @@ class Engine:
         with self._lock:
             s = self._slot(i)
             self.memory.update()
-            if s.req is not None or self.tree is None:
+            if s.req is not None:
                 toks = list(s.seq_state.tokens)
                 self.ctx.state_seq_save_file(path, s.seq, toks)
             else:
-                n, src = self._lookup_quiet(s.last_tokens)
-                toks = s.last_tokens[:n]
-                try:
-                    if n:
-                        assert src is not None
-                        self.memory.seq_cp(src, s.seq, 0, n)
+                with self.reuse.save(s.seq) as toks:  # the slot's cache, placed on its sequence
                     self.ctx.state_seq_save_file(path, s.seq, toks)
-                finally:
-                    self.memory.seq_rm(s.seq, -1, -1)
             return dict(id_slot=s.id, filename=path.name, n_saved=len(toks), n_written=path.stat().st_size)
-
-    def _lookup_quiet(self, tokens: list[int]) -> tuple[int, int | None]:
-        t = self.tree
-        assert t is not None
-        counts = (t.lookups, t.hits, t.tokens_reused)
-        n, src = t.lookup(tokens, len(tokens))
-        t.lookups, t.hits, t.tokens_reused = counts
-        return n, src
 
     def slot_restore(self, i: int, filename) -> dict:
         """Load a slot_save file into idle slot i: with the prefix cache its tokens become a cached
@@ -841,13 +761,9 @@ class Engine:
             s = self._slot(i)
             if s.req is not None:
                 raise LlamaxError(f"slot {i} is processing request {s.req.id}: restore into an idle slot")
+            self.reuse.take(s.seq)  # the load replaces what the slot kept
             toks = self.ctx.state_seq_load_file(path, s.seq)
-            if self.tree is not None:
-                self.tree.insert(toks, s.seq, len(toks))
-                self.memory.seq_rm(s.seq, -1, -1)
-            else:
-                s.seq_state.tokens = list(toks)
-            s.last_tokens = list(toks)
+            self.reuse.restore(s.seq, toks)
             return dict(id_slot=s.id, filename=path.name, n_restored=len(toks))
 
     def slot_erase(self, i: int) -> dict:
@@ -856,49 +772,25 @@ class Engine:
             s = self._slot(i)
             if s.req is not None:
                 raise LlamaxError(f"slot {i} is processing request {s.req.id}")
-            n = len(s.seq_state.tokens) if self.tree is None else len(s.last_tokens)
-            self.memory.seq_rm(s.seq, -1, -1)
-            s.seq_state.tokens, s.last_tokens = [], []
+            n = self.reuse.erase(s.seq)
             return dict(id_slot=s.id, n_erased=n)
 
     def clear_cache(self) -> None:
         """Drop every cached prefix (cells running requests hold stay theirs)."""
         with self._lock:
-            if self.tree is not None:
-                self.tree.clear()
-            for s in self._slots:
-                if s.req is None:
-                    self.memory.seq_rm(s.seq, -1, -1)
-                    s.seq_state.tokens = []
+            self.reuse.clear()
 
     # ---- handing a cached prefix to another engine -----------------------------------------------
-    def _tree_for(self, what: str) -> PrefixCache:
-        if self.tree is None:
-            raise LlamaxError(f"{what} needs the prefix cache over a unified cache (prefix_cache=True, kv_unified=True)")
-        return self.tree
-
     def export_prefix(self, tokens: Sequence[int], min_tokens: int = 1) -> PrefixState | None:
         """The longest prefix of tokens that the prefix cache holds, as a PrefixState: its tokens and
         the state_seq_get_data blob of their cells (versioned, with the model's fingerprint), for
         import_prefix on another Engine of the same model and cache configuration, so that a
         conversation moved there does not compute its prompt again. None when the cache holds fewer
         than min_tokens of them. The cache is left as it was (the lookup is not counted)."""
-        tree = self._tree_for("export_prefix")
         toks = self._tokens(list(tokens))
         with self._lock:
             self.memory.update()
-            n, src = self._lookup_quiet(toks)
-            if n < max(1, min_tokens) or src is None:
-                return None
-            scratch = tree.borrow()
-            if scratch is None:
-                return None
-            try:
-                self.memory.seq_cp(src, scratch, 0, n)
-                data = self.ctx.state_seq_get_data(scratch)
-            finally:
-                tree.give_back(scratch)
-        return PrefixState(toks[:n], data)
+            return self.reuse.export(toks, min_tokens, self.ctx.state_seq_get_data)
 
     def import_prefix(self, prefix: PrefixState) -> int:
         """Put another engine's export_prefix into this one's prefix cache (least recently used
@@ -910,52 +802,30 @@ class Engine:
                 cells are not positions [0, len(tokens)); the cache keeps every prefix it had
                 unless room had to be made first, and holds nothing of the blob.
         """
-        tree = self._tree_for("import_prefix")
         if not isinstance(prefix, PrefixState):
             raise TypeError(f"import_prefix takes a PrefixState, not {type(prefix).__name__}")
         toks = self._tokens(list(prefix.tokens))
-        # the header, both checksums, the kind and the model: before anything is evicted for room
-        _state.StateReader(prefix.data, kind=_state.KIND_SEQ, fingerprint=self.ctx.fingerprint, exact=True)
+
+        def check(data: bytes) -> None:  # the header, both checksums, the kind and the model
+            _state.StateReader(data, kind=_state.KIND_SEQ, fingerprint=self.ctx.fingerprint, exact=True)
+
         with self._lock:
             self.memory.update()
-            if tree.match_len(toks) >= len(toks):
-                return 0
-            scratch = tree.borrow()
-            if scratch is None:
-                raise LlamaxError("import_prefix: every sequence of the prefix cache is in use")
-            try:
-                short = len(toks) - self._free_cells()
-                if short > 0:
-                    tree.evict(short)
-                self.ctx.state_seq_set_data(prefix.data, scratch)
-                lo, hi = self.memory.seq_pos_min(scratch), self.memory.seq_pos_max(scratch)
-                if (lo, hi) != (0, len(toks) - 1):
-                    raise StateError(f"import_prefix: the blob holds positions [{lo}, {hi}], its "
-                                     f"{len(toks)} tokens need [0, {len(toks) - 1}]")
-                return tree.insert(toks, scratch, len(toks))
-            finally:
-                tree.give_back(scratch)
+            return self.reuse.import_(toks, prefix.data, check, self.ctx.state_seq_set_data)
 
     # ---- metrics ---------------------------------------------------------------------------------
     def metrics(self) -> dict:
         """Counters and gauges of the engine (llama-server's /metrics)."""
         with self._lock:
-            m, mem, t = self._m, self.memory, self.tree
-            if t is not None:
-                cached, cached_bytes = mem.held_only_by(t.seq_ids)
-                lookups, hits, reused = t.lookups, t.hits, t.tokens_reused
-            else:
-                idle = [s.seq for s in self._slots if s.req is None]
-                cached, cached_bytes = mem.held_only_by(idle) if idle else (0, 0)
-                lookups, hits, reused = int(m["slot_lookups"]), int(m["slot_hits"]), int(m["slot_reused"])
+            m, mem, r = self._m, self.memory, self.reuse.stats()
             busy = m["busy_s"]
             with self._qlock:
                 qlen = len(self._queue)
             return dict(
                 slots_busy=len(self._busy()), slots_total=self.n_parallel, queue_len=qlen,
                 requests_waiting=qlen + len(self._resume), cells_used=mem.n_used, cells_total=mem.n_cells,
-                cells_cached=cached, bytes_cached=cached_bytes, cached_prompts=t.n_prompts if t else 0,
-                prefix_lookups=lookups, prefix_hits=hits, tokens_reused=reused,
+                cells_cached=r.cells_cached, bytes_cached=r.bytes_cached, cached_prompts=r.cached_prompts,
+                prefix_lookups=r.lookups, prefix_hits=r.hits, tokens_reused=r.tokens_reused,
                 prompt_tokens=m["prompt_tokens"], gen_tokens=m["gen_tokens"],
                 prompt_tokens_per_s=m["prompt_tokens"] / busy if busy else 0.0,
                 gen_tokens_per_s=m["gen_tokens"] / busy if busy else 0.0, busy_s=busy, steps=m["steps"],
