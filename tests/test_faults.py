@@ -153,9 +153,9 @@ def test_a_cancelled_request_gives_its_cells_back_and_changes_no_one_else(model,
     if when == "queued":
         assert victim.state == "queued"
     elif when == "prefill":
-        while eng._slots[1].fed == 0:
+        while eng._slots[1].seq_state.fed == 0:
             eng.step()
-        assert victim.state == "prefill" and 0 < eng._slots[1].fed < len(victim.prompt)
+        assert victim.state == "prefill" and 0 < eng._slots[1].seq_state.fed < len(victim.prompt)
     else:
         while victim.state != "generating" or not victim.generated:
             eng.step()
