@@ -13,8 +13,8 @@
 
 It measures the llamax of the current directory, so it runs against the old tree and the new one:
 
-    cd /work/wt-base && python /work/wt-serving-reuse/benchmarks/bench_prefix_cache.py
-    python benchmarks/bench_prefix_cache.py --against /work/wt-base   # both in one run, one table
+    git worktree add ../llamax-old OLD_COMMIT && (cd ../llamax-old && python setup.py -q build_ext --inplace)
+    python benchmarks/bench_prefix_cache.py --against ../llamax-old   # both trees in one run, one table
 """
 from __future__ import annotations
 
@@ -164,7 +164,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, nargs="+", default=[10, 100, 248])
     p.add_argument("--no-engine", action="store_true", help="the tree alone (no model)")
     p.add_argument("--json", action="store_true", help="print the figures as one JSON line")
-    p.add_argument("--against", help="another llamax tree (e.g. /work/wt-base): run there too, one table")
+    p.add_argument("--against", help="another llamax tree (e.g. a worktree of an older commit, built in place): run there too, one table")
     a = p.parse_args()
     results = {}
     if a.against:
