@@ -246,6 +246,51 @@ def test_hermes_lark_compiles(choice, parallel):
     assert not v.is_valid(call_json("search", {"query": "q"}))
 
 
+class _ByteTokenizer:
+    """A 256-byte vocabulary (+ EOS) to run llguidance's matcher on hand-written outputs."""
+    eos_token_id = 256
+    bos_token_id = None
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, s: bytes) -> list[int]:
+        return list(s)
+
+
+BYTES = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer()))
+
+
+def accepts(plan: T.ToolPlan, out: str) -> bool:
+    """llguidance, constrained by the plan, lets the model write exactly `out`."""
+    grammar = llguidance.grammar_from("json_schema", json.dumps(plan.schema)) if plan.schema is not None \
+        else llguidance.grammar_from("lark", plan.lark)
+    m = llguidance.LLMatcher(BYTES, grammar, log_level=0)
+    assert not m.is_error(), m.get_error()
+    return m.consume_tokens(list(out.encode())) and m.is_accepting()
+
+
+def test_generic_schema_in_llguidance(smollm):
+    auto = T.prepare(smollm, ASK, TOOLS)
+    named = T.prepare(smollm, ASK, TOOLS, tool_choice=CHOICES[2], parallel_tool_calls=False)
+    calls = '{"tool_calls": [{"name": "search", "arguments": {"query": "x", "n": 1}, "id": "abcd"}]}'
+    assert accepts(auto, calls) and accepts(auto, '{"response": "Hi \\"there\\""}')
+    assert not accepts(auto, '{"tool_calls": [{"name": "nope", "arguments": {}, "id": "abcd"}]}')
+    assert not accepts(auto, "Hello")
+    assert accepts(named, '{"tool_call": {"name": "search", "arguments": {"query": "x", "n": 1}}}')
+    assert not accepts(named, '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}')
+    assert not accepts(named, '{"response": "Hi"}')
+
+
+def test_hermes_lark_in_llguidance():
+    required = T.prepare_template(QWEN, ASK, TOOLS, tool_choice="required")
+    one = '<tool_call>\n{"name": "search", "arguments": {"query": "x", "n": 1}}\n</tool_call>'
+    two = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert accepts(required, one) and accepts(required, one + "\n" + two)
+    assert not accepts(required, "Sure. " + one) and not accepts(required, "Hello")
+    single = T.prepare_template(QWEN, ASK, TOOLS, tool_choice=CHOICES[2], parallel_tool_calls=False)
+    assert accepts(single, one) and not accepts(single, one + "\n" + one) and not accepts(single, two)
+
+
 # ------------------------------------------------------------------------------------------ parse
 
 def test_parse_generic(smollm):
