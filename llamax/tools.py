@@ -15,7 +15,8 @@ Formats (picked from the chat template's source, as llama.cpp does):
     does not describe tools itself gets minja's polyfill: the tools as indented JSON in the system
     message, with an example call inferred from the template. The answer is one JSON object:
     ``{"response": "text"}``, ``{"tool_calls": [{"name": N, "arguments": {...}, "id": "..."}]}``
-    (parallel calls allowed) or ``{"tool_call": {"name": N, "arguments": {...}}}`` (not).
+    (parallel calls allowed) or ``{"tool_call": {"name": N, "arguments": {...}}}`` (not). As in
+    llama.cpp, parallel calls are offered only when the template can render a turn with two calls.
     A template with another native tool syntax (Llama 3.x, Mistral, ...) also gets this format, with
     a log line saying so.
   * "content": tool_choice "none" (or no tools): the conversation is rendered without tools, the
@@ -198,6 +199,7 @@ class _Caps:
     tools: bool
     tool_calls: bool
     object_arguments: bool
+    parallel_tool_calls: bool
     tool_responses: bool
     tool_call_example: str
 
@@ -243,12 +245,14 @@ def _caps(template: str | None, bos: str, eos: str, arch: str | None) -> _Caps:
     obj_args = shows_args(render([user, calls_msg(call("ipython", args))]))
     tool_calls = str_args or obj_args
     object_arguments = not str_args and obj_args
-    tool_responses = False
+    parallel = tool_responses = False
     if tool_calls:
         tc = call("test_tool1", args if object_arguments else json.dumps(args))
+        out = render([user, calls_msg(tc, call("test_tool2", tc["function"]["arguments"]))])
+        parallel = "test_tool1" in out and "test_tool2" in out
         tool_responses = "Some response!" in render([user, calls_msg(tc), {
             "role": "tool", "name": "test_tool1", "content": "Some response!", "tool_call_id": "call_911_"}])
-    caps = _Caps(system_role, tools, tool_calls, object_arguments, tool_responses, "")
+    caps = _Caps(system_role, tools, tool_calls, object_arguments, parallel, tool_responses, "")
     example = ""
     if not tools:
         # minja: the example call is what the template adds after the generation prompt for a call
@@ -273,7 +277,7 @@ def _caps(template: str | None, bos: str, eos: str, arch: str | None) -> _Caps:
         tail = full[common:]
         if "tool_name" in tail or "some_value" in tail:
             example = tail
-    return _Caps(system_role, tools, tool_calls, object_arguments, tool_responses, example)
+    return _Caps(system_role, tools, tool_calls, object_arguments, parallel, tool_responses, example)
 
 
 def _add_system(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
@@ -942,7 +946,8 @@ class ToolPlan:
         tools: the validated tools, as [{"name", "description"?, "parameters"}].
         tool_choice: "auto" | "none" | "required" | "named".
         tool_name: the function of a named tool_choice, else None.
-        parallel_tool_calls: several calls allowed in one answer.
+        parallel_tool_calls: several calls allowed in one answer (False when asked for but the
+            template cannot render two calls in one turn, as llama.cpp decides).
     """
     format: str
     prompt: str
@@ -996,7 +1001,8 @@ def prepare_template(template: str | None, messages: Sequence[Mapping[str, Any]]
             `role: "tool"` turns `tool_call_id` / `name`.
         tools: OpenAI's [{"type": "function", "function": {"name", "description"?, "parameters"?}}].
         tool_choice: "auto" | "none" | "required" | {"type": "function", "function": {"name": N}}.
-        parallel_tool_calls: allow several calls in one answer.
+        parallel_tool_calls: allow several calls in one answer; as in llama.cpp, only when the
+            template can render an assistant turn with two calls (else the plan's is False).
         bos_token, eos_token, arch: as `apply_chat_template`'s.
     Returns:
         The ToolPlan.
@@ -1011,6 +1017,9 @@ def prepare_template(template: str | None, messages: Sequence[Mapping[str, Any]]
         raise ValueError(f"parallel_tool_calls must be a bool, not {type(parallel_tool_calls).__name__}")
     msgs = _check_messages(messages)
     caps = _caps(template, bos_token, eos_token, arch)
+    if parallel_tool_calls and not caps.parallel_tool_calls:
+        log.debug("tool calling: the chat template cannot show parallel tool calls: one call per answer")
+        parallel_tool_calls = False
     schema = lark = None
     if mode == "none" or not checked:
         fmt = "content"

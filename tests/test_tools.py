@@ -61,9 +61,11 @@ QWEN = """{%- if tools %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
 
-# a template with its own tool syntax that is not Hermes (Llama 3.x-like): generic, with a log line
+# a template with its own tool syntax that is not Hermes (Llama 3.x-like): generic, with a log line;
+# it renders parallel calls, so the generic format offers them
 OWN_TOOLS = """{%- if tools %}Tools: {{ tools | tojson }}
-{% endif %}{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}<|end|>
+{% endif %}{%- for m in messages %}<|{{ m.role }}|>{{ m.content or '' }}
+{%- for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments }}]{% endfor %}<|end|>
 {% endfor %}{%- if add_generation_prompt %}<|assistant|>{%- endif %}"""
 
 
@@ -95,6 +97,8 @@ def compact(x) -> str:
 def test_generic_prompt_chatml(smollm):
     plan = T.prepare(smollm, ASK, TOOLS)
     assert plan.format == "generic" and plan.lark is None
+    # as in llama.cpp: a template that cannot show two calls in one turn is offered one call per answer
+    assert plan.parallel_tool_calls is False and set(plan.schema["anyOf"][0]["properties"]) == {"tool_call"}
     p = plan.prompt
     assert p.startswith("<|im_start|>system\n" + T.GENERIC_SYSTEM + "\n\n" + T.TOOLS_POLYFILL + "[\n  {")
     assert json.dumps(TOOLS, indent=2) in p
@@ -196,8 +200,9 @@ CHOICES = ["auto", "required", {"type": "function", "function": {"name": "search
 
 @pytest.mark.parametrize("parallel", [True, False])
 @pytest.mark.parametrize("choice", CHOICES, ids=["auto", "required", "named"])
-def test_generic_schema_compiles_and_validates(smollm, choice, parallel):
-    plan = T.prepare(smollm, ASK, TOOLS, tool_choice=choice, parallel_tool_calls=parallel)
+def test_generic_schema_compiles_and_validates(choice, parallel):
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS, tool_choice=choice, parallel_tool_calls=parallel)
+    assert plan.format == "generic" and plan.parallel_tool_calls == parallel
     schema = plan.schema
     assert compiles("json_schema", json.dumps(schema)) == ""
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -270,8 +275,8 @@ def accepts(plan: T.ToolPlan, out: str) -> bool:
 
 
 def test_generic_schema_in_llguidance(smollm):
-    auto = T.prepare(smollm, ASK, TOOLS)
-    named = T.prepare(smollm, ASK, TOOLS, tool_choice=CHOICES[2], parallel_tool_calls=False)
+    auto = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
+    named = T.prepare(smollm, ASK, TOOLS, tool_choice=CHOICES[2])
     calls = '{"tool_calls": [{"name": "search", "arguments": {"query": "x", "n": 1}, "id": "abcd"}]}'
     assert accepts(auto, calls) and accepts(auto, '{"response": "Hi \\"there\\""}')
     assert not accepts(auto, '{"tool_calls": [{"name": "nope", "arguments": {}, "id": "abcd"}]}')
@@ -293,8 +298,8 @@ def test_hermes_lark_in_llguidance():
 
 # ------------------------------------------------------------------------------------------ parse
 
-def test_parse_generic(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+def test_parse_generic():
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     out = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"},
                                       "id": "abcd"}]}, indent=2)
     content, calls = plan.parse(out)
@@ -306,7 +311,7 @@ def test_parse_generic(smollm):
 
 
 def test_parse_generic_parallel_and_single(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     out = ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "aaaa"}, '
            '{"arguments": {"query": "a \\"b\\"", "n": 2}, "name": "search", "id": "bbbb"}]}')
     content, calls = plan.parse(out)
@@ -314,13 +319,13 @@ def test_parse_generic_parallel_and_single(smollm):
     assert [(c.name, c.arguments) for c in calls] == [
         ("get_weather", '{"city":"Paris"}'), ("search", '{"query":"a \\"b\\"","n":2}')]
     assert calls[0].id != calls[1].id
-    single = T.prepare(smollm, ASK, TOOLS, parallel_tool_calls=False)
+    single = T.prepare(smollm, ASK, TOOLS)
     _, calls = single.parse('{"tool_call": {"name": "search", "arguments": {"query": "x", "n": -1.5e3}}}')
     assert [(c.name, c.arguments) for c in calls] == [("search", '{"query":"x","n":-1.5e3}')]
 
 
-def test_parse_generic_response(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+def test_parse_generic_response():
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     text = 'It is "sunny"\n\\ in Paris \u00e9 \U0001F600'
     for ascii_ in (True, False):
         assert plan.parse(json.dumps({"response": text}, ensure_ascii=ascii_)) == (text, [])
@@ -345,8 +350,8 @@ def test_parse_hermes():
     assert [(c.name, c.arguments) for c in calls] == [("search", '{"query":"x","n":1}'), ("get_weather", "{}")]
 
 
-def test_parse_truncated_and_malformed(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+def test_parse_truncated_and_malformed():
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     content, calls = plan.parse('{"tool_calls": [{"name": "search", "arguments": {"query": "ll')
     assert content is None and calls[0].name == "search" and calls[0].arguments == '{"query":"ll'
     assert plan.parse('{"response": "Hel') == ("Hel", [])
@@ -413,9 +418,9 @@ def generic_outputs(draw):
 
 @settings(max_examples=150, deadline=None)
 @given(generic_outputs())
-def test_stream_generic_any_split(smollm, case):
+def test_stream_generic_any_split(case):
     text, cuts, expected, response = case
-    plan = T.prepare(smollm, ASK, TOOLS)
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     deltas = run_stream(plan, text, cuts)
     check_deltas(plan, text, deltas)
     content, calls = plan.parse(text)
@@ -446,8 +451,8 @@ def test_stream_hermes_any_split(case):
     assert [c.arguments for c in plan.parse(text)[1]] == expected
 
 
-def test_stream_generic_response_decoded_incrementally(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+def test_stream_generic_response_decoded_incrementally():
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     s = plan.stream()
     assert s.push('{"response": "caf') == [{"content": "caf"}]
     assert s.push("\\u00") == []          # an escape is certain only when whole
@@ -456,8 +461,8 @@ def test_stream_generic_response_decoded_incrementally(smollm):
     assert s.finish() == []
 
 
-def test_stream_calls_as_openai(smollm):
-    plan = T.prepare(smollm, ASK, TOOLS)
+def test_stream_calls_as_openai():
+    plan = T.prepare_template(OWN_TOOLS, ASK, TOOLS)
     s = plan.stream()
     assert s.push('{"tool_calls": [{"name": "sea') == []
     head, first = s.push('rch", "arguments": {"query"')
