@@ -488,6 +488,51 @@ def test_stream_hermes_holds_a_possible_tag():
     assert s.push("call>\n") == [] and s.finish() == []
 
 
+def test_smollm_calls_a_tool_under_the_constraint():
+    """End to end: SmolLM2's greedy answer, masked by llguidance with the plan's schema, read back."""
+    import numpy as np
+
+    from llamax.batch import Batch
+    from llamax.context import Context
+    from llamax.generate import decode_prompt
+    from llamax.model.model import Model
+
+    m = Model.load("smollm2-135m", n_threads=1)
+    n = m.n_vocab
+
+    class Vocab:
+        eos_token_id, bos_token_id = m.eos, m.bos
+        tokens = [m.token_to_piece(i) for i in range(n)]
+        special_token_ids = [i for i in range(n) if m.is_eog(i)]
+
+        def __call__(self, s: bytes) -> list[int]:
+            return m.tokenize(s.decode("utf-8", "replace"), add_special=False)
+
+    plan = T.prepare(m, ASK, [WEATHER])
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(llguidance.TokenizerWrapper(Vocab())),
+                                   llguidance.grammar_from("json_schema", json.dumps(plan.schema)), log_level=0)
+    ctx = Context(m, n_ctx=1024)
+    decode_prompt(ctx, m.tokenize(plan.prompt, add_special=True, parse_special=True))
+    stream, deltas, out = plan.stream(), [], []
+    for _ in range(64):
+        logits = ctx.get_logits_ith(-1).copy()
+        allowed = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), np.uint8), bitorder="little")[:n]
+        logits[allowed == 0] = -np.inf
+        t = int(np.argmax(logits))
+        if m.is_eog(t):
+            break
+        assert matcher.consume_token(t)
+        out.append(t)
+        deltas += stream.push(m.detokenize([t]))
+        ctx.decode(Batch.one([t]))
+    deltas += stream.finish()
+    text = m.detokenize(out)
+    content, calls = plan.parse(text)
+    assert content is None
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})]
+    check_deltas(plan, text, deltas)
+
+
 # ----------------------------------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("tools, match", [
