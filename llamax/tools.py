@@ -407,7 +407,8 @@ _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r"
 
 
 class _JsonError(ValueError):
-    pass
+    """Text that is not JSON; `at` is the index of the offending character in the text fed."""
+    at = 0
 
 
 class _JsonReader:
@@ -431,6 +432,7 @@ class _JsonReader:
         self.esc: str | None = None         # None, "" after a backslash, or "u" + hex digits
         self.high: str | None = None        # a high surrogate waiting for its pair
         self.lit: list[str] = []
+        self._at = 0
 
     def _value_path(self) -> tuple[Any, ...]:
         if not self.frames:
@@ -554,7 +556,15 @@ class _JsonReader:
 
     def feed(self, text: str) -> int:
         """Read `text`; return how much of it belongs to the JSON value (all of it until it is done)."""
+        try:
+            return self._feed(text)
+        except _JsonError as e:
+            e.at = self._at
+            raise
+
+    def _feed(self, text: str) -> int:
         for i, ch in enumerate(text):
+            self._at = i
             mode = self.mode
             if mode == "string":
                 self._string_char(ch)
@@ -765,6 +775,7 @@ class _GenericStream(ToolStream):
         except _JsonError as e:
             log.warning("tool calling: the output is not the generic JSON format (%s); the rest is content", e)
             self._plain = True
+            self._out.content(piece[e.at:])
 
     def _end(self) -> None:
         if self._json is None:
@@ -876,7 +887,7 @@ class _HermesStream(ToolStream):
         except _JsonError as e:
             log.warning("tool calling: a <tool_call> block is not JSON (%s); the rest is content", e)
             self._state = "plain"
-            return ""
+            return piece[e.at:]
         if self._json.done:
             self._state = "close"
             return piece[used:]

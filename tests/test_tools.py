@@ -356,8 +356,9 @@ def test_parse_truncated_and_malformed():
     assert content is None and calls[0].name == "search" and calls[0].arguments == '{"query":"ll'
     assert plan.parse('{"response": "Hel') == ("Hel", [])
     hermes = T.prepare_template(QWEN, ASK, TOOLS)
-    content, calls = hermes.parse("Hi <tool_call>\n{not json} tail")
-    assert content == "Hi" and calls == []
+    content, calls = hermes.parse("Hi <tool_call>\n{not json} tail")  # read as content from the error on
+    assert content == "Hinot json} tail" and calls == []
+    assert plan.parse('{"response": "a"  oops') == ("aoops", [])
 
 
 # -------------------------------------------------------------------------------------- streaming
@@ -449,6 +450,19 @@ def test_stream_hermes_any_split(case):
     deltas = run_stream(plan, text, cuts)
     check_deltas(plan, text, deltas)
     assert [c.arguments for c in plan.parse(text)[1]] == expected
+
+
+JUNK = st.lists(st.sampled_from(list('{}[]:," \\nabu0123-e.') + ["<tool_call>", "</tool_call>", '"name"',
+                                                                 '"arguments"', '"response"', '"search"']),
+               max_size=40).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JUNK, st.lists(st.integers(0, 400), max_size=10), st.sampled_from(["generic", "hermes"]))
+def test_stream_any_text_any_split(text, cuts, fmt):
+    # whatever the model writes, the reader does not fail and the split does not matter
+    plan = T.prepare_template(OWN_TOOLS if fmt == "generic" else QWEN, ASK, TOOLS)
+    check_deltas(plan, text, run_stream(plan, text, [c for c in cuts if c <= len(text)]))
 
 
 def test_stream_generic_response_decoded_incrementally():
