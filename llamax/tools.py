@@ -765,6 +765,7 @@ class _GenericStream(ToolStream):
             if body[0] != "{":
                 self._plain = True
                 self._out.content("".join(self._lead) + piece)
+                self._lead = []
                 return
             self._json = _JsonReader(self)
             piece = body
