@@ -68,7 +68,7 @@ import logging
 import re
 import secrets
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -89,6 +89,7 @@ GENERIC_SYSTEM = ("Respond in JSON format, either with `tool_call` (a request to
                   "reply to the user's request")
 #: minja's tools polyfill (chat_template::apply, polyfill_tools).
 TOOLS_POLYFILL = "You can call any of the following tools to satisfy the user's requests: "
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"  # the Hermes format's markers
 
 
 @dataclass(frozen=True)
@@ -390,12 +391,19 @@ def _generic_schema(tools: list[dict[str, Any]], mode: str, parallel: bool) -> d
                              "required": ["response"], "additionalProperties": False}]}
 
 
-def _hermes_lark(tools: list[dict[str, Any]], parallel: bool) -> str:
-    """Only tool calls: ``<tool_call>\\n{json}\\n</tool_call>`` blocks (one, or several joined by a newline)."""
+def _hermes_lark(tools: list[dict[str, Any]], parallel: bool, special: Collection[str]) -> str:
+    """Only tool calls: ``<tool_call>\\n{json}\\n</tool_call>`` blocks (one, or several joined by a newline).
+
+    A marker in `special` is a control token of the vocabulary: the grammar names the token
+    (llguidance's ``<tool_call>``), as text would never match it.
+    """
+    def marker(m: str) -> str:
+        return m if m in special else json.dumps(m)
+
     body = json.dumps(_one_of([_call_schema(t) for t in tools]), separators=(",", ":"))
     start = 'start: tool_call ("\\n" tool_call)*' if parallel else "start: tool_call"
     return (f"{start}\n"
-            f'tool_call: "<tool_call>\\n" tool_json "\\n</tool_call>"\n'
+            f'tool_call: {marker(_OPEN)} "\\n" tool_json "\\n" {marker(_CLOSE)}\n'
             f"tool_json: %json {body}\n")
 
 
@@ -825,9 +833,6 @@ class _GenericStream(ToolStream):
             call.end(rel)
 
 
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-
-
 def _partial_suffix(text: str, marker: str) -> int:
     """The length of the longest end of `text` that is a proper start of `marker`."""
     for k in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -1004,7 +1009,8 @@ class ToolPlan:
 
 def prepare_template(template: str | None, messages: Sequence[Mapping[str, Any]], tools: Any,
                      tool_choice: Any = "auto", parallel_tool_calls: bool = True, *, bos_token: str = "",
-                     eos_token: str = "", arch: str | None = None) -> ToolPlan:
+                     eos_token: str = "", arch: str | None = None, special_tokens: Collection[str] = ()
+                     ) -> ToolPlan:
     """`prepare` for a chat template given as text (a Jinja template, a built-in name, or None).
 
     Args:
@@ -1016,6 +1022,8 @@ def prepare_template(template: str | None, messages: Sequence[Mapping[str, Any]]
         parallel_tool_calls: allow several calls in one answer; as in llama.cpp, only when the
             template can render an assistant turn with two calls (else the plan's is False).
         bos_token, eos_token, arch: as `apply_chat_template`'s.
+        special_tokens: format markers (``<tool_call>``, ``</tool_call>``) that are control tokens
+            of the vocabulary: a lark grammar names them as tokens.
     Returns:
         The ToolPlan.
     Raises:
@@ -1040,7 +1048,8 @@ def prepare_template(template: str | None, messages: Sequence[Mapping[str, Any]]
         fmt = "hermes"
         prompt = _render(template, msgs, list(tools), caps, bos_token, eos_token, arch)
         if mode != "auto":
-            lark = _hermes_lark([t for t in checked if name is None or t["name"] == name], parallel_tool_calls)
+            lark = _hermes_lark([t for t in checked if name is None or t["name"] == name], parallel_tool_calls,
+                                special_tokens)
     else:
         fmt = "generic"
         if caps.tools or caps.tool_calls:
@@ -1062,5 +1071,10 @@ def prepare(model: ModelInfo, messages: Sequence[Mapping[str, Any]], tools: Any,
     tok = model.tokenizer
     bos = tok.token_text(model.bos) if model.bos is not None and model.bos >= 0 else ""
     eos = tok.token_text(model.eos) if model.eos is not None and model.eos >= 0 else ""
+    special = []
+    for marker in (_OPEN, _CLOSE):
+        ids = model.tokenize(marker, add_special=False, parse_special=True)
+        if len(ids) == 1 and tok.is_control(ids[0]):
+            special.append(marker)
     return prepare_template(model.chat_template, messages, tools, tool_choice, parallel_tool_calls,
-                            bos_token=bos, eos_token=eos, arch=model.arch)
+                            bos_token=bos, eos_token=eos, arch=model.arch, special_tokens=special)

@@ -255,8 +255,8 @@ class _ByteTokenizer:
     """A 256-byte vocabulary (+ EOS) to run llguidance's matcher on hand-written outputs."""
     eos_token_id = 256
     bos_token_id = None
-    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
-    special_token_ids = [256]
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>", b"<tool_call>", b"</tool_call>"]
+    special_token_ids = [256, 257, 258]
 
     def __call__(self, s: bytes) -> list[int]:
         return list(s)
@@ -265,13 +265,13 @@ class _ByteTokenizer:
 BYTES = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer()))
 
 
-def accepts(plan: T.ToolPlan, out: str) -> bool:
-    """llguidance, constrained by the plan, lets the model write exactly `out`."""
+def accepts(plan: T.ToolPlan, out: str | list[int]) -> bool:
+    """llguidance, constrained by the plan, lets the model write exactly `out` (text, or token ids)."""
     grammar = llguidance.grammar_from("json_schema", json.dumps(plan.schema)) if plan.schema is not None \
         else llguidance.grammar_from("lark", plan.lark)
     m = llguidance.LLMatcher(BYTES, grammar, log_level=0)
     assert not m.is_error(), m.get_error()
-    return m.consume_tokens(list(out.encode())) and m.is_accepting()
+    return m.consume_tokens(list(out.encode()) if isinstance(out, str) else out) and m.is_accepting()
 
 
 def test_generic_schema_in_llguidance(smollm):
@@ -294,6 +294,17 @@ def test_hermes_lark_in_llguidance():
     assert not accepts(required, "Sure. " + one) and not accepts(required, "Hello")
     single = T.prepare_template(QWEN, ASK, TOOLS, tool_choice=CHOICES[2], parallel_tool_calls=False)
     assert accepts(single, one) and not accepts(single, one + "\n" + one) and not accepts(single, two)
+
+
+def test_hermes_lark_names_control_tokens():
+    # when the vocabulary has <tool_call> as a control token, text cannot match it: the grammar names the token
+    plan = T.prepare_template(QWEN, ASK, TOOLS, tool_choice="required", special_tokens=["<tool_call>", "</tool_call>"])
+    assert "tool_call: <tool_call> " in plan.lark and compiles("lark", plan.lark) == ""
+    body = list(b'\n{"name": "search", "arguments": {"query": "x", "n": 1}}\n')
+    assert accepts(plan, [257, *body, 258])
+    assert not accepts(plan, '<tool_call>\n{"name": "search", "arguments": {"query": "x", "n": 1}}\n</tool_call>')
+    as_text = T.prepare_template(QWEN, ASK, TOOLS, tool_choice="required")
+    assert accepts(as_text, [*b"<tool_call>", *body, *b"</tool_call>"]) and not accepts(as_text, [257, *body, 258])
 
 
 # ------------------------------------------------------------------------------------------ parse
