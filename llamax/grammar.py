@@ -63,6 +63,7 @@ from llguidance import LLMatcher, LLTokenizer, TokenizerWrapper
 from llguidance.gbnf_to_lark import gbnf_to_lark
 
 from llamax.checks import integer
+from llamax.errors import ModelError
 from llamax.model.tokenizer import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED, TOKEN_NULL, Tokenizer
 
 if TYPE_CHECKING:
@@ -357,10 +358,10 @@ class GrammarMatcher:
     def error(self) -> str | None:
         """Why the matcher failed (an error state, a limit, a vocabulary that cannot continue the
         grammar), or None. A failed matcher allows only the end-of-generation ids."""
-        msg = self._ll.get_error()
-        if msg:
-            return str(msg)
-        reason = self._ll.stop_reason()
+        msg = str(self._ll.get_error()).split("\n<state>", 1)[0].strip()  # without llguidance's state dump
+        reason = msg or self._ll.stop_reason()
+        if msg and msg not in _ABNORMAL_STOPS:
+            return msg
         if reason in _ABNORMAL_STOPS:
             return f"{_ABNORMAL_STOPS[reason]} ({reason})"
         return None
@@ -381,8 +382,7 @@ class GrammarMatcher:
         if not 0 <= n <= self.n_accepted:
             raise ValueError(f"cannot roll back {n} tokens: {self.n_accepted} accepted")
         if self._ll.is_error():
-            raise ValueError(f"cannot roll back a matcher in an error state ({self._ll.get_error().strip()}); "
-                             "reset it instead")
+            raise ValueError(f"cannot roll back a matcher in an error state ({self.error}); reset it instead")
         k = min(n, self._n_phantom)
         self._n_phantom -= k
         n -= k
@@ -435,12 +435,18 @@ class _Encoder:
         raise ValueError("this vocabulary adds a prefix to every text and has no control byte to cut it off with")
 
     def __call__(self, text: bytes | str) -> list[int]:
+        """The ids of `text`; [] where the vocabulary cannot write it (a byte without a token): an
+        exception must not cross into llguidance (it would fail the matcher), and no ids only means
+        no forced tokens, the mask then says what can follow."""
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         if not data:
             return []
+        try:
+            ids = self._raw(self._sentinel + data)
+        except (ModelError, ValueError):
+            return []
         if not self._sentinel:
-            return self._raw(data)
-        ids = self._raw(self._sentinel + data)
+            return ids
         k = len(self._sentinel_ids)
         assert ids[:k] == self._sentinel_ids, (self._sentinel, ids[:k])
         return ids[k:]

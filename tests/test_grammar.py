@@ -5,6 +5,7 @@ tokens, Gemma 3: 262144 SentencePiece tokens)."""
 import json
 import pickle
 import re
+from types import SimpleNamespace
 
 import jsonschema
 import numpy as np
@@ -360,6 +361,37 @@ def test_compiled_once_per_vocabulary_and_grammar(any_model):
     start = allowed(m2)
     assert m1.accept(any_model.tokenize("{", add_special=False)[0])
     assert (allowed(m2) == start).all() and m2.n_accepted == 0
+
+
+def _toy_model(n_extra: int = 0) -> SimpleNamespace:
+    """A model-like object over a 7-token SentencePiece vocabulary with no byte tokens (so "c" cannot be
+    written), its output layer padded by n_extra rows."""
+    tokens = ["<unk>", "<s>", "</s>", "\u2581", "a", "b", "\u2581a"]
+    tok = Tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": tokens,
+                     "tokenizer.ggml.scores": [0.0] * 3 + [-1.0] * 4, "tokenizer.ggml.token_type": [2, 3, 3, 1, 1, 1, 1],
+                     "tokenizer.ggml.add_space_prefix": False})
+    return SimpleNamespace(tokenizer=tok, n_vocab=len(tokens) + n_extra)
+
+
+def test_a_grammar_the_vocabulary_cannot_continue_ends_with_an_error():
+    toy = _toy_model(n_extra=40)
+    m = Grammar.regex("a(b|c)c").matcher(toy)
+    assert m.mask_words == 2
+    assert np.flatnonzero(allowed(m)).tolist() == [4]  # "a"; not the padding rows 7..46
+    assert m.accept(4) and np.flatnonzero(allowed(m)).tolist() == [5]  # "b" ("c" has no token)
+    assert m.accept(5) and m.error is None
+    assert np.flatnonzero(allowed(m)).tolist() == [2]  # nothing writes "c": only the end of generation
+    assert m.is_stopped and not m.is_accepting
+    assert "no token of the vocabulary can continue the grammar" in m.error
+    assert m.accept(2) and m.n_accepted == 3
+    with pytest.raises(ValueError, match="error state"):
+        m.rollback(1)
+    m.reset()
+    assert m.error is None and m.accept(4)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        m.accept(47)
+    with pytest.raises(ValueError, match="smaller than its tokenizer"):
+        Grammar.regex("a").matcher(SimpleNamespace(tokenizer=toy.tokenizer, n_vocab=5))
 
 
 def test_a_grammar_the_vocabulary_lacks_fails_at_matcher(model, gemma):
