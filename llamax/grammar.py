@@ -26,10 +26,10 @@ space prefix is given a control-byte sentinel in front that is cut off again (ll
 bridge does the same).
 
 Caches. Building the bridge reads every token once (O(n_vocab) in Python, then llguidance builds its
-token trie: about 0.3 s for 49k tokens, 2 s for 262k), so it is built once per vocabulary: a
-Tokenizer object maps (weakly) to the SHA-256 of its token bytes, special marks and end-of-generation
-ids, and that fingerprint to the `_Vocabulary` (LRU, `VOCAB_CACHE_SIZE`), so two loads of the same
-GGUF share one. Each vocabulary keeps its compiled grammars keyed by (kind, source); a second request
+token trie: about 0.5 s for SmolLM2's 49152 tokens, 2 to 4 s for Gemma 3's 262144), so it is built
+once per vocabulary: a Tokenizer object maps (weakly) to the SHA-256 of its token bytes, special marks
+and end-of-generation ids, and that fingerprint to the `_Vocabulary` (LRU, `VOCAB_CACHE_SIZE`), so two
+loads of the same GGUF share one. Each vocabulary keeps its compiled grammars keyed by (kind, source); a second request
 with the same schema takes the cached LLMatcher and copies it (microseconds) instead of compiling.
 
 Mask layout. fill_mask(buf) writes into a numpy uint32 array of (n_vocab + 31) // 32 words, token t
@@ -140,8 +140,10 @@ class Grammar:
     @classmethod
     def json_schema(cls, schema: dict | str) -> Grammar:
         """JSON text valid under a JSON schema (a dict, or its JSON text); llguidance's subset of
-        JSON Schema (docs/json_schema.md). Options for the JSON compiler may be given in the schema's
-        "x-guidance" object (whitespace_flexible, item_separator, ...).
+        JSON Schema (docs/json_schema.md). Properties are generated in the schema's order. Between
+        JSON tokens up to one line break and some indentation are allowed (not unbounded whitespace,
+        which a small model can loop on); the schema's "x-guidance" object overrides this and the
+        other options of llguidance's JSON compiler (whitespace_flexible, item_separator, ...).
 
         Raises:
             TypeError: not a dict or str, or a value JSON cannot hold.
@@ -244,6 +246,9 @@ def _to_llguidance(kind: str, source: str) -> str:
     """llguidance's grammar text for (kind, source). Raises ValueError for a source that cannot be
     turned into one (JSON that is not an object, GBNF that does not convert)."""
     if kind == "json_schema":
+        own = json.loads(source).get("x-guidance")
+        if isinstance(own, dict) and ("whitespace_flexible" in own or "whitespace_pattern" in own):
+            return LLMatcher.grammar_from_json_schema(source)  # the schema's whitespace, not ours
         return LLMatcher.grammar_from_json_schema(source, defaults=_JSON_DEFAULTS)  # type: ignore[arg-type]
     if kind == "json":
         return LLMatcher.grammar_from_json_schema("{}", defaults=_JSON_DEFAULTS)  # type: ignore[arg-type]

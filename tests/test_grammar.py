@@ -377,7 +377,10 @@ def test_a_grammar_the_vocabulary_cannot_continue_ends_with_an_error():
     toy = _toy_model(n_extra=40)
     m = Grammar.regex("a(b|c)c").matcher(toy)
     assert m.mask_words == 2
-    assert np.flatnonzero(allowed(m)).tolist() == [4]  # "a"; not the padding rows 7..46
+    buf = np.full(2, 0xFFFFFFFF, np.uint32)
+    m.fill_mask(buf)
+    bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
+    assert np.flatnonzero(bits).tolist() == [4]  # "a"; not the padding rows 7..46, nor bits 47..63
     assert m.accept(4) and np.flatnonzero(allowed(m)).tolist() == [5]  # "b" ("c" has no token)
     assert m.accept(5) and m.error is None
     assert np.flatnonzero(allowed(m)).tolist() == [2]  # nothing writes "c": only the end of generation
@@ -392,6 +395,19 @@ def test_a_grammar_the_vocabulary_cannot_continue_ends_with_an_error():
         m.accept(47)
     with pytest.raises(ValueError, match="smaller than its tokenizer"):
         Grammar.regex("a").matcher(SimpleNamespace(tokenizer=toy.tokenizer, n_vocab=5))
+
+
+def test_json_whitespace_is_bounded_unless_the_schema_says_otherwise(model):
+    tok = model.tokenizer
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    pieces = {}
+    for name, extra in (("ours", {}), ("compact", {"x-guidance": {"whitespace_flexible": False}})):
+        m = Grammar.json_schema({**schema, **extra}).matcher(model)
+        assert m.accept(tok.tokenize("{", add_special=False)[0])
+        pieces[name] = {tok.token_to_piece(int(t)) for t in np.flatnonzero(allowed(m))}
+    assert b"\n" in pieces["ours"] and b"  " in pieces["ours"]
+    assert all(p.count(b"\n") <= 1 and len(p) - len(p.lstrip()) <= 26 for p in pieces["ours"])
+    assert b'"' in pieces["compact"] and not any(p.strip() != p for p in pieces["compact"])
 
 
 def test_a_grammar_the_vocabulary_lacks_fails_at_matcher(model, gemma):
