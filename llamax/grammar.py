@@ -513,7 +513,8 @@ class _Vocabulary:
 
 _fingerprints: weakref.WeakKeyDictionary[Tokenizer, tuple[str, list[bytes], list[int]]] = weakref.WeakKeyDictionary()
 _vocabularies: OrderedDict[tuple[str, int], _Vocabulary] = OrderedDict()
-_cache_lock = threading.Lock()
+_cache_lock = threading.Lock()   # guards the two dicts above
+_build_lock = threading.Lock()   # serializes building a vocabulary (seconds for a large one)
 
 
 def _special_ids(tokenizer: Tokenizer) -> list[int]:
@@ -561,18 +562,18 @@ def _vocabulary(tokenizer: Tokenizer, n_vocab: int) -> _Vocabulary:
     """
     if n_vocab < tokenizer.n_vocab:
         raise ValueError(f"the model's n_vocab = {n_vocab} is smaller than its tokenizer's {tokenizer.n_vocab}")
-    fp, pieces, special = _fingerprint(tokenizer)
-    key = (fp, n_vocab)
-    with _cache_lock:
-        hit = _vocabularies.get(key)
-        if hit is not None:
-            _vocabularies.move_to_end(key)
-            return hit
-    tokens = pieces + [b""] * (n_vocab - len(pieces))  # llguidance marks the special ids itself
-    vocab = _Vocabulary(tokenizer, n_vocab, tokens, special)
-    with _cache_lock:
-        vocab = _vocabularies.setdefault(key, vocab)
-        _vocabularies.move_to_end(key)
-        while len(_vocabularies) > VOCAB_CACHE_SIZE:
-            _vocabularies.popitem(last=False)
-    return vocab
+    with _build_lock:  # one build at a time: a second thread waits for the first one's result
+        fp, pieces, special = _fingerprint(tokenizer)
+        key = (fp, n_vocab)
+        with _cache_lock:
+            hit = _vocabularies.get(key)
+            if hit is not None:
+                _vocabularies.move_to_end(key)
+                return hit
+        tokens = pieces + [b""] * (n_vocab - len(pieces))  # llguidance marks the special ids itself
+        vocab = _Vocabulary(tokenizer, n_vocab, tokens, special)
+        with _cache_lock:
+            _vocabularies[key] = vocab
+            while len(_vocabularies) > VOCAB_CACHE_SIZE:
+                _vocabularies.popitem(last=False)
+        return vocab

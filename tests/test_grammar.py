@@ -258,10 +258,13 @@ def test_end_of_generation_ids_are_allowed_only_where_the_grammar_accepts(any_mo
             assert not allowed(m)[eog].any()
             assert m.accept(t)
         assert m.is_accepting
-        assert allowed(m)[eog].all()
+        before = allowed(m)
+        assert before[eog].all()
         assert m.accept(e) and m.is_stopped and m.stop_reason in ("EndOfSentence", "NoExtension")
         assert not m.accept(tok.tokenize(" ", add_special=False)[0])
         assert m.error is None
+        m.rollback(1)  # the end of generation taken back: the same choices as before it
+        assert m.is_accepting and (allowed(m) == before).all()
 
 
 def test_rollback_and_reset(model):
@@ -289,6 +292,13 @@ def test_rollback_and_reset(model):
     assert m.n_accepted == 3 and m.is_stopped
     m.reset()
     assert m.n_accepted == 0 and (allowed(m) == fresh).all()
+    # an end of generation where the grammar could still go on: llguidance records it
+    m = Grammar.regex("[0-9]+").matcher(model)
+    assert m.accept(d[0]) and m.is_accepting and not m.is_stopped
+    assert m.accept(eog[1]) and m.is_stopped and m.stop_reason == "EndOfSentence"
+    assert np.flatnonzero(allowed(m)).tolist() == eog
+    m.rollback(1)
+    assert m.n_accepted == 1 and not m.is_stopped and m.is_accepting and allowed(m)[d[1]]
 
 
 def test_bad_buffers_and_tokens_are_refused(model):
