@@ -450,10 +450,9 @@ class _Encoder:
             ids = self._raw(self._sentinel + data)
         except (ModelError, ValueError):
             return []
-        if not self._sentinel:
-            return ids
         k = len(self._sentinel_ids)
-        assert ids[:k] == self._sentinel_ids, (self._sentinel, ids[:k])
+        if ids[:k] != self._sentinel_ids:  # the sentinel merged with the text (it was chosen not to)
+            return []
         return ids[k:]
 
 
