@@ -242,9 +242,10 @@ class Sampler:
         if allowed is not None:
             bits = np.unpackbits(np.asarray(allowed, dtype="<u4").view(np.uint8), bitorder="little")[:n]
             x[bits == 0] = -np.inf
-        for t, b in self.logit_bias.items():
-            if t < n:
-                x[t] += np.float32(b)
+        with np.errstate(invalid="ignore"):  # +inf - inf: NaN, then -inf below
+            for t, b in self.logit_bias.items():
+                if t < n:
+                    x[t] += np.float32(b)
         hist = [t for t in self.history if 0 <= t < n] if self.penalizing else []
         if hist:
             idx, cnt = np.unique(np.array(hist, dtype=np.int64), return_counts=True)
