@@ -429,22 +429,48 @@ static void apply_edits(float *row, int64_t n, const lx_logit_edits *e, const lx
     }
 }
 
-/* row [n] = logits where allowed (NULL: all), -inf elsewhere */
+/* row [n] = logits where allowed (NULL: all), -inf elsewhere: a select per token without a branch
+ * (vectorised in the AVX2 build: a variable shift gives each lane its bit) */
+LX_ALWAYS_INLINE void masked_copy_body(float *row, const float *x, int64_t n, const uint32_t *allowed) {
+    for (int64_t w = 0; w * 32 < n; w++) {
+        const uint32_t b = allowed[w];
+        const int64_t i0 = w * 32;
+        if (n - i0 < 32) {
+            for (int64_t j = 0; j < n - i0; j++) {
+                row[i0 + j] = (b >> j) & 1u ? x[i0 + j] : -INFINITY;
+            }
+            break;
+        }
+        for (int j = 0; j < 32; j++) {
+            const float v = x[i0 + j];  /* read unconditionally: a select, not a masked load */
+            row[i0 + j] = (b >> j) & 1u ? v : -INFINITY;
+        }
+    }
+}
+
+typedef void (*masked_copy_fn)(float *row, const float *x, int64_t n, const uint32_t *allowed);
+
+static void masked_copy_base(float *row, const float *x, int64_t n, const uint32_t *allowed) {
+    masked_copy_body(row, x, n, allowed);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) static void masked_copy_avx2(float *row, const float *x, int64_t n,
+                                                             const uint32_t *allowed) {
+    masked_copy_body(row, x, n, allowed);
+}
+static masked_copy_fn masked_copy_impl(void) {
+    return lx_simd_level() >= LX_SIMD_AVX2 ? masked_copy_avx2 : masked_copy_base;
+}
+#else
+static masked_copy_fn masked_copy_impl(void) { return masked_copy_base; }
+#endif
+
 static void masked_copy(float *row, const float *x, int64_t n, const uint32_t *allowed) {
     if (allowed == NULL) {
         memcpy(row, x, (size_t)n * sizeof *row);
-        return;
-    }
-    for (int64_t w = 0; w * 32 < n; w++) {
-        const uint32_t b = allowed[w];
-        const int64_t i0 = w * 32, cnt = n - i0 < 32 ? n - i0 : 32;
-        if (b == UINT32_MAX) {
-            memcpy(row + i0, x + i0, (size_t)cnt * sizeof *row);
-        } else {
-            for (int64_t j = 0; j < cnt; j++) {
-                row[i0 + j] = (b >> j) & 1u ? x[i0 + j] : -INFINITY;
-            }
-        }
+    } else {
+        masked_copy_impl()(row, x, n, allowed);
     }
 }
 
@@ -456,7 +482,7 @@ LX_ALWAYS_INLINE int64_t masked_argmax_body(const float *x, int64_t n, const uin
     for (int64_t w = 0; w * 32 < n; w++) {
         uint32_t b = m[w];
         const float *xw = x + w * 32;
-        if (b == UINT32_MAX) {
+        if (b != 0 && w * 32 + 32 <= n) {  /* nothing in the word above the best: skip its bits */
             int any = 0;
             for (int j = 0; j < 32; j++) {
                 any |= xw[j] > best;
