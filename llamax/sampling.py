@@ -4,7 +4,7 @@ logprobs of raw logits rows (the model's distribution before any sampler stage).
 
 The chain runs in C over the logits row without sorting the vocabulary (csrc/sampling.h);
 Sampler._sample_reference is its numpy oracle. A grammar is anything following the small
-Grammar protocol below (llamax.Grammar over llguidance is one): the sampler asks its matcher for
+GrammarLike protocol below (llamax.Grammar over llguidance is one): the sampler asks its matcher for
 the allowed-token bitmask before each sample and advances it with each accepted token."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class GrammarMatcher(Protocol):
         """Advance past token; False if the grammar did not allow it."""
 
 
-class Grammar(Protocol):
+class GrammarLike(Protocol):
     """A constraint on generated tokens (llamax.Grammar is one)."""
 
     def matcher(self, model: Any) -> GrammarMatcher:
@@ -63,8 +63,8 @@ class Sampler:
             accepted token, llama.cpp's -1 = the context size).
         logit_bias: token id -> value added to its logit (float("-inf") bans it); ids beyond the
             row are ignored, as llama.cpp.
-        grammar: a Grammar; the sampler samples only tokens it allows (bind(model) first, or
-            sample(ctx), which binds to ctx.model).
+        grammar: a GrammarLike (llamax.Grammar); the sampler samples only tokens it allows
+            (bind(model) first, or sample(ctx), which binds to ctx.model).
 
     Raises:
         TypeError: a setting of the wrong type. ValueError: a setting out of range, or not finite.
@@ -73,7 +73,7 @@ class Sampler:
     def __init__(self, temperature: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  repeat_penalty: float = 1.0, seed: int | None = None, *, presence_penalty: float = 0.0,
                  frequency_penalty: float = 0.0, repeat_last_n: int = PENALTY_LAST_N,
-                 logit_bias: Mapping[int, float] | None = None, grammar: Grammar | None = None) -> None:
+                 logit_bias: Mapping[int, float] | None = None, grammar: GrammarLike | None = None) -> None:
         temperature, top_p, min_p, repeat_penalty, presence_penalty, frequency_penalty = (checks.real(v, w) for v, w in (
             (temperature, "temperature"), (top_p, "top_p"), (min_p, "min_p"), (repeat_penalty, "repeat_penalty"),
             (presence_penalty, "presence_penalty"), (frequency_penalty, "frequency_penalty")))
