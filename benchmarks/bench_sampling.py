@@ -7,6 +7,11 @@ a repeat penalty over 64 recent tokens. Prints the median µs per sample over --
 old numpy path (llamax/sampling.py at 39296ed, copied below) and of Sampler.sample_logits, measured
 in the same run, and their ratio.
 
+Then the row's edits, which the numpy path never had (C µs only): a grammar mask allowing 50% and 1%
+of the tokens (a fixed bitmask handed out by a minimal grammar, so its fill_mask is a 4-byte-per-32-
+tokens copy), a 16-entry logit bias, and presence + frequency + repeat penalties over 64 tokens, each
+with the default settings and greedy.
+
     PYTHONPATH=. python benchmarks/bench_sampling.py [--runs 200]
 """
 import argparse
@@ -56,6 +61,49 @@ CASES = {
     "top_k=0": dict(top_k=0),
     "penalty": dict(repeat_penalty=1.1),
 }
+GREEDY = CASES["greedy"]
+
+
+class FixedMask:
+    """A grammar whose matcher always allows the same tokens (the Sampler's grammar protocol)."""
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask = mask
+
+    def matcher(self, model: object) -> "FixedMask":
+        return self
+
+    def fill_mask(self, buf: np.ndarray) -> None:
+        buf[:] = self.mask
+
+    def accept(self, token: int) -> bool:
+        return True
+
+
+class Vocab:
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = n_vocab
+
+
+def edit_cases(n: int, rng: np.random.Generator) -> dict[str, dict]:
+    def mask(frac: float) -> FixedMask:
+        bits = np.zeros(((n + 31) // 32) * 32, dtype=np.uint8)
+        bits[:n] = rng.random(n) < frac
+        return FixedMask(np.packbits(bits, bitorder="little").view("<u4").copy())
+
+    bias = {int(t): float(b) for t, b in zip(rng.integers(0, n, 16), rng.uniform(-5, 5, 16))}
+    pen = dict(repeat_penalty=1.1, presence_penalty=0.5, frequency_penalty=0.5)
+    cases = {}
+    for frac in (0.5, 0.01):
+        g = mask(frac)
+        cases[f"mask {frac:.0%}"] = dict(grammar=g)
+        cases[f"mask {frac:.0%} greedy"] = dict(grammar=g, **GREEDY)
+    cases["bias16"] = dict(logit_bias=bias)
+    cases["bias16 greedy"] = dict(logit_bias=bias, **GREEDY)
+    cases["pen+freq+pres"] = dict(pen)
+    cases["pen+freq+pres greedy"] = dict(pen, **GREEDY)
+    cases["all greedy"] = dict(pen, logit_bias=bias, grammar=mask(0.5), **GREEDY)
+    return cases
 
 
 def main() -> None:
@@ -63,7 +111,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=200)
     a = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"{'n_vocab':>8} {'case':>8} {'numpy µs':>10} {'C µs':>8} {'speed-up':>9}")
+    print(f"{'n_vocab':>8} {'case':>22} {'numpy µs':>10} {'C µs':>8} {'speed-up':>9}")
     for n in (49152, 262144):
         rows = [llm_row(n, rng) for _ in range(16)]
         hist = rng.integers(0, n, 64).tolist()
@@ -74,7 +122,14 @@ def main() -> None:
                 s.history.extend(hist)
                 i = iter(range(10**9))
                 res.append(median_time(lambda: fn(s, rows[next(i) % len(rows)]), a.runs, warmup=3) * 1e6)
-            print(f"{n:>8} {name:>8} {res[0]:>10.1f} {res[1]:>8.1f} {res[0] / res[1]:>8.1f}x")
+            print(f"{n:>8} {name:>22} {res[0]:>10.1f} {res[1]:>8.1f} {res[0] / res[1]:>8.1f}x")
+        for name, kw in edit_cases(n, rng).items():
+            s = Sampler(seed=1, **kw)
+            s.bind(Vocab(n))
+            s.history.extend(hist)
+            i = iter(range(10**9))
+            us = median_time(lambda: s.sample_logits(rows[next(i) % len(rows)]), a.runs, warmup=3) * 1e6
+            print(f"{n:>8} {name:>22} {'-':>10} {us:>8.1f}")
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@
 
 struct lx_sampler_scratch {
     int64_t   cap;
-    float    *row;   /* [cap] the penalised copy of the logits              */
-    uint64_t *keys;  /* [cap] candidate keys (heap, gathered set, sorted)   */
-    double   *e;     /* [cap] exp(l_i - l_0), then the draw's weights       */
+    float    *row;    /* [cap] the edited copy of the logits (greedy: only at the edited tokens) */
+    uint64_t *keys;   /* [cap] candidate keys (heap, gathered set, sorted)                       */
+    double   *e;      /* [cap] exp(l_i - l_0), then the draw's weights                           */
+    int32_t  *count;  /* [cap] occurrences of each penalty token; all 0 between calls             */
+    uint32_t *mask;   /* [(cap + 31) / 32] greedy: the allowed tokens the edits did not touch     */
 };
 
 lx_sampler_scratch *lx_sampler_scratch_new(int64_t cap) {
@@ -29,7 +31,9 @@ lx_sampler_scratch *lx_sampler_scratch_new(int64_t cap) {
     s->row  = malloc((size_t)cap * sizeof *s->row);
     s->keys = malloc((size_t)cap * sizeof *s->keys);
     s->e    = malloc((size_t)cap * sizeof *s->e);
-    if (s->row == NULL || s->keys == NULL || s->e == NULL) {
+    s->count = calloc((size_t)cap, sizeof *s->count);
+    s->mask = malloc((size_t)((cap + 31) / 32) * sizeof *s->mask);
+    if (s->row == NULL || s->keys == NULL || s->e == NULL || s->count == NULL || s->mask == NULL) {
         lx_sampler_scratch_free(s);
         return NULL;
     }
@@ -43,6 +47,8 @@ void lx_sampler_scratch_free(lx_sampler_scratch *s) {
     free(s->row);
     free(s->keys);
     free(s->e);
+    free(s->count);
+    free(s->mask);
     free(s);
 }
 
@@ -381,35 +387,247 @@ static lx_token sample_all(lx_sampler_scratch *s, const float *x, int64_t n, con
     return choose(s->keys, m, S, W_all, p, u, s->e);
 }
 
-lx_token lx_sampler_sample(lx_sampler_scratch *s, const float *logits, int64_t n_vocab,
-                           const lx_token *penalty_tokens, int64_t n_penalty,
-                           const lx_sampling_params *p, double u) {
-    assert(n_vocab >= 1 && n_vocab <= s->cap && n_vocab < (int64_t)UINT32_MAX);
-    const float *x = logits;
-    if (p->repeat_penalty != 1.0f && n_penalty > 0) {
-        memcpy(s->row, logits, (size_t)n_vocab * sizeof *s->row);
-        for (int64_t j = 0; j < n_penalty; j++) {
-            const lx_token t = penalty_tokens[j];
-            if (t < 0 || t >= n_vocab) {
+/* ---- the edits (sampling.h): mask, bias, penalties ------------------------------------------ */
+
+static inline bool allowed_bit(const uint32_t *m, int64_t t) { return (m[t >> 5] >> (t & 31)) & 1u; }
+
+static inline bool penalizing(const lx_logit_edits *e, const lx_sampling_params *p) {
+    return e->n_penalty > 0 &&
+           (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+}
+
+/* bias then penalties on row [n] at the edited tokens only (row[t] holds the masked logit of each);
+ * count [n] is all 0 before and after */
+static void apply_edits(float *row, int64_t n, const lx_logit_edits *e, const lx_sampling_params *p,
+                        int32_t *count) {
+    for (int64_t j = 0; j < e->n_bias; j++) {
+        const lx_token t = e->bias_ids[j];
+        if (t >= 0 && t < n) {
+            row[t] += e->bias_values[j];
+        }
+    }
+    if (!penalizing(e, p)) {
+        return;
+    }
+    for (int64_t j = 0; j < e->n_penalty; j++) {
+        const lx_token t = e->penalty_tokens[j];
+        if (t >= 0 && t < n) {
+            count[t]++;
+        }
+    }
+    for (int64_t j = 0; j < e->n_penalty; j++) {
+        const lx_token t = e->penalty_tokens[j];
+        if (t < 0 || t >= n || count[t] == 0) {
+            continue;  /* outside the row, or a repeat already applied */
+        }
+        const int32_t c = count[t];
+        count[t] = 0;
+        float v = row[t];
+        v = v > 0.0f ? v / p->repeat_penalty : v * p->repeat_penalty;
+        const float sub = (float)c * p->frequency_penalty + p->presence_penalty;
+        row[t] = v - sub;
+    }
+}
+
+/* row [n] = logits where allowed (NULL: all), -inf elsewhere: a select per token without a branch
+ * (vectorised in the AVX2 build: a variable shift gives each lane its bit) */
+LX_ALWAYS_INLINE void masked_copy_body(float *row, const float *x, int64_t n, const uint32_t *allowed) {
+    for (int64_t w = 0; w * 32 < n; w++) {
+        const uint32_t b = allowed[w];
+        const int64_t i0 = w * 32;
+        if (n - i0 < 32) {
+            for (int64_t j = 0; j < n - i0; j++) {
+                row[i0 + j] = (b >> j) & 1u ? x[i0 + j] : -INFINITY;
+            }
+            break;
+        }
+        for (int j = 0; j < 32; j++) {
+            const float v = x[i0 + j];  /* read unconditionally: a select, not a masked load */
+            row[i0 + j] = (b >> j) & 1u ? v : -INFINITY;
+        }
+    }
+}
+
+typedef void (*masked_copy_fn)(float *row, const float *x, int64_t n, const uint32_t *allowed);
+
+static void masked_copy_base(float *row, const float *x, int64_t n, const uint32_t *allowed) {
+    masked_copy_body(row, x, n, allowed);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) static void masked_copy_avx2(float *row, const float *x, int64_t n,
+                                                             const uint32_t *allowed) {
+    masked_copy_body(row, x, n, allowed);
+}
+static masked_copy_fn masked_copy_impl(void) {
+    return lx_simd_level() >= LX_SIMD_AVX2 ? masked_copy_avx2 : masked_copy_base;
+}
+#else
+static masked_copy_fn masked_copy_impl(void) { return masked_copy_base; }
+#endif
+
+static void masked_copy(float *row, const float *x, int64_t n, const uint32_t *allowed) {
+    if (allowed == NULL) {
+        memcpy(row, x, (size_t)n * sizeof *row);
+    } else {
+        masked_copy_impl()(row, x, n, allowed);
+    }
+}
+
+/* The first index of the largest x [n] > -inf among the tokens set in m [(n + 31) / 32] (bits at
+ * n and beyond clear), -1 if none: lx_argmax through a mask (whole words tested 32 at once). */
+LX_ALWAYS_INLINE int64_t masked_argmax_body(const float *x, int64_t n, const uint32_t *m) {
+    float best = -INFINITY;
+    int64_t arg = -1;
+    for (int64_t w = 0; w * 32 < n; w++) {
+        uint32_t b = m[w];
+        const float *xw = x + w * 32;
+        if (b != 0 && w * 32 + 32 <= n) {  /* nothing in the word above the best: skip its bits */
+            int any = 0;
+            for (int j = 0; j < 32; j++) {
+                any |= xw[j] > best;
+            }
+            if (!any) {
                 continue;
             }
-            bool seen = false;
-            for (int64_t q = 0; q < j && !seen; q++) {
-                seen = penalty_tokens[q] == t;
-            }
-            if (!seen) {
-                const float v = s->row[t];
-                s->row[t] = v > 0.0f ? v / p->repeat_penalty : v * p->repeat_penalty;
+        }
+        while (b != 0) {
+#if defined(__GNUC__) || defined(__clang__)
+            const int j = __builtin_ctz(b);
+#else
+            int j = 0;
+            while (!((b >> j) & 1u)) j++;
+#endif
+            b &= b - 1;
+            if (xw[j] > best) {
+                best = xw[j];
+                arg = w * 32 + j;
             }
         }
+    }
+    return arg;
+}
+
+typedef int64_t (*masked_argmax_fn)(const float *x, int64_t n, const uint32_t *m);
+
+static int64_t masked_argmax_base(const float *x, int64_t n, const uint32_t *m) { return masked_argmax_body(x, n, m); }
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) static int64_t masked_argmax_avx2(const float *x, int64_t n, const uint32_t *m) {
+    return masked_argmax_body(x, n, m);
+}
+static masked_argmax_fn masked_argmax(void) {
+    return lx_simd_level() >= LX_SIMD_AVX2 ? masked_argmax_avx2 : masked_argmax_base;
+}
+#else
+static masked_argmax_fn masked_argmax(void) { return masked_argmax_base; }
+#endif
+
+/* greedy over the edited row, without copying it: the untouched allowed tokens are scanned through
+ * s->mask, the edited ones (a few) compared after their edits. -1: nothing above -inf. */
+static lx_token greedy_edited(lx_sampler_scratch *s, const float *x, int64_t n, const lx_logit_edits *e,
+                              const lx_sampling_params *p) {
+    const int64_t nw = (n + 31) / 32;
+    uint32_t *m = s->mask;
+    if (e->allowed != NULL) {
+        memcpy(m, e->allowed, (size_t)nw * sizeof *m);
+    } else {
+        memset(m, 0xff, (size_t)nw * sizeof *m);
+    }
+    if (n % 32 != 0) {
+        m[nw - 1] &= (1u << (n % 32)) - 1u;
+    }
+    const bool pen = penalizing(e, p);
+    const int64_t n_pen = pen ? e->n_penalty : 0;
+    /* the edited tokens' masked logits (while every mask bit is still the caller's), then their bits off */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int64_t j = 0; j < e->n_bias + n_pen; j++) {
+            const lx_token t = j < e->n_bias ? e->bias_ids[j] : e->penalty_tokens[j - e->n_bias];
+            if (t < 0 || t >= n) {
+                continue;
+            }
+            if (pass == 0) {
+                s->row[t] = allowed_bit(m, t) ? x[t] : -INFINITY;
+            } else {
+                m[t >> 5] &= ~(1u << (t & 31));
+            }
+        }
+    }
+    apply_edits(s->row, n, e, p, s->count);
+    const int64_t arg = masked_argmax()(x, n, m);
+    uint64_t best = arg >= 0 ? key_of(x[arg], arg) : 0;  /* 0: below every key */
+    for (int64_t j = 0; j < e->n_bias + n_pen; j++) {
+        const lx_token t = j < e->n_bias ? e->bias_ids[j] : e->penalty_tokens[j - e->n_bias];
+        if (t >= 0 && t < n && s->row[t] > -INFINITY) {
+            const uint64_t k = key_of(s->row[t], t);
+            best = k > best ? k : best;
+        }
+    }
+    return best == 0 ? -1 : key_token(best);
+}
+
+lx_token lx_sampler_sample(lx_sampler_scratch *s, const float *logits, int64_t n_vocab,
+                           const lx_logit_edits *edits, const lx_sampling_params *p, double u) {
+    assert(n_vocab >= 1 && n_vocab <= s->cap && n_vocab < (int64_t)UINT32_MAX);
+    static const lx_logit_edits none = {NULL, NULL, NULL, 0, NULL, 0};
+    const lx_logit_edits *e = edits != NULL ? edits : &none;
+    const bool constrained = e->allowed != NULL || e->n_bias > 0;
+    const bool edited = constrained || penalizing(e, p);
+    if (p->temperature <= 0.0) {
+        if (!edited) {
+            return (lx_token)lx_argmax(logits, n_vocab);
+        }
+        const lx_token r = greedy_edited(s, logits, n_vocab, e, p);
+        return r >= 0 || constrained ? r : 0;  /* unconstrained: lx_argmax's first token */
+    }
+    const float *x = logits;
+    if (edited) {
+        masked_copy(s->row, logits, n_vocab, e->allowed);
+        apply_edits(s->row, n_vocab, e, p, s->count);
         x = s->row;
     }
-    if (p->temperature <= 0.0) {
-        return (lx_token)lx_argmax(x, n_vocab);
-    }
+    lx_token r;
     if (p->top_k > 0 && p->top_k < n_vocab) {
         top_k_keys(x, n_vocab, p->top_k, s->keys);
-        return choose(s->keys, p->top_k, -1.0, -1.0, p, u, s->e);
+        r = choose(s->keys, p->top_k, -1.0, -1.0, p, u, s->e);
+    } else {
+        r = sample_all(s, x, n_vocab, p, u);
     }
-    return sample_all(s, x, n_vocab, p, u);
+    /* the chosen token is above -inf unless every token is (sampling.h's l_0 rule) */
+    return constrained && !(x[r] > -INFINITY) ? -1 : r;
+}
+
+/* ---- logprobs -------------------------------------------------------------------------------- */
+
+float lx_logprobs(const float *row, int64_t n, lx_token token, int k, lx_token *top_ids, float *top_lp) {
+    assert(n >= 1 && token >= 0 && token < n && k >= 0 && k <= LX_LOGPROBS_MAX_K && k <= n);
+    const double mx = (double)row[lx_argmax(row, n)];
+    const double lse = isfinite(mx) ? mx + log(sum_exp(row, n, mx, 1.0)) : NAN;
+    uint64_t h[LX_LOGPROBS_MAX_K];
+    if (k > 0 && k < n) {
+        top_k_keys(row, n, k, h);
+    } else if (k == n) {
+        for (int64_t i = 0; i < n; i++) {
+            h[i] = key_of(row[i], i);
+        }
+        sort_keys(h, n);
+    }
+    for (int i = 0; i < k; i++) {
+        top_ids[i] = key_token(h[i]);
+        top_lp[i] = (float)(key_logit(h[i]) - lse);  /* key_logit: NaN -> -inf */
+    }
+    const float v = row[token];
+    return v != v ? (isfinite(lse) ? -INFINITY : NAN) : (float)((double)v - lse);
+}
+
+void lx_logprobs_rows(const float *rows, int64_t m, int64_t n, const lx_token *tokens, int k,
+                      float *lp, lx_token *top_ids, float *top_lp, int n_threads) {
+    assert(n_threads >= 1);
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_threads > 1 && m > 1)
+#endif
+    for (int64_t i = 0; i < m; i++) {
+        lp[i] = lx_logprobs(rows + i * n, n, tokens[i], k, top_ids + i * k, top_lp + i * k);
+    }
 }
