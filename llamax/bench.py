@@ -414,3 +414,54 @@ def run_serving(model, system: list[int], questions: list[list[int]], *, n_paral
                 prompt_submitted=sum(len(system) + len(q) for q in questions),
                 prefix_hit_rate=(m["tokens_reused"] - base["tokens_reused"]) / (len(system) * len(questions)),
                 n_steps=m["steps"] - base["steps"])
+
+
+#: the --grammar test's default schema: a list of records, so a constrained generation can run long
+BENCH_SCHEMA = {"type": "array", "items": {"type": "object", "properties": {
+    "id": {"type": "integer"}, "name": {"type": "string"}, "email": {"type": "string"},
+    "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["id", "name", "email", "tags"]}}
+BENCH_GRAMMAR_PROMPT = "Here is the list of our 100 newest library members as a JSON array:\n"
+
+
+def run_constrained(model, grammar, n_gen: int = 128, reps: int = 5, *, prompt: str = BENCH_GRAMMAR_PROMPT,
+                    progress: Progress | None = None) -> dict:
+    """Greedy generation of up to n_gen tokens with and without the grammar (llamax.Grammar), the two
+    alternating rep by rep on one context: the decode plus the sampling step (the grammar's mask and
+    its accept, the C chain), timed per token. End-of-generation tokens are banned so both run their
+    length; the constrained run ends early where its grammar allows nothing more (its t/s counts the
+    tokens it made). Returns the median t/s of each, their ratio and the tokens generated."""
+    from llamax.sampling import Sampler
+    from llamax.sequence import SeqDecoder
+
+    reps = checks.integer(reps, "reps")
+    if reps < 1 or n_gen < 1:
+        raise ValueError(f"reps = {reps} and n_gen = {n_gen} must be >= 1")
+    toks = model.tokenize(prompt, add_special=True, parse_special=True)
+    ctx = Context(model, n_ctx=len(toks) + n_gen + 1)
+
+    def once(g) -> tuple[int, int]:
+        ctx.memory.clear(data=False)
+        dec = SeqDecoder(model, Sampler(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, grammar=g),
+                         max_tokens=n_gen, ignore_eos=True)
+        decode_prompt(ctx, toks)
+        t0 = time.perf_counter_ns()
+        out = dec.step(ctx.get_logits_ith(-1))
+        while out.stop is None:
+            ctx.decode(Batch([out.token]))
+            out = dec.step(ctx.get_logits_ith(-1))
+        return time.perf_counter_ns() - t0, len(dec.generated)
+
+    once(None), once(grammar)  # warm-up: the grammar compiled, the caches touched
+    free, bound, n_bound = [], [], 0
+    for _ in range(reps):
+        for g, acc in ((None, free), (grammar, bound)):
+            ns, n = once(g)
+            acc.append(n * 1e9 / ns)
+            n_bound = n if g is not None else n_bound
+        if progress is not None:
+            progress(f"{model_info(model)['model_type']}: tg free {free[-1]:.1f} t/s, with the grammar "
+                     f"{bound[-1]:.1f} t/s")
+    med_free, med_bound = statistics.median(free), statistics.median(bound)
+    return dict(model=model_info(model)["model_type"], n_vocab=model.n_vocab, n_gen=n_gen, reps=reps,
+                tg_free_ts=med_free, tg_grammar_ts=med_bound, ratio=med_bound / med_free,
+                grammar_tokens=n_bound, samples_free_ts=free, samples_grammar_ts=bound)

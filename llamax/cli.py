@@ -224,6 +224,10 @@ def _bench_parser(sub) -> None:
                    "256, plus a distinct --question-token question) on --parallel slots (default 8) of an "
                    "Engine with the prefix cache, -ntg tokens each (default 64); aggregate t/s, time to first "
                    "token, prompt tokens computed vs submitted")
+    p.add_argument("--grammar", metavar="SPEC",
+                   help="the constrained-decoding test instead: greedy tg of -n tokens (default 128) with and "
+                   "without a grammar, alternating, on each -m model; SPEC: 'schema' (a list-of-records JSON "
+                   "schema), 'json' (any JSON), or a file: .json (a JSON schema), .gbnf, .lark")
     p.add_argument("--requests", type=int, default=32, help="requests of the --serving test (default 32)")
     p.add_argument("--question", type=int, default=32, help="question tokens of the --serving test (default 32)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="n_ctx of the --serving test (default 4096)")
@@ -246,6 +250,8 @@ def cmd_bench(a) -> int:
         return 2
     if a.serving:
         return _bench_serving(a, flat)
+    if a.grammar is not None:
+        return _bench_grammar(a, flat)
     tests = bench.make_tests(flat(a.n_prompt, [512]), flat(a.n_gen, [128]), flat(a.n_depth, [0]), flat(a.pg, []),
                              flat(a.parallel, []), flat(a.npp, [128]), flat(a.ntg, [128]))
     if (a.npp or a.ntg) and not a.parallel:
@@ -263,6 +269,51 @@ def cmd_bench(a) -> int:
         print(json.dumps(rows, indent=2))
     else:
         print(bench.markdown(rows))
+    return 0
+
+
+def _grammar_of_spec(spec: str):
+    import json
+    import pathlib
+
+    from llamax import Grammar, bench
+
+    if spec == "schema":
+        return Grammar.json_schema(bench.BENCH_SCHEMA)
+    if spec == "json":
+        return Grammar.json()
+    path = pathlib.Path(spec)
+    text = path.read_text()
+    kinds = {".json": lambda t: Grammar.json_schema(json.loads(t)), ".gbnf": Grammar.gbnf, ".lark": Grammar.lark}
+    if path.suffix not in kinds:
+        raise ValueError(f"--grammar {spec}: 'schema', 'json', or a .json / .gbnf / .lark file")
+    return kinds[path.suffix](text)
+
+
+def _bench_grammar(a, flat) -> int:
+    import json
+
+    from llamax import Model, bench, models
+
+    try:
+        grammar = _grammar_of_spec(a.grammar)
+    except (OSError, ValueError) as e:
+        print(f"llamax bench: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for name in flat(a.model, [models.DEFAULT]):
+        model = Model.load(name, n_threads=flat(a.threads, [None])[0])
+        rows.append(bench.run_constrained(model, grammar, flat(a.n_gen, [128])[0], a.repetitions,
+                                          progress=lambda line: print(f"llamax bench: {line}", file=sys.stderr,
+                                                                      flush=True)))
+    if a.output == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("| model | n_vocab | grammar | tg t/s | tg t/s with the grammar | ratio | tokens |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        print(f"| {r['model']} | {r['n_vocab']} | {a.grammar} | {r['tg_free_ts']:.1f} | {r['tg_grammar_ts']:.1f} | "
+              f"{r['ratio']:.3f} | {r['grammar_tokens']} |")
     return 0
 
 

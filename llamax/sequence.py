@@ -7,8 +7,10 @@
     shift_discard / context_shift
                                  the discard of one shift (half of what follows the kept positions,
                                  clamped to the memory's exact_shift_limit) and the shift itself
-    SeqDecoder                   one sampling step: sample -> accept into the sampler's history ->
-                                 end of generation -> stop strings -> max_tokens
+    SeqDecoder                   one sampling step: sample (the grammar's mask, bias and penalties in
+                                 the C chain) -> accept into the sampler -> end of generation -> the
+                                 token's logprobs -> stop strings -> max_tokens
+    TokenLogprob                 one token's log-probability and its top alternatives
     StopMatcher                  stop strings over streamed text in linear time
 
 The callers keep what is theirs: how a batch is built, which sequence makes room when a cache is
@@ -25,17 +27,18 @@ import numpy as np
 
 from llamax.errors import BatchError, LlamaxError
 from llamax.model.tokenizer import TextStream
-from llamax.sampling import PENALTY_LAST_N, Sampler
+from llamax.sampling import Sampler, token_logprobs
 
 if TYPE_CHECKING:
     from llamax.memory import Memory
 
-__all__ = ["N_KEEP_MARGIN", "Sampled", "SeqDecoder", "StopMatcher", "bos_offset", "context_shift",
+__all__ = ["N_KEEP_MARGIN", "MAX_LOGPROBS", "Sampled", "SeqDecoder", "StopMatcher", "TokenLogprob", "bos_offset", "context_shift",
            "keep_length", "needs_room", "prompt_tokens", "shift_discard"]
 
 log = logging.getLogger("llamax")
 
 N_KEEP_MARGIN = 4  # llama.cpp keeps n_keep <= n_ctx - 4, so every shift discards at least one token
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's top_logprobs limit)
 
 
 # ---- the prompt ------------------------------------------------------------------------------------
@@ -238,10 +241,36 @@ class StopMatcher:
 # ---- one sampling step -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One token of a sequence and how likely the model found it, from its distribution before any
+    sampler stage (llama.cpp's default): logprob = log_softmax(logits)[token]; top: the k most likely
+    tokens as (id, logprob), most likely first (ties: lower id first)."""
+
+    token: int
+    piece: str
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def check_logprobs(k: Any) -> int | None:
+    """A logprobs setting: None (off) or an int in 0..MAX_LOGPROBS.
+
+    Raises:
+        TypeError: not an int. ValueError: outside 0..MAX_LOGPROBS."""
+    if k is None:
+        return None
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"logprobs: an int in 0..{MAX_LOGPROBS} or None, not {type(k).__name__}")
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise ValueError(f"logprobs = {k}: 0..{MAX_LOGPROBS} alternatives per token")
+    return k
+
+
+@dataclass(frozen=True)
 class Sampled:
     """What one sampling step gave: the token, the text to hand out now (a tail that may begin a
-    stop string is held back), and why the sequence ends ("eog", "stop", "length"), or None when
-    the token is to be decoded next."""
+    stop string is held back), and why the sequence ends ("eog", "stop", "length", "grammar": the
+    grammar allowed no token, then token is -1), or None when the token is to be decoded next."""
 
     token: int
     text: str
@@ -257,15 +286,20 @@ class SeqDecoder:
         max_tokens: most tokens to generate; < 0: no limit.
         stop: strings that end the text (not included).
         ignore_eos: never sample an end-of-generation token.
+        logprobs: record each generated token's TokenLogprob with this many alternatives (None: off).
 
     Attributes:
         generated: the sampled tokens (an end-of-generation one excluded).
+        logprobs: their TokenLogprobs (logprobs set), else None.
     """
 
     def __init__(self, model: Any, sampler: Sampler, *, max_tokens: int = -1, stop: Sequence[str] = (),
-                 ignore_eos: bool = False) -> None:
+                 ignore_eos: bool = False, logprobs: int | None = None) -> None:
         self.model, self.sampler, self.max_tokens = model, sampler, max_tokens
         self.ignore_eos = ignore_eos
+        self.n_logprobs = check_logprobs(logprobs)
+        self.logprobs: list[TokenLogprob] | None = None if logprobs is None else []
+        sampler.bind(model)
         self.stream = TextStream(model.tokenizer)
         self.stops = StopMatcher(stop)
         self.generated: list[int] = []
@@ -283,26 +317,37 @@ class SeqDecoder:
         return 0 <= self.max_tokens <= len(self.generated)
 
     def accept_prompt(self, tokens: Sequence[int]) -> None:
-        """The prompt's tokens into the sampler's history (the last PENALTY_LAST_N), as llama.cpp's
-        main and server do before the first sample."""
-        for t in tokens[-PENALTY_LAST_N:]:
-            self.sampler.accept(t)
+        """The prompt's tokens into the sampler's history (its penalty window), not its grammar, as
+        llama.cpp's main and server do before the first sample."""
+        window = self.sampler.history.maxlen  # None: the whole history (repeat_last_n = -1)
+        for t in tokens if window is None else tokens[max(0, len(tokens) - window):] if window else ():
+            self.sampler.accept(t, accept_grammar=False)
 
     def step(self, logits: np.ndarray) -> Sampled:
-        """Sample from one logits row, accept the token into the sampler's history, then end the
-        sequence on an end-of-generation token ("eog"), a completed stop string ("stop") or
-        max_tokens ("length"), in that order. O(n_vocab) plus the stop matching of its piece."""
-        if self.ignore_eos:
-            logits = self._without_eog(logits)
-        tok = self.sampler.sample_logits(logits)
+        """Sample from one logits row (the sampler's grammar mask, bias and penalties applied in its
+        C chain), accept the token into the sampler, then end the sequence when the grammar allowed
+        no token ("grammar"), on an end-of-generation token ("eog"), a completed stop string
+        ("stop") or max_tokens ("length"), in that order. O(n_vocab) plus the stop matching of its
+        piece (and the top-k of the logprobs, in C)."""
+        row = self._without_eog(logits) if self.ignore_eos else logits
+        tok = self.sampler.sample_logits(row)
+        if tok < 0:
+            return Sampled(tok, "", "grammar")
         self.sampler.accept(tok)
         if self.model.is_eog(tok):
             return Sampled(tok, "", "eog")
         self.generated.append(tok)
+        if self.logprobs is not None:
+            self.logprobs.append(self.logprob(logits, tok))
         out, hit = self.stops.push(self.stream.push(tok))
         if hit:
             return Sampled(tok, out, "stop")
         return Sampled(tok, out, "length" if self.exhausted else None)
+
+    def logprob(self, logits: np.ndarray, tok: int) -> TokenLogprob:
+        """tok's TokenLogprob in one logits row (the model's own distribution), in C."""
+        lp, top = token_logprobs(logits, tok, self.n_logprobs or 0)
+        return TokenLogprob(tok, self.model.token_to_piece(tok).decode("utf-8", "replace"), lp, top)
 
     def finish(self, stop: str) -> str:
         """The text still held back when the sequence ends with `stop` (none after a stop string);

@@ -40,7 +40,9 @@ import pathlib
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+
+import numpy as np
 
 from llamax import checks
 from llamax import state as _state
@@ -48,10 +50,11 @@ from llamax.batch import Batch
 from llamax.context import Context
 from llamax.dtypes import LLAMA_MAX_SEQ
 from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, StateError
+from llamax.grammar import Grammar
 from llamax.params import ContextParams
-from llamax.sampling import Sampler
-from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room,
-                             prompt_tokens, shift_discard)
+from llamax.sampling import Sampler, rows_logprobs
+from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, TokenLogprob, bos_offset, context_shift, keep_length,
+                             needs_room, prompt_tokens, shift_discard)
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 from llamax.serving.reuse import PrefixReuse, PrefixState, reuse_class
 
@@ -60,6 +63,8 @@ log = logging.getLogger("llamax")
 GROWTH = 16                 # free cells per running request (and the new one) a request needs to join:
                             # without that headroom the youngest would be suspended again at once
 SUSPEND_BYTES = 1 << 30     # RAM for the states of suspended requests
+LOGPROB_CHUNK = 64          # prompt tokens per step of a request that wants every prompt token's logprobs
+                            # (each one's logits row is kept: 64 MiB for Gemma 3's 262k vocabulary)
 
 
 @dataclasses.dataclass
@@ -282,34 +287,67 @@ class Engine:
         return prompt_tokens(self.model, prompt)
 
     def submit(self, prompt, *, max_tokens: int = 128, temperature: float = 0.8, top_k: int = 40,
-               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0, seed: int | None = None,
-               stop: str | Sequence[str] | None = None, n_keep: int = 0, ignore_eos: bool = False) -> Request:
+               top_p: float = 0.95, min_p: float = 0.05, repeat_penalty: float = 1.0,
+               presence_penalty: float = 0.0, frequency_penalty: float = 0.0, repeat_last_n: int = 64,
+               logit_bias: Mapping[int, float] | None = None, grammar: Grammar | None = None,
+               seed: int | None = None, stop: str | Sequence[str] | None = None, n_keep: int = 0,
+               ignore_eos: bool = False, logprobs: int | None = None, prompt_logprobs: bool = False,
+               tools: Sequence[Mapping] | None = None, tool_choice: str | Mapping = "auto",
+               parallel_tool_calls: bool = True, cache_prompt: bool = True, slot: int = -1) -> Request:
         """Queue a request; returns its Request at once. Thread-safe.
 
         prompt: a str (tokenized with special tokens), a list of token ids, or chat messages
         ([{"role": ..., "content": ...}], the model's template applied). max_tokens: -1 for no limit.
-        temperature <= 0 is greedy. stop: strings that end the text (not included). n_keep: prompt
-        tokens a context shift keeps (-1: the whole prompt). ignore_eos: never sample an
-        end-of-generation token (llama-server's ignore_eos; for benchmarks).
+        temperature <= 0 is greedy. The sampler's settings are llamax.Sampler's (penalties over the
+        last repeat_last_n tokens, logit_bias: token id -> bias, float("-inf") bans; grammar: a
+        llamax.Grammar the output follows, compiled here for the model's vocabulary). stop: strings
+        that end the text (not included). n_keep: prompt tokens a context shift keeps (-1: the whole
+        prompt). ignore_eos: never sample an end-of-generation token (llama-server's ignore_eos; for
+        benchmarks). logprobs: record every generated token's log-probability and its top k
+        alternatives (0..20; Result.logprobs). prompt_logprobs: the prompt tokens' too
+        (Result.prompt_logprobs; the prompt is then computed whole, with no cached prefix, in chunks
+        of LOGPROB_CHUNK tokens). tools / tool_choice / parallel_tool_calls: OpenAI's tools (chat
+        messages only): the prompt is rendered with them (the model's own tool syntax, else
+        llama.cpp's generic JSON format), the output is constrained to the choice (a grammar: a tool
+        call for "required" or a named function) and parsed into Result.tool_calls. cache_prompt:
+        False computes the whole prompt and keeps nothing of it for later requests. slot: run on
+        this slot (-1: any; the request waits for it).
 
         Raises:
             BatchError: an empty prompt, a token outside the vocabulary, or a prompt that does not
                 fit a slot's context when context shift is off.
             EngineFullError: max_queue requests are already waiting.
-            TypeError, ValueError: bad sampling settings or arguments.
+            TypeError, ValueError: bad sampling settings or arguments (an invalid grammar, a bad
+                tool or tool_choice, logprobs outside 0..20).
         """
-        toks = self._tokens(prompt)
+        plan = None
+        if tools is not None:
+            if not (isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt)):
+                raise TypeError("tools need the prompt as chat messages ([{'role': ..., 'content': ...}])")
+            from llamax.tools import prepare
+            plan = prepare(self.model, list(prompt), list(tools), tool_choice, bool(parallel_tool_calls))
+            if plan.schema is not None or plan.lark is not None:
+                if grammar is not None:
+                    raise ValueError("tools constrain the output to their format already: no grammar (or "
+                                     "response_format) beside them")
+                grammar = Grammar.json_schema(plan.schema) if plan.schema is not None else Grammar.lark(plan.lark)
+        toks = self._tokens(plan.prompt if plan is not None else prompt)
         max_tokens = checks.integer(max_tokens, "max_tokens")
         if max_tokens < -1:
             raise ValueError(f"max_tokens = {max_tokens}: >= 0, or -1 for no limit")
         n_keep = checks.integer(n_keep, "n_keep")
         if n_keep < -1:
             raise ValueError(f"n_keep = {n_keep}: >= 0, or -1 for the whole prompt")
+        slot = checks.integer(slot, "slot")
+        if not -1 <= slot < self.n_parallel:
+            raise ValueError(f"slot = {slot}: -1 (any) or a slot in [0, {self.n_parallel})")
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) for s in stops):
             raise TypeError("stop: a string or a list of strings")
         sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                          repeat_penalty=repeat_penalty, seed=seed)
+                          repeat_penalty=repeat_penalty, seed=seed, presence_penalty=presence_penalty,
+                          frequency_penalty=frequency_penalty, repeat_last_n=repeat_last_n,
+                          logit_bias=logit_bias, grammar=grammar)
         keep = keep_length(n_keep, len(toks), bos_offset(self.model, prompt), self.n_ctx_seq)
         n_trunc = 0
         if len(toks) + 1 >= self.n_ctx_seq:
@@ -317,6 +355,8 @@ class Engine:
                 raise BatchError(f"a prompt of {len(toks)} tokens does not fit a slot's context of {self.n_ctx_seq} "
                                  "cells (one more is needed for the next token) and context shift is off")
             toks, n_trunc = self._truncate(toks, keep)
+        decoder = SeqDecoder(self.model, sampler, max_tokens=max_tokens, stop=stops, ignore_eos=bool(ignore_eos),
+                             logprobs=logprobs)  # compiles the grammar for the vocabulary (ValueError)
         with self._qlock:
             if self._error is not None:
                 raise LlamaxError("the engine stopped after an error") from self._error
@@ -325,8 +365,9 @@ class Engine:
             if len(self._queue) >= self.max_queue:
                 raise EngineFullError(f"the queue is full: {len(self._queue)} requests wait for "
                                       f"{self.n_parallel} slots (max_queue={self.max_queue})")
-            decoder = SeqDecoder(self.model, sampler, max_tokens=max_tokens, stop=stops, ignore_eos=bool(ignore_eos))
-            req = Request(self, self._next_id, toks, decoder=decoder, n_keep=keep, n_truncated=n_trunc)
+            req = Request(self, self._next_id, toks, decoder=decoder, n_keep=keep, n_truncated=n_trunc,
+                          tools=plan, prompt_logprobs=bool(prompt_logprobs), cache_prompt=bool(cache_prompt),
+                          slot=slot)
             self._next_id += 1
             self._queue.append(req)
             self._wake.notify_all()
@@ -456,6 +497,10 @@ class Engine:
     def _choose(self, req: Request, free: list[Slot]) -> Slot | None:
         """The slot for req, or None to let it wait a step for a prompt being prefilled that shares
         more with it than the cache holds now."""
+        if req.slot >= 0:  # pinned: its slot or nothing
+            free = [s for s in free if s.id == req.slot]
+            if not free:
+                return None
         prefilling = [s.seq_state.feed for s in self._slots if s.req is not None and s.req.state == PREFILL]
         seq = self.reuse.pick(req.prompt, [s.seq for s in free], prefilling)
         return None if seq is None else self._slots[seq]
@@ -466,7 +511,9 @@ class Engine:
         no side effect: a request turned away leaves the cache and its counters as they were
         (but for the room made), and is looked up again at a later step."""
         prompt = req.prompt
-        limit = len(prompt) - 1  # the last prompt token is always computed: its logits are needed
+        # the last prompt token is always computed (its logits are needed); all of them for the
+        # prompt's logprobs, or when the request keeps nothing of the cache
+        limit = len(prompt) - 1 if req.cache_prompt and req.prompt_logprobs is None else 0
         hit = self.reuse.lookup(slot.seq, prompt, limit)
         need = len(prompt) - hit.n + GROWTH * (len(self._busy()) + 1)
         self.reuse.lock(slot.seq, hit)  # evicting for room must not take the prefix
@@ -501,7 +548,7 @@ class Engine:
             if s.req is None or s.req.state != PREFILL or budget == 0:
                 continue
             st = s.seq_state
-            chunk = st.feed[st.fed:st.fed + budget]
+            chunk = st.feed[st.fed:st.fed + (min(budget, LOGPROB_CHUNK) if self._all_rows(s) else budget)]
             out.append((s, chunk, st.fed + len(chunk) == len(st.feed)))
             budget -= len(chunk)
         return out
@@ -512,7 +559,7 @@ class Engine:
             for s, chunk, want in batch:
                 toks += chunk
                 seqs += [s.seq] * len(chunk)
-                logits += [False] * (len(chunk) - 1) + [want]
+                logits += [True] * len(chunk) if self._all_rows(s) else [False] * (len(chunk) - 1) + [want]
             try:
                 self.ctx.decode(Batch(toks, seq_ids=seqs, logits=logits))
             except NoKVSlotError:
@@ -564,6 +611,8 @@ class Engine:
         for s, chunk, want in batch:
             j += len(chunk)
             req, st = s.running, s.seq_state
+            if self._all_rows(s):
+                self._prompt_logprobs(req, st.fed, j - len(chunk), len(chunk))
             st.tokens += chunk
             if req.state == PREFILL:
                 st.fed += len(chunk)
@@ -573,7 +622,7 @@ class Engine:
                 if st.pending is not None:  # a suspended request computed again: go on generating
                     req.state = GENERATING
                     continue
-                if not st.shifted:
+                if not st.shifted and req.cache_prompt:
                     self.reuse.note_prefilled(s.seq, st.tokens)
                 req.decoder.accept_prompt(req.prompt)
                 req.state = GENERATING
@@ -584,6 +633,29 @@ class Engine:
                 self._m["gen_tokens"] += 1
             if want:
                 self._sample(s, self.ctx.get_logits_ith(j - 1))
+
+    @staticmethod
+    def _all_rows(s: Slot) -> bool:
+        """The slot prefills a request that wants every prompt token's logprobs (all rows out)."""
+        return s.req is not None and s.req.state == PREFILL and s.req.prompt_logprobs is not None
+
+    def _prompt_logprobs(self, req: Request, start: int, first: int, n: int) -> None:
+        """Prompt positions start + 1 .. start + n from the rows of batch tokens first .. first + n - 1
+        (row i predicts position i + 1), computed in C. A request computed again after a suspension
+        does not record them twice."""
+        out = req.prompt_logprobs
+        assert out is not None
+        prompt, k = req.prompt, req.decoder.n_logprobs or 0
+        idx = [i for i in range(n) if len(out) <= start + i + 1 < len(prompt)]
+        if not idx:
+            return
+        rows = np.stack([self.ctx.get_logits_ith(first + i) for i in idx])
+        nxt = np.array([prompt[start + i + 1] for i in idx], dtype=np.int32)
+        lp, ids, lps = rows_logprobs(rows, nxt, k)
+        piece = self.model.token_to_piece
+        for r, t in enumerate(nxt.tolist()):
+            out.append(TokenLogprob(t, piece(t).decode("utf-8", "replace"), float(lp[r]),
+                                    list(zip(ids[r].tolist(), lps[r].tolist()))))
 
     def _sample(self, s: Slot, row) -> None:
         """The request's sampling step (SeqDecoder.step) on its logits row: its piece to the caller,
@@ -605,7 +677,7 @@ class Engine:
         slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
         assert req is not None
-        self.reuse.release(s.seq, s.seq_state.tokens, cache=cache, shifted=s.seq_state.shifted)  # the cells are the reuse's now
+        self.reuse.release(s.seq, s.seq_state.tokens, cache=cache and req.cache_prompt, shifted=s.seq_state.shifted)  # the cells are the reuse's now
         s.seq_state.tokens = []
         s.req, s.seq_state.pending, s.seq_state.feed, s.seq_state.fed = None, None, [], 0
         self._end(req, stop, error)

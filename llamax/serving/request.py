@@ -15,11 +15,14 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llamax.errors import RequestError
 from llamax.sampling import Sampler
-from llamax.sequence import SeqDecoder
+from llamax.sequence import SeqDecoder, TokenLogprob
+
+if TYPE_CHECKING:
+    from llamax.tools import ToolCall, ToolPlan
 
 QUEUED, PREFILL, GENERATING, SUSPENDED, DONE = "queued", "prefill", "generating", "suspended", "done"
 
@@ -31,11 +34,16 @@ class Result:
     """What a finished request gave.
 
     text: the generated text (up to a stop string, which is not included); tokens: the generated
-    ids (an end-of-generation token excluded); stop: "eog", "length", "stop", "cancelled" or
-    "error" (its forward pass failed: Request.result() raises RequestError instead of returning it);
+    ids (an end-of-generation token excluded); stop: "eog", "length", "stop", "tool_calls" (the
+    output was tool calls), "grammar" (the grammar allowed no token), "cancelled" or "error" (its
+    forward pass failed: Request.result() raises RequestError instead of returning it);
     n_prompt: prompt tokens (after truncation, see Engine); n_cached: prompt tokens taken from the
     prefix cache, not computed; n_generated: len(tokens); ttft_s: submit to first token;
-    gen_tps: generated tokens per second after the first; n_shift: context shifts.
+    gen_tps: generated tokens per second after the first; n_shift: context shifts;
+    logprobs: each generated token's TokenLogprob (submit's logprobs=k), else None;
+    prompt_logprobs: each prompt token's (the first is None: nothing precedes it), with
+    submit(prompt_logprobs=True), else None; tool_calls: the tool calls the output made (submit's
+    tools), else None (text is then the output's reply part, often empty).
     """
 
     text: str
@@ -47,6 +55,9 @@ class Result:
     ttft_s: float
     gen_tps: float
     n_shift: int = 0
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Driver(Protocol):
@@ -71,10 +82,16 @@ class Request:
         decoder: its sampling step (sampler, stop strings, max_tokens, ignore_eos).
         n_keep: positions a context shift keeps.
         n_truncated: prompt tokens dropped to fit the context.
+        tools: the tool plan whose format the output follows (llamax.tools.prepare), or None.
+        prompt_logprobs: the driver records the prompt tokens' TokenLogprobs (decoder.n_logprobs
+            alternatives each) in prompt_logprobs as it computes them.
+        cache_prompt: False: reuse no cached prefix and leave nothing cached.
+        slot: the slot it must run on (-1: any).
     """
 
     def __init__(self, driver: Driver, rid: int, prompt: list[int], *, decoder: SeqDecoder, n_keep: int,
-                 n_truncated: int = 0) -> None:
+                 n_truncated: int = 0, tools: ToolPlan | None = None, prompt_logprobs: bool = False,
+                 cache_prompt: bool = True, slot: int = -1) -> None:
         self._driver = driver
         self.id = rid
         self.prompt = prompt
@@ -87,6 +104,10 @@ class Request:
         self.t_last: float | None = None
         self.n_cached = 0
         self.n_shift = 0
+        self.tools = tools
+        self.cache_prompt, self.slot = cache_prompt, slot
+        # position i's TokenLogprob (None for position 0), filled by the driver during prefill
+        self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if prompt_logprobs else None
         self.error: BaseException | None = None  # why it failed (stop "error")
         self._cancelled = False
         self._pieces: deque[str] = deque()
@@ -240,9 +261,18 @@ class Request:
         ttft = (self.t_first if self.t_first is not None else now) - self.t_submit
         n = len(self.generated)
         span = (self.t_last - self.t_first) if self.t_first is not None and self.t_last is not None else 0.0
-        res = Result(text=self.text, tokens=list(self.generated), stop=stop, n_prompt=len(self.prompt),
+        text, calls = self.text, None  # the tail is in it already (decoder.finish)
+        if self.tools is not None and stop not in ("cancelled", "error"):
+            content, found = self.tools.parse(text)  # the reply part of the output, and its calls
+            text = content if content is not None else "" if found else text
+            if found:
+                calls, stop = list(found), "tool_calls"
+        res = Result(text=text, tokens=list(self.generated), stop=stop, n_prompt=len(self.prompt),
                      n_cached=self.n_cached, n_generated=n, ttft_s=ttft,
-                     gen_tps=(n - 1) / span if n > 1 and span > 0 else 0.0, n_shift=self.n_shift)
+                     gen_tps=(n - 1) / span if n > 1 and span > 0 else 0.0, n_shift=self.n_shift,
+                     logprobs=None if self.decoder.logprobs is None else list(self.decoder.logprobs),
+                     prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
+                     tool_calls=calls)
         with self._cond:
             if tail:
                 self._pieces.append(tail)
