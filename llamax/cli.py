@@ -296,8 +296,9 @@ def _bench_serving(a, flat) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the Engine (llama-server's endpoints too)",
                        description="Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed or not), "
-                       "/v1/models, and llama-server's /health, /metrics, /slots, /tokenize, /detokenize. Requests "
-                       "run through continuous batching and the prefix cache. One log line per request on stderr.")
+                       "/v1/models (each also without /v1), and llama-server's /health, /metrics, /slots, /props, "
+                       "/tokenize, /detokenize, /apply-template. Requests run through continuous batching and the "
+                       "prefix cache. One log line per request on stderr.")
     p.add_argument("-m", "--model", default=None, help="GGUF path or registry name (default smollm2-135m)")
     p.add_argument("-a", "--alias", default=None, help="the model id clients see (default: the registry name or "
                    "file name)")
