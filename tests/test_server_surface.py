@@ -31,6 +31,14 @@ def server():
 
 
 @pytest.fixture(scope="module")
+def plain():
+    """One slot, no prefix cache, no API key, CORS for the GOOD origins only."""
+    srv = LiveServer("-np", "1", "-c", "256", "--no-prefix-cache", *[x for o in GOOD for x in ("--cors-origin", o)])
+    yield srv
+    assert srv.stop() == 0, "".join(srv.lines[-20:])
+
+
+@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
 
@@ -151,6 +159,17 @@ def test_chat_response_format_and_tools_are_refused(server):
         assert r.status_code == 400 and r.json()["error"]["param"] == field
     r = server.post("/v1/completions", json={"prompt": "hi", "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_cache_prompt_false_is_honoured_without_a_prefix_cache(plain):
+    body = {"prompt": "The same prompt twice, computed twice:", "max_tokens": 3, "temperature": 0,
+            "cache_prompt": False}
+    a, b = (plain.post("/v1/completions", json=body) for _ in range(2))
+    assert a.status_code == b.status_code == 200, a.text
+    assert b.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0 and b.json()["timings"]["cache_n"] == 0
+    assert a.json()["choices"] == b.json()["choices"]
+    r = plain.post("/v1/completions", json={**body, "id_slot": 0})  # still refused: the Engine picks the slot
+    assert r.status_code == 400 and r.json()["error"]["param"] == "id_slot"
 
 
 def test_no_op_values_and_unknown_fields_are_taken(client):
@@ -360,23 +379,19 @@ def test_cors_any_origin_by_default(server):
     assert "access-control-allow-origin" not in server.get("/health").headers  # no Origin: no CORS headers
 
 
-def test_cors_origins_restricted():
-    srv = LiveServer("-np", "1", "-c", "256", *[x for o in GOOD for x in ("--cors-origin", o)])
-    try:
-        for origin in GOOD:
-            pre = httpx.options(srv.url + "/v1/completions", headers={
-                "Origin": origin, "Access-Control-Request-Method": "POST"})
-            assert pre.status_code == 204
-            assert pre.headers["access-control-allow-origin"] == origin and pre.headers["vary"] == "Origin"
-            r = httpx.get(srv.url + "/v1/models", headers={"Origin": origin})
-            assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
-        pre = httpx.options(srv.url + "/v1/completions", headers={
-            "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
-        assert pre.status_code == 403 and pre.json()["error"]["code"] == 403
-        assert "access-control-allow-origin" not in pre.headers
-        r = httpx.get(srv.url + "/v1/models", headers={"Origin": "http://evil.example"})
-        assert r.status_code == 200 and "access-control-allow-origin" not in r.headers  # the browser withholds it
-        r = httpx.options(srv.url + "/v1/models")  # not a preflight: the route's own 405
-        assert r.status_code == 405
-    finally:
-        assert srv.stop() == 0
+def test_cors_origins_restricted(plain):
+    for origin in GOOD:
+        pre = httpx.options(plain.url + "/v1/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 204
+        assert pre.headers["access-control-allow-origin"] == origin and pre.headers["vary"] == "Origin"
+        r = httpx.get(plain.url + "/v1/models", headers={"Origin": origin})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == origin
+    pre = httpx.options(plain.url + "/v1/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert pre.status_code == 403 and pre.json()["error"]["code"] == 403
+    assert "access-control-allow-origin" not in pre.headers
+    r = httpx.get(plain.url + "/v1/models", headers={"Origin": "http://evil.example"})
+    assert r.status_code == 200 and "access-control-allow-origin" not in r.headers  # the browser withholds it
+    r = httpx.options(plain.url + "/v1/models")  # not a preflight: the route's own 405
+    assert r.status_code == 405
