@@ -135,7 +135,8 @@ REFUSED = [
     ("return_tokens", True), ("t_max_predict_ms", 500), ("n_indent", 4), ("n_discard", 8), ("lora", [{"id": 0}]),
     ("response_fields", ["content"]), ("n_cmpl", 2), ("grammar_lazy", True), ("id_slot", 1),
     ("cache_prompt", False), ("reasoning_format", "deepseek"), ("chat_template_kwargs", {"enable_thinking": True}),
-    ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]),
+    ("functions", [{"name": "f"}]), ("modalities", ["text", "audio"]), ("chat_format", "Hermes 2 Pro"),
+    ("add_generation_prompt", False), ("parse_tool_calls", True), ("verbose", True),
 ]
 
 

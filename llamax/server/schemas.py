@@ -39,24 +39,30 @@ DEFAULT_SAMPLER_CHARS = "edskypmxt"
 
 
 def _off(*noop) -> Callable[[Any, Any], bool]:
+    """A no-op check: the value is absent or one of noop (a bool only as itself: false is not 0)."""
     return lambda v, body: v is None or any(v == x and type(v) is not bool or v is x for x in noop)
 
 
 def _falsy(v, body) -> bool:
+    """A no-op check: absent, empty or false."""
     return not v
 
 
 def _le0(v, body) -> bool:
+    """A no-op check: absent or a number <= 0 (llama-server's "off")."""
     return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0)
 
 
 def _any(v, body) -> bool:
-    return True  # tunes a sampler that is off unless another field turns it on (that field is checked)
+    """Always a no-op: it tunes a sampler that is off unless another field turns it on (that field is checked)."""
+    return True
 
 
 # Fields of llama-server's /completion and /v1/chat/completions (server-task.cpp's params_from_json_cmpl,
 # utils' oaicompat_chat_params_parse) and of OpenAI's API that this server does not implement: each with
-# what makes its value a no-op (None: absent). Any other value answers 400 naming the field.
+# what makes its value a no-op (None: absent). Any other value answers 400 naming the field. Not here:
+# speculative.n_min / n_max / p_min, which tune a draft model this server does not run (llama-server
+# without one ignores them too), and OpenAI's hints (user, store, metadata, service_tier, prediction).
 NOOP: dict[str, Callable[[Any, Any], bool]] = {
     # constrained output and probabilities
     "grammar": _off(""), "json_schema": _off(), "grammar_lazy": _off(False), "grammar_triggers": _falsy,
@@ -79,7 +85,8 @@ NOOP: dict[str, Callable[[Any, Any], bool]] = {
     "lora": _falsy, "multimodal_data": _falsy,
     # chat parsing and templating
     "chat_template_kwargs": _falsy, "add_generation_prompt": _off(True), "reasoning_format": _off("none"),
-    "reasoning_in_content": _off(False), "thinking_forced_open": _off(False), "parse_tool_calls": _off(False),
+    "chat_format": _off(), "reasoning_in_content": _off(False), "thinking_forced_open": _off(False),
+    "parse_tool_calls": _off(False),
     # OpenAI's
     "functions": _falsy, "function_call": _off("none", "auto"), "modalities": _off(["text"]), "audio": _off(),
     "web_search_options": _off(),
