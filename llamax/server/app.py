@@ -12,6 +12,12 @@ Engine's background loop batches it with every other request -> the text pieces 
 `async for piece in req` as Server-Sent Events, or gathered into one JSON response. A client that
 goes away cancels its requests at once (the Engine frees the slot before its next step): streams
 watch the connection beside the writes, non-streamed requests wait on the connection too.
+
+What llama-server's clients rely on is kept: every /v1 route answers without the prefix too
+(/chat/completions, /models, ...); answers carry llama-server's `timings` (every stream chunk with
+timings_per_token); return_progress streams prompt_progress events while the prompt is processed; a
+prompt over the context answers exceed_context_size_error; GET /props and POST /apply-template; CORS
+for browser apps (cors.py).
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import anyio
 from pydantic import BaseModel, ValidationError
@@ -31,34 +38,41 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import llamax
 from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError, StateError
 from llamax.model.chat import ChatTemplateError
+from llamax.sequence import prompt_tokens
 from llamax.server import prometheus
-from llamax.server.schemas import (ChatRequest, CompletionRequest, DetokenizeRequest, Sampling, SlotAction,
-                                   TokenizeRequest)
+from llamax.server.cors import CORS
+from llamax.server.schemas import (DEFAULT_SAMPLERS, ApplyTemplateRequest, ChatRequest, CompletionRequest,
+                                   DetokenizeRequest, Sampling, SlotAction, TokenizeRequest)
 from llamax.serving import Result
+from llamax.serving.request import PREFILL, QUEUED
 
 log = logging.getLogger("llamax.server")
 
 MAX_BODY_BYTES = 8 << 20
 OPEN_PATHS = ("/health", "/v1/health")  # no API key needed
 FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+PROGRESS_POLL_S = 0.02  # how often a return_progress stream looks at its prompt's progress
 
 
 class APIError(Exception):
     """An error answered with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
 
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-             405: "invalid_request_error", 413: "invalid_request_error", 500: "server_error",
-             501: "not_supported_error", 503: "unavailable_error"}
+    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+             404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
+             500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, *, kind: str | None = None,
+                 **extra) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
+        self.kind, self.extra = kind, extra  # llama-server's own error types carry more fields
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.status}}
+        return {"error": {"message": self.message, "type": self.kind or self.TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.status, **self.extra}}
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
@@ -67,7 +81,8 @@ class APIError(Exception):
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
     """One readable line for a pydantic error (the first field at fault), and that field."""
     errs = e.errors(include_url=False)
-    first = errs[0]
+    # a check of ours (value_error) says more than the other branches of a union failing
+    first = next((x for x in errs if x["type"] == "value_error"), errs[0])
     if first["type"] == "json_invalid":
         return f"invalid JSON body: {first['msg'].removeprefix('Invalid JSON: ')}", None
     loc = [str(x) for x in first["loc"]]
@@ -77,8 +92,8 @@ def _validation_message(e: ValidationError) -> tuple[str, str | None]:
         return "prompt: a string, a list of strings, a list of token ids (>= 0) or a list of such lists", field
     if first["type"] == "missing":
         return f"{'.'.join(loc)}: required", field
-    where = ".".join(x for x in loc if x not in ("str", "list[str]", "list[int]", "list[TextPart]"))
-    return f"{where or 'body'}: {first['msg']}", field
+    where = ".".join(x for x in loc if x != "str" and "[" not in x)  # not the union's branch names
+    return f"{where or 'body'}: {first['msg'].removeprefix('Value error, ')}", field
 
 
 class Server:
@@ -112,20 +127,30 @@ class Server:
             raise APIError(400, *_validation_message(e)) from None
 
     # ---- submitting --------------------------------------------------------------------------------
-    def _max_tokens(self, asked: int | None) -> int:
+    def _max_tokens(self, asked: int | None, field: str = "max_tokens") -> int:
         if asked is None or asked == -1:
             return self.max_tokens
         if asked > self.max_tokens:
-            raise APIError(400, f"max_tokens = {asked}: this server generates at most {self.max_tokens} tokens "
-                           "per request", "max_tokens")
+            raise APIError(400, f"{field} = {asked}: this server generates at most {self.max_tokens} tokens "
+                           "per request", field)
         return asked
 
-    async def _submit(self, prompts: list, body: Sampling, max_tokens: int | None) -> list:
-        """One Engine request per (prompt, choice): len(prompts) * body.n of them, in that order."""
+    def _refuse(self, body: Sampling) -> None:
+        """400 naming the first field set to what this server cannot do."""
         bad = body.unsupported()
         if bad is not None:
             raise APIError(400, f"{bad}: not supported by this server", bad)
-        kw = body.engine_kwargs(self._max_tokens(max_tokens))
+        if body.id_slot != -1:  # the Engine gives a request the slot holding most of its prompt
+            raise APIError(400, f"id_slot = {body.id_slot}: this server picks the slot itself (-1 only)", "id_slot")
+        if not body.cache_prompt and getattr(getattr(self.engine, "reuse", None), "name", None) != "off":
+            raise APIError(400, "cache_prompt = false: this server reuses cached prompt prefixes for every request "
+                           "(start it with --no-prefix-cache to compute every prompt in full)", "cache_prompt")
+
+    async def _submit(self, prompts: list, body: Sampling, max_tokens: int | None,
+                      field: str = "max_tokens") -> list:
+        """One Engine request per (prompt, choice): len(prompts) * body.n of them, in that order."""
+        self._refuse(body)
+        kw = body.engine_kwargs(self._max_tokens(max_tokens, field))
         reqs = []
         try:
             for prompt in prompts:
@@ -135,8 +160,22 @@ class Server:
         except BaseException as e:
             for r in reqs:
                 r.cancel()
+            if isinstance(e, BatchError):
+                await self._exceeds(prompt)
             raise self._engine_error(e) from None
         return reqs
+
+    async def _exceeds(self, prompt) -> None:
+        """Raise llama-server's exceed_context_size_error when prompt does not fit a slot (the Engine
+        refused it: its context shift is off); return otherwise (another BatchError)."""
+        try:
+            n = len(await asyncio.to_thread(prompt_tokens, self.engine.model, prompt))
+        except (BatchError, ChatTemplateError, ValueError, TypeError):
+            return
+        n_ctx = self.engine.n_ctx_seq
+        if n + 1 >= n_ctx:  # one more cell is needed for the first generated token
+            raise APIError(400, f"request ({n} tokens) exceeds the available context size ({n_ctx} tokens), "
+                           "try increasing it", kind="exceed_context_size_error", n_prompt_tokens=n, n_ctx=n_ctx)
 
     def _engine_error(self, e: BaseException) -> BaseException:
         if isinstance(e, EngineFullError):
@@ -158,10 +197,41 @@ class Server:
                 "prompt_tokens_details": {"cached_tokens": sum(r.n_cached for r in firsts)}}
 
     @staticmethod
-    def _timings(results) -> dict:
-        r = results[0]
-        return {"cache_n": r.n_cached, "prompt_n": r.n_prompt - r.n_cached, "predicted_n": r.n_generated,
-                "ttft_ms": r.ttft_s * 1e3, "predicted_per_second": r.gen_tps}
+    def _timings(req) -> dict | None:
+        """llama-server's timings of one request so far: prompt processing from its admission to a
+        slot to its first token, generation from its first token to its last one. A request run
+        elsewhere (a replica's) has its Result's figures only, once done (its queue wait counted in
+        prompt_ms); before: None."""
+        if hasattr(req, "t_first"):  # a llamax.serving.Request: its clock readings
+            n_prompt, n_cached, n_gen = len(req.prompt), req.n_cached, len(req.generated)
+            t_start = req.t_start if req.t_start is not None else req.t_submit
+            t_first, t_last = req.t_first, req.t_last
+            prompt_ms = (t_first - t_start) * 1e3 if t_first is not None else 0.0
+            predicted_ms = (t_last - t_first) * 1e3 if t_first is not None and t_last is not None else 0.0
+            ttft_ms = ((t_first if t_first is not None else t_start) - req.t_submit) * 1e3
+        elif req.done:
+            r = req.result()
+            n_prompt, n_cached, n_gen = r.n_prompt, r.n_cached, r.n_generated
+            prompt_ms = ttft_ms = r.ttft_s * 1e3
+            predicted_ms = (n_gen - 1) / r.gen_tps * 1e3 if r.gen_tps > 0 else 0.0
+        else:
+            return None
+        prompt_n = n_prompt - n_cached
+        return {"cache_n": n_cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+                "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+                "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+                "predicted_n": n_gen, "predicted_ms": predicted_ms,
+                "predicted_per_token_ms": predicted_ms / n_gen if n_gen else 0.0,
+                "predicted_per_second": 1e3 * n_gen / predicted_ms if predicted_ms > 0 else 0.0,
+                "ttft_ms": ttft_ms}
+
+    @staticmethod
+    def _progress(req) -> dict:
+        """llama-server's prompt_progress of a request: its prompt's tokens, those taken from the
+        cache, those in its slot so far (the cached ones included), and the time since its admission."""
+        t0 = req.t_start if req.t_start is not None else time.perf_counter()
+        return {"total": len(req.prompt), "cache": req.n_cached, "processed": max(req.n_fed, req.n_cached),
+                "time_ms": (time.perf_counter() - t0) * 1e3}
 
     def _note(self, request: Request, results) -> None:
         """What the request's log line says about its generation."""
@@ -193,23 +263,38 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
 
-    def _generate(self, request: Request, reqs, part, n: int, include_usage: bool) -> Response:
+    def _generate(self, request: Request, reqs, part, body: Sampling, *, chat: bool) -> Response:
         """A Server-Sent Events response of the requests' pieces: part(index, text, None) for each
-        piece, part(index, "", finish_reason) (with the usage on the last one) when a choice ends."""
+        piece, part(index, "", finish_reason) (with the usage and timings on the last one) when a
+        choice ends. Before them part(index, None, None) opens each chat choice (its role), and
+        carries the prompt's progress while it is processed (return_progress)."""
         head = self._head(request)
+        n, every = body.n, body.timings_per_token
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
         async def events() -> AsyncIterator[bytes]:
             results: list[Result | None] = [None] * len(reqs)
             try:
+                if body.return_progress:
+                    async for i, progress in _prompt_progress(reqs, self._progress):
+                        yield _sse({**head, **part(i, None, None), "prompt_progress": progress})
+                if chat:  # llama-server and OpenAI open a choice with its role alone
+                    for i in range(len(reqs)):
+                        yield _sse({**head, **part(i, None, None)})
                 async for i, piece in _merged(reqs):
                     if piece is not None:
-                        yield _sse({**head, **part(i, piece, None)})
+                        chunk = {**head, **part(i, piece, None)}
+                        if every:
+                            _add_timings(chunk, self._timings(reqs[i]))
+                        yield _sse(chunk)
                         continue
                     res = results[i] = reqs[i].result()
                     last = all(x is not None for x in results)
                     end = {**head, **part(i, "", FINISH[res.stop])}
                     if last and not include_usage:
                         end["usage"] = self._usage(results, n)
+                    if last or every:
+                        _add_timings(end, self._timings(reqs[i] if every else reqs[0]))
                     yield _sse(end)
                     if last:
                         self._note(request, results)
@@ -218,8 +303,7 @@ class Server:
             except Exception as e:  # the engine failed mid-stream: the client gets an error event
                 log.exception("a stream failed")
                 err = self._engine_error(e)
-                body = err.body() if isinstance(err, APIError) else APIError(500, str(e)).body()
-                yield _sse(body)
+                yield _sse(err.body() if isinstance(err, APIError) else APIError(500, str(e)).body())
             finally:
                 if not all(x is not None for x in results):
                     request.state.llamax = "cancelled: the client went away mid-stream"
@@ -237,34 +321,35 @@ class Server:
     async def completions(self, request: Request) -> Response:
         body = await self.body(request, CompletionRequest)
         request.state.rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = await self._submit(body.prompts(), body, body.max_tokens)
+        reqs = await self._submit(body.prompts(), body, *body.asked_tokens())
         return await self._respond(request, body, reqs, chat=False)
 
     async def chat(self, request: Request) -> Response:
         body = await self.body(request, ChatRequest)
         request.state.rid = f"chatcmpl-{uuid.uuid4().hex}"
         messages = [m.as_template() for m in body.messages]
-        asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        reqs = await self._submit([messages], body, asked)
+        asked, field = body.asked_tokens()
+        if body.n_predict is None and body.max_completion_tokens is not None:
+            asked, field = body.max_completion_tokens, "max_completion_tokens"
+        reqs = await self._submit([messages], body, asked, field)
         return await self._respond(request, body, reqs, chat=True)
 
     async def _respond(self, request: Request, body: Sampling, reqs, *, chat: bool) -> Response:
         """The requests' answer: an event stream, or one JSON body once all are done."""
         if body.stream:
-            include = bool(body.stream_options and body.stream_options.include_usage)
-            obj, started = ("chat.completion.chunk" if chat else "text_completion"), set()
+            obj = "chat.completion.chunk" if chat else "text_completion"
 
-            def part(i: int, text: str, reason: str | None) -> dict:
-                if chat:  # a choice's first chunk names the role; its last has an empty delta
-                    delta = {"role": "assistant", "content": text} if i not in started else \
+            def part(i: int, text: str | None, reason: str | None) -> dict:
+                c: dict[str, Any]
+                if chat:  # text None: the role alone (llama-server's content null); the last delta is empty
+                    delta = {"role": "assistant", "content": None} if text is None else \
                         {"content": text} if reason is None else {}
-                    started.add(i)
                     c = {"index": i, "delta": delta}
                 else:
-                    c = {"index": i, "text": text}
+                    c = {"index": i, "text": text or ""}
                 return {"object": obj, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
 
-            return self._generate(request, reqs, part, body.n, include)
+            return self._generate(request, reqs, part, body, chat=chat)
         try:
             results = await self._gather(request, reqs)
         except LlamaxError as e:  # a request failed (RequestError) or the engine stopped
@@ -277,7 +362,7 @@ class Server:
             "choices": [{"index": i, **({"message": {"role": "assistant", "content": r.text}} if chat else
                                         {"text": r.text}), "logprobs": None, "finish_reason": FINISH[r.stop]}
                         for i, r in enumerate(results)],
-            "usage": self._usage(results, body.n), "timings": self._timings(results)})
+            "usage": self._usage(results, body.n), "timings": self._timings(reqs[0])})
 
     async def models(self, request: Request) -> Response:
         m = self.engine.model
@@ -286,6 +371,43 @@ class Server:
             "meta": {"arch": m.arch, "n_vocab": m.n_vocab, "n_ctx_train": m.hparams.n_ctx_train,
                      "n_ctx": self.engine.params.n_ctx, "n_ctx_slot": self.engine.n_ctx_seq,
                      "n_parallel": self.engine.n_parallel}}]})
+
+    async def props(self, request: Request) -> Response:
+        """llama-server's GET /props: the server's generation defaults, slots, model and template."""
+        m, d = self.engine.model, Sampling()
+        params = {  # what a request that sets nothing gets (the samplers this server lacks: off)
+            "n_predict": -1, "max_tokens": self.max_tokens, "seed": -1, "temperature": d.temperature,
+            "dynatemp_range": 0.0, "dynatemp_exponent": 1.0, "top_k": d.top_k, "top_p": d.top_p, "min_p": d.min_p,
+            "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
+            "repeat_last_n": 64, "repeat_penalty": d.repeat_penalty, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2,
+            "dry_penalty_last_n": -1, "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "stop": [],
+            "n_keep": d.n_keep, "n_discard": 0, "ignore_eos": d.ignore_eos, "stream": d.stream, "logit_bias": [],
+            "n_probs": 0, "min_keep": 0, "grammar": "", "samplers": list(DEFAULT_SAMPLERS),
+            "timings_per_token": d.timings_per_token, "post_sampling_probs": False, "cache_prompt": d.cache_prompt,
+            "id_slot": d.id_slot, "return_progress": d.return_progress}
+
+        def piece(tok: int) -> str:
+            return m.token_to_piece(tok).decode("utf-8", errors="replace")
+
+        return JSONResponse({
+            "default_generation_settings": {"id": 0, "n_ctx": self.engine.n_ctx_seq, "is_processing": False,
+                                            "params": params},
+            "total_slots": self.engine.n_parallel, "model_alias": self.model_name, "model_path": str(m.path),
+            "modalities": {"vision": False, "audio": False}, "chat_template": m.chat_template or "",
+            "bos_token": piece(m.bos), "eos_token": piece(m.eos), "build_info": f"llamax {llamax.__version__}",
+            "endpoint_slots": True, "endpoint_props": False, "endpoint_metrics": True})
+
+    async def apply_template(self, request: Request) -> Response:
+        """llama-server's POST /apply-template: the prompt the model's template makes of the messages,
+        ending with the opening of the assistant's turn."""
+        body = await self.body(request, ApplyTemplateRequest)
+        messages = [msg.as_template() for msg in body.messages]
+        try:
+            prompt = await asyncio.to_thread(self.engine.model.apply_chat_template, messages)
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), "messages") from None
+        return JSONResponse({"prompt": prompt})
 
     async def health(self, request: Request) -> Response:
         if self.engine.failed is not None:
@@ -386,6 +508,33 @@ async def _disconnected(request: Request) -> None:
             return
 
 
+def _add_timings(chunk: dict, timings: dict | None) -> None:
+    if timings is not None:
+        chunk["timings"] = timings
+
+
+async def _prompt_progress(reqs, progress) -> AsyncIterator[tuple[int, dict]]:
+    """(index, progress(request)) each time a request's prompt processing moves on, until every
+    request has its prompt in (the last event of each says processed == total). Requests run
+    elsewhere (no prefill counter) report nothing."""
+    seen: list[int | None] = [None] * len(reqs)
+    watched = [i for i, r in enumerate(reqs) if hasattr(r, "n_fed")]
+    while watched:
+        for i in list(watched):
+            r = reqs[i]
+            waiting = r.state in (QUEUED, PREFILL) and not r.done
+            if r.t_start is not None and r.n_fed != seen[i]:  # admitted (ended in the queue: no event)
+                seen[i] = r.n_fed
+                p = progress(r)
+                if not waiting:  # its prompt is in: the last event says so
+                    p["processed"] = p["total"]
+                yield i, p
+            if not waiting:
+                watched.remove(i)
+        if watched:
+            await asyncio.sleep(PROGRESS_POLL_S)
+
+
 async def _merged(reqs) -> AsyncIterator[tuple[int, str | None]]:
     """(index, piece) of every request as they come, then (index, None) when one ends."""
     if len(reqs) == 1:
@@ -471,6 +620,18 @@ def _route_name(scope) -> str:
     return getattr(route, "path", None) or "other"
 
 
+def _unprefixed(routes: Sequence[Route]) -> list[Route]:
+    """routes and, for each /v1/X among them, /X to the same endpoint (unless a route has that path)."""
+    paths = {r.path for r in routes}
+    out = list(routes)
+    for r in routes:
+        alias = r.path.removeprefix("/v1")
+        if r.path.startswith("/v1/") and alias not in paths:
+            out.append(Route(alias, r.endpoint, methods=list(r.methods or ()), name=f"{r.name}_unprefixed"))
+            paths.add(alias)
+    return out
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)  # registered for APIError only (Starlette types handlers over Exception)
     return exc.response()
@@ -488,7 +649,8 @@ async def _server_error(request: Request, exc) -> Response:
 
 def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None,
-               own_engine: bool = True, routes: Sequence[Route] = ()) -> Starlette:
+               own_engine: bool = True, routes: Sequence[Route] = (),
+               cors_origins: Sequence[str] | None = None) -> Starlette:
     """The ASGI app serving engine.
 
     Args:
@@ -500,6 +662,11 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         max_tokens: the most tokens one request may ask for (default: a slot's context); a request
             without max_tokens (or with -1) generates until its end, at most this many.
         routes: more routes, behind the same API key, errors and log lines.
+        cors_origins: the browser origins (scheme://host[:port]) allowed to call the server; None:
+            any origin, as llama-server (see cors.py).
+
+    Every route under /v1/ answers without the prefix too (/chat/completions, /models, ...), as
+    llama-server's do.
     """
     srv = Server(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
                  max_tokens=max_tokens)
@@ -517,6 +684,8 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         Route("/v1/completions", srv.completions, methods=["POST"]),
         Route("/v1/chat/completions", srv.chat, methods=["POST"]),
         Route("/v1/models", srv.models, methods=["GET"]),
+        Route("/props", srv.props, methods=["GET"]),
+        Route("/apply-template", srv.apply_template, methods=["POST"]),
         Route("/health", srv.health, methods=["GET"]),
         Route("/v1/health", srv.health, methods=["GET"]),
         Route("/metrics", srv.metrics, methods=["GET"]),
@@ -526,9 +695,11 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         Route("/detokenize", srv.detokenize, methods=["POST"]),
         *routes,
     ]
+    routes = _unprefixed(routes)
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, 404: _not_found, 405: _not_found,
                                         Exception: _server_error})
     app.add_middleware(_Gate, server=srv)
+    app.add_middleware(CORS, origins=cors_origins)  # outermost: preflights need no API key, a 401 is readable
     app.state.server = srv
     return app

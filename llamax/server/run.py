@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 log = logging.getLogger("llamax.server")
 
@@ -37,11 +37,13 @@ def _url(host: str, port: int) -> str:
 
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str = "llamax",
           api_key: str | None = None, max_body_bytes: int | None = None, max_tokens: int | None = None,
-          max_connections: int = 2048, ready: Callable[[str], None] | None = None) -> int:
+          max_connections: int = 2048, ready: Callable[[str], None] | None = None,
+          cors_origins: Sequence[str] | None = None) -> int:
     """Serve engine over HTTP until SIGINT / SIGTERM; returns the exit status.
 
     ready: called with the server's URL once it accepts requests (default: an INFO record on the
-    llamax.server logger).
+    llamax.server logger). cors_origins: the browser origins allowed to call the server (None: any,
+    as llama-server).
     """
     import uvicorn
 
@@ -49,7 +51,7 @@ def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str 
 
     app = create_app(engine, model_name=model_name, api_key=api_key,
                      max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
-                     max_tokens=max_tokens)
+                     max_tokens=max_tokens, cors_origins=cors_origins)
     sock = _bind(host, port)
     port = sock.getsockname()[1]
 

@@ -1,16 +1,19 @@
 """The request bodies of the HTTP server (pydantic models), checked before anything reaches the Engine.
 
 Field names and meanings are OpenAI's (/v1/completions, /v1/chat/completions) with llama-server's
-extensions (top_k, min_p, repeat_penalty, n_keep, ignore_eos; /tokenize, /detokenize, /slots).
+extensions (top_k, min_p, repeat_penalty, n_keep, n_predict, ignore_eos, id_slot, cache_prompt,
+timings_per_token, return_progress; /tokenize, /detokenize, /slots, /apply-template).
 Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send more than we use
-still work; a field we know but cannot honour (logprobs, echo, tools, ...) set to anything but its
-no-op value is refused with 400 rather than silently dropped.
+still work; a field OpenAI or llama-server knows but this server cannot honour (logprobs, echo, tools,
+grammar, mirostat, ...: NOOP below) set to anything but its no-op value is refused with 400 naming
+it rather than silently dropped.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOPS = 16          # stop strings per request
 MAX_STOP_CHARS = 256    # characters per stop string
@@ -29,11 +32,75 @@ class StreamOptions(_Body):
     include_usage: bool = False
 
 
+# llama-server's default sampler chain (its `samplers` field), as names or as its letters: with the
+# samplers this server lacks at their no-op values it is the chain the Engine runs
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+DEFAULT_SAMPLER_CHARS = "edskypmxt"
+
+
+def _off(*noop) -> Callable[[Any, Any], bool]:
+    """A no-op check: the value is absent or one of noop (a bool only as itself: false is not 0)."""
+    return lambda v, body: v is None or any(v == x and type(v) is not bool or v is x for x in noop)
+
+
+def _falsy(v, body) -> bool:
+    """A no-op check: absent, empty or false."""
+    return not v
+
+
+def _le0(v, body) -> bool:
+    """A no-op check: absent or a number <= 0 (llama-server's "off")."""
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v <= 0)
+
+
+def _any(v, body) -> bool:
+    """Always a no-op: it tunes a sampler that is off unless another field turns it on (that field is checked)."""
+    return True
+
+
+# Fields of llama-server's /completion and /v1/chat/completions (server-task.cpp's params_from_json_cmpl,
+# utils' oaicompat_chat_params_parse) and of OpenAI's API that this server does not implement: each with
+# what makes its value a no-op (None: absent). Any other value answers 400 naming the field. Not here:
+# speculative.n_min / n_max / p_min, which tune a draft model this server does not run (llama-server
+# without one ignores them too), and OpenAI's hints (user, store, metadata, service_tier, prediction).
+NOOP: dict[str, Callable[[Any, Any], bool]] = {
+    # constrained output and probabilities
+    "grammar": _off(""), "json_schema": _off(), "grammar_lazy": _off(False), "grammar_triggers": _falsy,
+    "preserved_tokens": _falsy, "response_format": lambda v, body: v is None or (
+        isinstance(v, dict) and v.get("type", "text") == "text"),
+    "n_probs": _off(0), "post_sampling_probs": _off(False),
+    # samplers
+    "mirostat": _off(0), "mirostat_tau": _any, "mirostat_eta": _any,
+    "typical_p": _off(1, 1.0), "top_n_sigma": _le0, "xtc_probability": _off(0, 0.0), "xtc_threshold": _any,
+    "dynatemp_range": _off(0, 0.0), "dynatemp_exponent": _any,
+    "dry_multiplier": _off(0, 0.0), "dry_base": _any, "dry_allowed_length": _any, "dry_penalty_last_n": _any,
+    "dry_sequence_breakers": _any,
+    "repeat_last_n": lambda v, body: v is None or v == 64 or body.repeat_penalty == 1.0,  # the Sampler's window
+    "penalize_nl": _off(False), "min_keep": _off(0),
+    "samplers": lambda v, body: v is None or v == DEFAULT_SAMPLER_CHARS or (
+        isinstance(v, list) and tuple(v) == DEFAULT_SAMPLERS),
+    # generation control and response shape
+    "n_indent": _off(0), "n_discard": _off(0), "t_max_predict_ms": _le0, "t_max_prompt_ms": _le0,
+    "return_tokens": _off(False), "response_fields": _falsy, "verbose": _off(False), "n_cmpl": _off(1),
+    "lora": _falsy, "multimodal_data": _falsy,
+    # chat parsing and templating
+    "chat_template_kwargs": _falsy, "add_generation_prompt": _off(True), "reasoning_format": _off("none"),
+    "chat_format": _off(), "reasoning_in_content": _off(False), "thinking_forced_open": _off(False),
+    "parse_tool_calls": _off(False),
+    # OpenAI's
+    "functions": _falsy, "function_call": _off("none", "auto"), "modalities": _off(["text"]), "audio": _off(),
+    "web_search_options": _off(),
+}
+
+
 class Sampling(_Body):
     """What /v1/completions and /v1/chat/completions share."""
 
+    model_config = ConfigDict(extra="allow")  # kept (model_extra) to find the NOOP fields set; else unused
+
     model: str | None = None
     max_tokens: int | None = Field(default=None, ge=-1)
+    n_predict: int | None = Field(default=None, ge=-1)  # llama-server's max_tokens (wins over it)
     # llama-server's sampling defaults (a client that sends nothing gets what llama-server gives)
     temperature: float = Field(default=0.8, ge=0.0, le=2.0)
     top_p: float = Field(default=0.95, gt=0.0, le=1.0)
@@ -47,6 +114,11 @@ class Sampling(_Body):
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # llama-server's
+    id_slot: int = Field(default=-1, ge=-1)           # -1: any slot
+    cache_prompt: bool = True
+    timings_per_token: bool = False
+    return_progress: bool = False
     # OpenAI fields with no effect here unless left at their no-op values (checked in unsupported())
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -79,7 +151,17 @@ class Sampling(_Body):
             return "logit_bias"
         if self.best_of not in (None, 1):
             return "best_of"
+        for name, value in (self.model_extra or {}).items():
+            noop = NOOP.get(name)
+            if noop is not None and not noop(value, self):
+                return name
         return None
+
+    def asked_tokens(self) -> tuple[int | None, str]:
+        """The most tokens asked for, and the field that asked (n_predict wins over max_tokens)."""
+        if self.n_predict is not None:
+            return self.n_predict, "n_predict"
+        return self.max_tokens, "max_tokens"
 
     def engine_kwargs(self, max_tokens: int) -> dict:
         """Engine.submit's sampling keywords."""
@@ -115,19 +197,30 @@ class CompletionRequest(Sampling):
         return super().unsupported()
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+class Part(_Body):
+    """A part of a message's content: only text parts are taken (image_url, input_audio, file: 400)."""
+
+    type: str
+    text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_only(self):
+        if self.type != "text":
+            raise ValueError(f"a content part of type {self.type!r}: this server takes text parts only")
+        if self.text is None:
+            raise ValueError("a text part needs its text")
+        return self
 
 
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[Part] | None = None
     name: str | None = None
 
     def as_template(self) -> dict:
+        """The message as the chat template takes it: text parts joined by newlines (as llama-server)."""
         c = self.content
-        text = c if isinstance(c, str) else "".join(p.text for p in c or [])
+        text = c if isinstance(c, str) else "\n".join(p.text or "" for p in c or [])
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
@@ -146,6 +239,12 @@ class ChatRequest(Sampling):
         if self.response_format and self.response_format.get("type", "text") != "text":
             return "response_format"
         return super().unsupported()
+
+
+class ApplyTemplateRequest(_Body):
+    """POST /apply-template: the messages to render with the model's template."""
+
+    messages: list[Message] = Field(min_length=1)
 
 
 class TokenizeRequest(_Body):

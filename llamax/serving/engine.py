@@ -616,6 +616,7 @@ class Engine:
             st.tokens += chunk
             if req.state == PREFILL:
                 st.fed += len(chunk)
+                req.n_fed = st.fed
                 self._m["prompt_tokens"] += len(chunk)
                 if st.fed < len(st.feed):
                     continue

@@ -98,11 +98,13 @@ class Request:
         self.n_truncated = n_truncated
         self.decoder = decoder
         self.n_keep = n_keep
-        self.state = QUEUED
+        self._state = QUEUED
         self.t_submit = time.perf_counter()
+        self.t_start: float | None = None  # first admitted to a slot (its prompt processing began)
         self.t_first: float | None = None
         self.t_last: float | None = None
         self.n_cached = 0
+        self.n_fed = 0  # prompt tokens in its slot after its last prefill step, the cached ones included (0 before)
         self.n_shift = 0
         self.tools = tools
         self.cache_prompt, self.slot = cache_prompt, slot
@@ -116,6 +118,17 @@ class Request:
         self._listeners: list[Callable[[], None]] = []  # called (from the driver's thread) on a piece or the result
 
     # ---- what it holds -------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """QUEUED, PREFILL, GENERATING, SUSPENDED or DONE (set by the driver)."""
+        return self._state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        if value == PREFILL and self.t_start is None:
+            self.t_start = time.perf_counter()
+        self._state = value
+
     @property
     def sampler(self) -> Sampler:
         return self.decoder.sampler
@@ -277,7 +290,7 @@ class Request:
             if tail:
                 self._pieces.append(tail)
             self.error = error
-            self.state = DONE
+            self._state = DONE
             self._result = res
             self._cond.notify_all()
         self._changed()
