@@ -43,6 +43,8 @@ from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError
 from llamax.model.chat import ChatTemplateError
 from llamax.sequence import prompt_tokens
 from llamax.server import prometheus
+from llamax.server import logprobs as _logprobs
+from llamax.server.constraints import FieldError, grammar_of
 from llamax.server.cors import CORS
 from llamax.server.schemas import (DEFAULT_SAMPLERS, ApplyTemplateRequest, ChatRequest, CompletionRequest,
                                    DetokenizeRequest, Sampling, SlotAction, TokenizeRequest)
@@ -53,7 +55,8 @@ log = logging.getLogger("llamax.server")
 
 MAX_BODY_BYTES = 8 << 20
 OPEN_PATHS = ("/health", "/v1/health")  # no API key needed
-FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "grammar": "stop",
+          "tool_calls": "tool_calls"}
 PROGRESS_POLL_S = 0.02  # how often a return_progress stream looks at its prompt's progress
 
 
@@ -140,17 +143,23 @@ class Server:
         bad = body.unsupported()
         if bad is not None:
             raise APIError(400, f"{bad}: not supported by this server", bad)
-        if body.id_slot != -1:  # the Engine gives a request the slot holding most of its prompt
-            raise APIError(400, f"id_slot = {body.id_slot}: this server picks the slot itself (-1 only)", "id_slot")
-        if not body.cache_prompt and getattr(getattr(self.engine, "reuse", None), "name", None) != "off":
-            raise APIError(400, "cache_prompt = false: this server reuses cached prompt prefixes for every request "
-                           "(start it with --no-prefix-cache to compute every prompt in full)", "cache_prompt")
+        if body.id_slot >= self.engine.n_parallel:
+            raise APIError(400, f"id_slot = {body.id_slot}: this server has slots 0..{self.engine.n_parallel - 1} "
+                           "(-1: any)", "id_slot")
 
     async def _submit(self, prompts: list, body: Sampling, max_tokens: int | None,
-                      field: str = "max_tokens") -> list:
-        """One Engine request per (prompt, choice): len(prompts) * body.n of them, in that order."""
+                      field: str = "max_tokens", **extra) -> list:
+        """One Engine request per (prompt, choice): len(prompts) * body.n of them, in that order.
+        extra: more Engine.submit keywords (the endpoint's own)."""
         self._refuse(body)
-        kw = body.engine_kwargs(self._max_tokens(max_tokens, field))
+        try:
+            grammar = grammar_of(body.response_format, body.json_schema, body.grammar)
+        except FieldError as e:
+            raise APIError(400, str(e), e.field) from None
+        if grammar is not None and extra.get("tools"):
+            raise APIError(400, "response_format (json_schema, grammar) with tools: the tools' own format constrains "
+                           "the output; give one of them", "response_format")
+        kw = {**body.engine_kwargs(self._max_tokens(max_tokens, field)), "grammar": grammar, **extra}
         reqs = []
         try:
             for prompt in prompts:
@@ -263,11 +272,11 @@ class Server:
                 with contextlib.suppress(asyncio.CancelledError):
                     await work
 
-    def _generate(self, request: Request, reqs, part, body: Sampling, *, chat: bool) -> Response:
-        """A Server-Sent Events response of the requests' pieces: part(index, text, None) for each
-        piece, part(index, "", finish_reason) (with the usage and timings on the last one) when a
-        choice ends. Before them part(index, None, None) opens each chat choice (its role), and
-        carries the prompt's progress while it is processed (return_progress)."""
+    def _generate(self, request: Request, reqs, choices: _Choices, body: Sampling, *, chat: bool) -> Response:
+        """A Server-Sent Events response of the requests' pieces: the chunks choices.piece(index,
+        text) makes of each piece, then choices.end(index, result) (the usage and timings on the
+        last one) when a choice ends. Before them choices.opening(index) opens each chat choice (its
+        role), and carries the prompt's progress while it is processed (return_progress)."""
         head = self._head(request)
         n, every = body.n, body.timings_per_token
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
@@ -277,20 +286,24 @@ class Server:
             try:
                 if body.return_progress:
                     async for i, progress in _prompt_progress(reqs, self._progress):
-                        yield _sse({**head, **part(i, None, None), "prompt_progress": progress})
+                        yield _sse({**head, **choices.opening(i), "prompt_progress": progress})
                 if chat:  # llama-server and OpenAI open a choice with its role alone
                     for i in range(len(reqs)):
-                        yield _sse({**head, **part(i, None, None)})
+                        yield _sse({**head, **choices.opening(i)})
                 async for i, piece in _merged(reqs):
                     if piece is not None:
-                        chunk = {**head, **part(i, piece, None)}
-                        if every:
-                            _add_timings(chunk, self._timings(reqs[i]))
-                        yield _sse(chunk)
+                        for part in choices.piece(i, piece):
+                            chunk = {**head, **part}
+                            if every:
+                                _add_timings(chunk, self._timings(reqs[i]))
+                            yield _sse(chunk)
                         continue
                     res = results[i] = reqs[i].result()
                     last = all(x is not None for x in results)
-                    end = {**head, **part(i, "", FINISH[res.stop])}
+                    parts = choices.end(i, res)
+                    for part in parts[:-1]:
+                        yield _sse({**head, **part})
+                    end = {**head, **parts[-1]}
                     if last and not include_usage:
                         end["usage"] = self._usage(results, n)
                     if last or every:
@@ -321,8 +334,11 @@ class Server:
     async def completions(self, request: Request) -> Response:
         body = await self.body(request, CompletionRequest)
         request.state.rid = f"cmpl-{uuid.uuid4().hex}"
-        reqs = await self._submit(body.prompts(), body, *body.asked_tokens())
-        return await self._respond(request, body, reqs, chat=False)
+        prompts = body.prompts()
+        reqs = await self._submit(prompts, body, *body.asked_tokens(),
+                                  prompt_logprobs=body.echo and body.n_logprobs() is not None)
+        echoed = [p for p in prompts for _ in range(body.n)] if body.echo else None
+        return await self._respond(request, body, reqs, chat=False, echoed=echoed)
 
     async def chat(self, request: Request) -> Response:
         body = await self.body(request, ChatRequest)
@@ -331,25 +347,40 @@ class Server:
         asked, field = body.asked_tokens()
         if body.n_predict is None and body.max_completion_tokens is not None:
             asked, field = body.max_completion_tokens, "max_completion_tokens"
-        reqs = await self._submit([messages], body, asked, field)
+        reqs = await self._submit([messages], body, asked, field, **body.tool_kwargs())
         return await self._respond(request, body, reqs, chat=True)
 
-    async def _respond(self, request: Request, body: Sampling, reqs, *, chat: bool) -> Response:
-        """The requests' answer: an event stream, or one JSON body once all are done."""
+    def _echo_text(self, prompt) -> str:
+        """The text of a prompt echoed back (a str as given, token ids detokenized)."""
+        return prompt if isinstance(prompt, str) else self.engine.model.detokenize(list(prompt))
+
+    def _choice(self, i: int, r: Result, req, *, chat: bool, echoed: str | None) -> dict:
+        """One choice of a non-streamed answer."""
+        piece = self.engine.model.token_to_piece
+        lp: dict | None = None
+        if chat:
+            msg: dict[str, Any] = {"role": "assistant", "content": r.text if r.text or not r.tool_calls else None}
+            if r.tool_calls:
+                msg["tool_calls"] = [_tool_call(c) for c in r.tool_calls]
+            if r.logprobs is not None:
+                lp = _logprobs.chat(r.logprobs, piece)
+            return {"index": i, "message": msg, "logprobs": lp, "finish_reason": FINISH[r.stop]}
+        text = r.text if echoed is None else echoed + r.text
+        if r.logprobs is not None:
+            if r.prompt_logprobs is not None:  # echo: the prompt's tokens first
+                toks = [req.prompt[0]] + [t.token for t in r.prompt_logprobs[1:] if t is not None]
+                lp = _logprobs.completion(toks + r.tokens, [*r.prompt_logprobs, *r.logprobs], piece)
+            else:
+                lp = _logprobs.completion(r.tokens, r.logprobs, piece, len(text) - len(r.text))
+        return {"index": i, "text": text, "logprobs": lp, "finish_reason": FINISH[r.stop]}
+
+    async def _respond(self, request: Request, body: Sampling, reqs, *, chat: bool,
+                       echoed: list | None = None) -> Response:
+        """The requests' answer: an event stream, or one JSON body once all are done. echoed: the
+        prompt of each request, for completions' echo."""
+        texts = None if echoed is None else [self._echo_text(p) for p in echoed]
         if body.stream:
-            obj = "chat.completion.chunk" if chat else "text_completion"
-
-            def part(i: int, text: str | None, reason: str | None) -> dict:
-                c: dict[str, Any]
-                if chat:  # text None: the role alone (llama-server's content null); the last delta is empty
-                    delta = {"role": "assistant", "content": None} if text is None else \
-                        {"content": text} if reason is None else {}
-                    c = {"index": i, "delta": delta}
-                else:
-                    c = {"index": i, "text": text or ""}
-                return {"object": obj, "choices": [{**c, "logprobs": None, "finish_reason": reason}]}
-
-            return self._generate(request, reqs, part, body, chat=chat)
+            return self._generate(request, reqs, _Choices(self, reqs, body, chat=chat, echoed=texts), body, chat=chat)
         try:
             results = await self._gather(request, reqs)
         except LlamaxError as e:  # a request failed (RequestError) or the engine stopped
@@ -359,8 +390,7 @@ class Server:
         self._note(request, results)
         return JSONResponse({
             **self._head(request), "object": "chat.completion" if chat else "text_completion",
-            "choices": [{"index": i, **({"message": {"role": "assistant", "content": r.text}} if chat else
-                                        {"text": r.text}), "logprobs": None, "finish_reason": FINISH[r.stop]}
+            "choices": [self._choice(i, r, reqs[i], chat=chat, echoed=None if texts is None else texts[i])
                         for i, r in enumerate(results)],
             "usage": self._usage(results, body.n), "timings": self._timings(reqs[0])})
 
@@ -474,6 +504,71 @@ class Server:
         if bad:
             raise APIError(400, f"token {bad[0]} outside the vocabulary [0, {m.n_vocab})", "tokens")
         return JSONResponse({"content": m.detokenize(body.tokens)})
+
+
+def _tool_call(c) -> dict:
+    """A llamax.tools.ToolCall as OpenAI's message.tool_calls item."""
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+
+
+class _Choices:
+    """The stream chunks of each choice (OpenAI's shapes): text deltas, or with tools the deltas of
+    the tool-call reader (llamax.tools.ToolStream: content, then each call's name and its arguments
+    in pieces); each chunk carries the logprobs of the tokens generated since the choice's last
+    chunk (all of them by its end, from the Result)."""
+
+    def __init__(self, server: Server, reqs, body: Sampling, *, chat: bool, echoed: list[str] | None) -> None:
+        self.chat, self.reqs, self.echoed = chat, reqs, echoed
+        self.obj = "chat.completion.chunk" if chat else "text_completion"
+        self.piece_of = server.engine.model.token_to_piece
+        self.sent = [0] * len(reqs)  # logprobs sent per choice
+        self.readers = [r.tools.stream() if chat and getattr(r, "tools", None) is not None else None for r in reqs]
+        self.started = [False] * len(reqs)
+
+    def _wrap(self, i: int, c: dict, lp: dict | None, reason: str | None) -> dict:
+        return {"object": self.obj, "choices": [{"index": i, **c, "logprobs": lp, "finish_reason": reason}]}
+
+    def _new_logprobs(self, i: int, items: list | None) -> dict | None:
+        if items is None or len(items) <= self.sent[i]:
+            return None
+        new, self.sent[i] = items[self.sent[i]:], len(items)
+        if self.chat:
+            return {"content": _logprobs.chat_content(new, self.piece_of), "refusal": None}
+        toks = [t.token for t in new]
+        return _logprobs.completion(toks, new, self.piece_of)
+
+    def opening(self, i: int) -> dict:
+        """A chat choice's first chunk: the role alone (llama-server's content null)."""
+        if self.chat:
+            return self._wrap(i, {"delta": {"role": "assistant", "content": None}}, None, None)
+        return self._wrap(i, {"text": ""}, None, None)
+
+    def piece(self, i: int, text: str) -> list[dict]:
+        decoder = getattr(self.reqs[i], "decoder", None)
+        lp = self._new_logprobs(i, None if decoder is None else decoder.logprobs)
+        if not self.chat:
+            if not self.started[i] and self.echoed is not None:
+                text = self.echoed[i] + text
+            self.started[i] = True
+            return [self._wrap(i, {"text": text}, lp, None)]
+        reader = self.readers[i]
+        deltas = [{"content": text}] if reader is None else reader.push(text)
+        if not deltas:
+            return [self._wrap(i, {"delta": {}}, lp, None)] if lp is not None else []
+        return [self._wrap(i, {"delta": d}, lp if k == 0 else None, None) for k, d in enumerate(deltas)]
+
+    def end(self, i: int, res: Result) -> list[dict]:
+        """The choice's last chunks: what its tool-call reader still held, then the finish reason
+        (with the logprobs not sent yet)."""
+        out: list[dict] = []
+        if not self.chat and not self.started[i] and self.echoed is not None:
+            out.append(self._wrap(i, {"text": self.echoed[i]}, None, None))
+        reader = self.readers[i]
+        if reader is not None:
+            out += [self._wrap(i, {"delta": d}, None, None) for d in reader.finish()]
+        lp = self._new_logprobs(i, res.logprobs)
+        out.append(self._wrap(i, {"delta": {}} if self.chat else {"text": ""}, lp, FINISH[res.stop]))
+        return out
 
 
 class _EventStream(StreamingResponse):

@@ -1,12 +1,13 @@
 """The request bodies of the HTTP server (pydantic models), checked before anything reaches the Engine.
 
 Field names and meanings are OpenAI's (/v1/completions, /v1/chat/completions) with llama-server's
-extensions (top_k, min_p, repeat_penalty, n_keep, n_predict, ignore_eos, id_slot, cache_prompt,
-timings_per_token, return_progress; /tokenize, /detokenize, /slots, /apply-template).
+extensions (top_k, min_p, repeat_penalty, repeat_last_n, n_keep, n_predict, n_probs, ignore_eos,
+id_slot, cache_prompt, grammar, json_schema, timings_per_token, return_progress; /tokenize,
+/detokenize, /slots, /apply-template).
 Unknown fields are ignored, as OpenAI-compatible servers do, so clients that send more than we use
-still work; a field OpenAI or llama-server knows but this server cannot honour (logprobs, echo, tools,
-grammar, mirostat, ...: NOOP below) set to anything but its no-op value is refused with 400 naming
-it rather than silently dropped.
+still work; a field OpenAI or llama-server knows but this server cannot honour (suffix, best_of,
+mirostat, ...: NOOP below) set to anything but its no-op value is refused with 400 naming it rather
+than silently dropped.
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ MAX_STOPS = 16          # stop strings per request
 MAX_STOP_CHARS = 256    # characters per stop string
 MAX_CHOICES = 16        # n, and prompts per /v1/completions body
 MAX_SEED = 2**63 - 1
+MAX_LOGPROBS = 20       # alternatives per token (OpenAI's top_logprobs limit)
+BIAS_BAN = -100.0       # OpenAI's logit_bias: -100 bans the token
 
 TokenList = list[Annotated[int, Field(ge=0)]]
 
@@ -65,17 +68,14 @@ def _any(v, body) -> bool:
 # without one ignores them too), and OpenAI's hints (user, store, metadata, service_tier, prediction).
 NOOP: dict[str, Callable[[Any, Any], bool]] = {
     # constrained output and probabilities
-    "grammar": _off(""), "json_schema": _off(), "grammar_lazy": _off(False), "grammar_triggers": _falsy,
-    "preserved_tokens": _falsy, "response_format": lambda v, body: v is None or (
-        isinstance(v, dict) and v.get("type", "text") == "text"),
-    "n_probs": _off(0), "post_sampling_probs": _off(False),
+    "grammar_lazy": _off(False), "grammar_triggers": _falsy, "preserved_tokens": _falsy,
+    "post_sampling_probs": _off(False),
     # samplers
     "mirostat": _off(0), "mirostat_tau": _any, "mirostat_eta": _any,
     "typical_p": _off(1, 1.0), "top_n_sigma": _le0, "xtc_probability": _off(0, 0.0), "xtc_threshold": _any,
     "dynatemp_range": _off(0, 0.0), "dynatemp_exponent": _any,
     "dry_multiplier": _off(0, 0.0), "dry_base": _any, "dry_allowed_length": _any, "dry_penalty_last_n": _any,
     "dry_sequence_breakers": _any,
-    "repeat_last_n": lambda v, body: v is None or v == 64 or body.repeat_penalty == 1.0,  # the Sampler's window
     "penalize_nl": _off(False), "min_keep": _off(0),
     "samplers": lambda v, body: v is None or v == DEFAULT_SAMPLER_CHARS or (
         isinstance(v, list) and tuple(v) == DEFAULT_SAMPLERS),
@@ -119,13 +119,34 @@ class Sampling(_Body):
     cache_prompt: bool = True
     timings_per_token: bool = False
     return_progress: bool = False
+    # penalties over the last repeat_last_n tokens (-1: all; 0: off) and biases, in the C sampler chain
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repeat_last_n: int = Field(default=64, ge=-1)
+    logit_bias: dict[str, float] | None = None     # token id (as a string) -> bias in [-100, 100]; -100 bans
+    # what the output must follow (one of them): an OpenAI response_format, llama-server's json_schema or GBNF
+    response_format: dict[str, Any] | None = None
+    json_schema: dict[str, Any] | bool | None = None
+    grammar: str | None = None
+    n_probs: int = Field(default=0, ge=0, le=MAX_LOGPROBS)  # llama-server's: alternatives per token
     # OpenAI fields with no effect here unless left at their no-op values (checked in unsupported())
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logprobs: Any = None
-    top_logprobs: int | None = None
-    logit_bias: dict[str, float] | None = None
     best_of: int | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        for key, bias in (v or {}).items():
+            if not key.isdigit():
+                raise ValueError(f"{key!r}: the keys are token ids (as strings, e.g. \"50256\")")
+            if not BIAS_BAN <= bias <= 100.0:
+                raise ValueError(f"token {key}: a bias in [-100, 100], not {bias}")
+        return v
+
+    def bias(self) -> dict[int, float] | None:
+        """logit_bias as the Sampler takes it: int ids, -100 as -inf (a ban)."""
+        if not self.logit_bias:
+            return None
+        return {int(k): float("-inf") if b <= BIAS_BAN else b for k, b in self.logit_bias.items()}
 
     @field_validator("stop")
     @classmethod
@@ -139,16 +160,6 @@ class Sampling(_Body):
 
     def unsupported(self) -> str | None:
         """The first field set to something this server cannot do, or None."""
-        if self.frequency_penalty not in (None, 0, 0.0):
-            return "frequency_penalty"
-        if self.presence_penalty not in (None, 0, 0.0):
-            return "presence_penalty"
-        if self.logprobs not in (None, False, 0):
-            return "logprobs"
-        if self.top_logprobs not in (None, 0):
-            return "top_logprobs"
-        if self.logit_bias:
-            return "logit_bias"
         if self.best_of not in (None, 1):
             return "best_of"
         for name, value in (self.model_extra or {}).items():
@@ -166,8 +177,15 @@ class Sampling(_Body):
     def engine_kwargs(self, max_tokens: int) -> dict:
         """Engine.submit's sampling keywords."""
         return dict(max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                    min_p=self.min_p, repeat_penalty=self.repeat_penalty, stop=self.stop or None,
-                    n_keep=self.n_keep, ignore_eos=self.ignore_eos)
+                    min_p=self.min_p, repeat_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
+                    frequency_penalty=self.frequency_penalty, repeat_last_n=self.repeat_last_n,
+                    logit_bias=self.bias(), stop=self.stop or None, n_keep=self.n_keep, ignore_eos=self.ignore_eos,
+                    logprobs=self.n_logprobs(), cache_prompt=self.cache_prompt, slot=self.id_slot)
+
+    def n_logprobs(self) -> int | None:
+        """Alternatives per token when logprobs are asked for (None: not asked)."""
+        return self.n_probs or None
+
 
 
 Prompt = Union[str, list[str], TokenList, list[TokenList]]
@@ -177,6 +195,10 @@ class CompletionRequest(Sampling):
     prompt: Prompt
     echo: bool = False
     suffix: str | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)  # legacy: alternatives per token
+
+    def n_logprobs(self) -> int | None:
+        return self.logprobs if self.logprobs is not None else super().n_logprobs()
 
     def prompts(self) -> list:
         """One entry per prompt of the body: a str or a list of token ids."""
@@ -190,8 +212,6 @@ class CompletionRequest(Sampling):
         return [p]  # one prompt of token ids (possibly empty: the Engine refuses it)
 
     def unsupported(self) -> str | None:
-        if self.echo:
-            return "echo"
         if self.suffix:
             return "suffix"
         return super().unsupported()
@@ -212,33 +232,69 @@ class Part(_Body):
         return self
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCallItem(_Body):
+    """A tool call of an earlier assistant turn, as OpenAI's messages carry it."""
+
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[Part] | None = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = None   # an assistant turn that called tools
+    tool_call_id: str | None = None                 # a tool's result: the call it answers
 
     def as_template(self) -> dict:
-        """The message as the chat template takes it: text parts joined by newlines (as llama-server)."""
+        """The message as the chat template takes it: text parts joined by newlines (as llama-server);
+        an assistant's tool calls and a tool result's call id kept for the template."""
         c = self.content
-        text = c if isinstance(c, str) else "\n".join(p.text or "" for p in c or [])
-        return {"role": "system" if self.role == "developer" else self.role, "content": text}
+        text = c if isinstance(c, str) or c is None else "\n".join(p.text or "" for p in c)
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                               "content": "" if text is None and not self.tool_calls else text}
+        if self.tool_calls:
+            out["tool_calls"] = [{"id": t.id, "type": "function", "function": {
+                "name": t.function.name, "arguments": t.function.arguments}} for t in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
 
 
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=-1)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
-    def unsupported(self) -> str | None:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            return "response_format"
-        return super().unsupported()
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return self
+
+    def n_logprobs(self) -> int | None:
+        if self.logprobs:
+            return self.top_logprobs or 0
+        return super().n_logprobs()
+
+    def tool_kwargs(self) -> dict:
+        """Engine.submit's tool keywords (none without tools: tool_choice alone is a no-op, as OpenAI)."""
+        if not self.tools:
+            return {}
+        return dict(tools=self.tools, tool_choice=self.tool_choice if self.tool_choice is not None else "auto",
+                    parallel_tool_calls=self.parallel_tool_calls)
 
 
 class ApplyTemplateRequest(_Body):
