@@ -296,7 +296,7 @@ def _bench_serving(a, flat) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the Engine (llama-server's endpoints too)",
                        description="Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed or not), "
-                       "/v1/models, and llama-server's /health, /metrics, /slots, /tokenize, /detokenize. Requests "
+                       "/v1/models, /v1/embeddings, and llama-server's /health, /metrics, /slots, /tokenize, /detokenize. Requests "
                        "run through continuous batching and the prefix cache. One log line per request on stderr.")
     p.add_argument("-m", "--model", default=None, help="GGUF path or registry name (default smollm2-135m)")
     p.add_argument("-a", "--alias", default=None, help="the model id clients see (default: the registry name or "
@@ -327,6 +327,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health (default: $LLAMAX_API_KEY)")
     p.add_argument("--slot-save-path", default=None, help="the directory for POST /slots/{id}?action=save|restore")
+    p.add_argument("--pooling", choices=["mean", "last", "cls"], default=None,
+                   help="pooling of POST /v1/embeddings (default: the model's own, else mean)")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N Engine replicas as a Ray Serve deployment behind the one endpoint "
                    "(pip install 'llamax[ray]'); -t is then each replica's threads")
@@ -378,7 +380,7 @@ def cmd_serve(a) -> int:
           f"({engine.n_ctx_seq} per request), K {a.cache_type_k} / V {a.cache_type_v}", file=sys.stderr)
     return serve(engine, host=a.host, port=a.port, model_name=alias,
                  api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None,
-                 max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
+                 max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens, pooling=a.pooling,
                  ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 
 

@@ -488,7 +488,7 @@ async def _server_error(request: Request, exc) -> Response:
 
 def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None,
-               own_engine: bool = True, routes: Sequence[Route] = ()) -> Starlette:
+               own_engine: bool = True, routes: Sequence[Route] = (), pooling: str | None = None) -> Starlette:
     """The ASGI app serving engine.
 
     Args:
@@ -500,7 +500,10 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         max_tokens: the most tokens one request may ask for (default: a slot's context); a request
             without max_tokens (or with -1) generates until its end, at most this many.
         routes: more routes, behind the same API key, errors and log lines.
+        pooling: the pooling of /v1/embeddings ("mean", "last", "cls"; None: the GGUF's own, else mean).
     """
+    from llamax.server.embeddings import Embeddings  # it builds on this module's Server and APIError
+
     srv = Server(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
                  max_tokens=max_tokens)
 
@@ -524,6 +527,8 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         Route("/slots/{id:int}", srv.slot_action, methods=["POST"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
+        Route("/v1/embeddings", Embeddings(srv, pooling).handle, methods=["POST"]),
+        Route("/embeddings", Embeddings(srv, pooling).handle, methods=["POST"]),
         *routes,
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
