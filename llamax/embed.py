@@ -33,7 +33,7 @@ from llamax.errors import BatchError, ModelError
 if TYPE_CHECKING:
     from llamax.model import Model
 
-__all__ = ["embed", "POOLINGS", "MAX_BATCH_TOKENS", "prepare", "pooling_of", "tokens_of", "embed_tokens"]
+__all__ = ["embed", "POOLINGS", "MAX_BATCH_TOKENS", "prepare", "pooling_of", "tokens_of", "groups", "embed_tokens"]
 
 #: the poolings, by their names in llama.cpp's `--pooling` and the GGUF's `{arch}.pooling_type` values
 POOLINGS = {"mean": 1, "cls": 2, "last": 3}
@@ -67,7 +67,7 @@ def pooling_of(model: Model, pooling: str | None = None) -> str:
                      f"here; pass pooling= one of {', '.join(POOLINGS)}")
 
 
-def _token_list(model: Model, toks: Sequence[Any], i: int) -> list[int]:
+def _token_list(model: Model, toks: Sequence[Any] | np.ndarray, i: int) -> list[int]:
     """One input given as token ids, checked: non-empty integers in [0, n_vocab)."""
     if len(toks) == 0:
         raise BatchError(f"input {i} is empty")
@@ -92,16 +92,19 @@ def tokens_of(model: Model, inputs: str | Sequence[str] | Sequence[int] | Sequen
             the vocabulary, an input longer than the model's training context (n_ctx_train).
         TypeError: an input that is neither a string nor a list of integers.
     """
+    items: Sequence[Any]
     if isinstance(inputs, (str, bytes)):
-        inputs = [inputs]
-    elif not isinstance(inputs, Sequence) and not isinstance(inputs, np.ndarray):
+        items = [inputs]
+    elif isinstance(inputs, (Sequence, np.ndarray)):
+        items = inputs
+    else:
         raise TypeError(f"inputs: a str, a list of str or lists of token ids, not {type(inputs).__name__}")
-    if len(inputs) == 0:
+    if len(items) == 0:
         raise BatchError("no input to embed (an empty list)")
-    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in inputs):
-        inputs = [inputs]  # one list of token ids: one input
+    if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in items):
+        items = [items]  # one list of token ids: one input
     out = []
-    for i, x in enumerate(inputs):
+    for i, x in enumerate(items):
         if isinstance(x, (str, bytes)):
             if len(x) == 0:
                 raise BatchError(f"input {i} is an empty string")
@@ -119,17 +122,17 @@ def tokens_of(model: Model, inputs: str | Sequence[str] | Sequence[int] | Sequen
     return out
 
 
-def _groups(lengths: Sequence[int]) -> list[range]:
-    """Consecutive inputs decoded together: at most MAX_BATCH_TOKENS tokens (unless one input alone
-    has more) and LLAMA_MAX_SEQ inputs per group."""
-    groups, start, n = [], 0, 0
+def groups(lengths: Sequence[int], max_tokens: int = MAX_BATCH_TOKENS) -> list[range]:
+    """Consecutive inputs decoded together: at most max_tokens tokens (unless one input alone has
+    more) and LLAMA_MAX_SEQ inputs per group."""
+    out, start, n = [], 0, 0
     for i, L in enumerate(lengths):
-        if i > start and (n + L > MAX_BATCH_TOKENS or i - start >= LLAMA_MAX_SEQ):
-            groups.append(range(start, i))
+        if i > start and (n + L > max_tokens or i - start >= LLAMA_MAX_SEQ):
+            out.append(range(start, i))
             start, n = i, 0
         n += L
-    groups.append(range(start, len(lengths)))
-    return groups
+    out.append(range(start, len(lengths)))
+    return out
 
 
 def _pool(rows: np.ndarray, pooling: str) -> np.ndarray:
@@ -139,14 +142,16 @@ def _pool(rows: np.ndarray, pooling: str) -> np.ndarray:
     return rows[-1 if pooling == "last" else 0].copy()
 
 
-def embed_tokens(model: Model, tokens: Sequence[Sequence[int]], pooling: str, normalize: bool = True) -> np.ndarray:
+def embed_tokens(model: Model, tokens: Sequence[Sequence[int]], pooling: str, normalize: bool = True, *,
+                 max_batch_tokens: int = MAX_BATCH_TOKENS) -> np.ndarray:
     """The embeddings [len(tokens), n_embd] float32 of inputs already checked by tokens_of, with a
-    pooling of POOLINGS (pooling_of). Decodes each group of _groups in a Context of its own.
+    pooling of POOLINGS (pooling_of). Decodes each of groups(lengths, max_batch_tokens) in a Context
+    of its own.
 
     Complexity: one forward pass over every token (no output head), a KV cache of the group's tokens."""
     assert pooling in POOLINGS
     out = np.empty((len(tokens), model.hparams.n_embd), np.float32)
-    for g in _groups([len(t) for t in tokens]):
+    for g in groups([len(t) for t in tokens], max_batch_tokens):
         n = sum(len(tokens[i]) for i in g)
         ctx = Context(model, n_ctx=n, n_batch=n, n_ubatch=min(n, N_UBATCH), n_seq_max=len(g),
                       n_threads=model.n_threads, embeddings=True)
