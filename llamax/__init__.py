@@ -47,6 +47,7 @@ _load_runtimes()
 from llamax import models  # noqa: E402
 from llamax.batch import Batch
 from llamax.context import Context
+from llamax.embed import embed
 from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError, ModelError, NoKVSlotError, StalePlanError, StateError
 from llamax.generate import context_shift, generate, generate_parallel
 from llamax.grammar import Grammar
@@ -60,5 +61,5 @@ from llamax.serving import Engine, Request, Result
 __version__ = "0.1.0"
 
 __all__ = ["Engine", "Request", "Result", "EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
-           "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "RecurrentMemory", "HybridMemory", "Model", "Context", "Sampler", "Grammar", "generate",
+           "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "RecurrentMemory", "HybridMemory", "Model", "Context", "Sampler", "Grammar", "embed", "generate",
            "generate_parallel", "context_shift", "models"]

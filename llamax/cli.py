@@ -347,7 +347,7 @@ def _bench_serving(a, flat) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over the Engine (llama-server's endpoints too)",
                        description="Serve a model over HTTP: /v1/completions, /v1/chat/completions (streamed or not), "
-                       "/v1/models (each also without /v1), and llama-server's /health, /metrics, /slots, /props, "
+                       "/v1/models, /v1/embeddings (each also without /v1), and llama-server's /health, /metrics, /slots, /props, "
                        "/tokenize, /detokenize, /apply-template. Requests run through continuous batching and the "
                        "prefix cache. One log line per request on stderr.")
     p.add_argument("-m", "--model", default=None, help="GGUF path or registry name (default smollm2-135m)")
@@ -382,6 +382,8 @@ def _serve_parser(sub) -> None:
     p.add_argument("--cors-origin", action="append", default=None, metavar="ORIGIN",
                    help="a browser origin allowed to call the server, e.g. https://app.example.org (repeatable; "
                    "default: any origin, as llama-server)")
+    p.add_argument("--pooling", choices=["mean", "last", "cls"], default=None,
+                   help="pooling of POST /v1/embeddings (default: the model's own, else mean)")
     p.add_argument("--replicas", type=int, default=None,
                    help="run N Engine replicas as a Ray Serve deployment behind the one endpoint "
                    "(pip install 'llamax[ray]'); -t is then each replica's threads")
@@ -434,6 +436,7 @@ def cmd_serve(a) -> int:
     return serve(engine, host=a.host, port=a.port, model_name=alias,
                  api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None,
                  max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens, cors_origins=a.cors_origin,
+                 pooling=a.pooling,
                  ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 
 

@@ -10,6 +10,8 @@ One decode runs one way, context -> batch -> memory -> model -> native:
     for i: mctx.apply(i)            ubatch i's cells are written, then model.forward(memory, ubatch):
                                     K/V stored in those cells, mask + attention over the cache in
                                     the native kernels, logits for the tokens that asked
+                                    (params.embeddings: every token outputs its final hidden
+                                    state after the output norm instead, get_embeddings)
     logits                          put back in batch order
 Nothing mutates the cache but apply and the seq_* operations. If the forward pass itself fails,
 the memory forgets the batch (Memory.forget_batch: its tokens removed again, as llama.cpp does; a
@@ -94,27 +96,35 @@ class Context:
         """
         if not isinstance(batch, Batch):
             raise TypeError(f"decode takes a llamax.Batch, not {type(batch).__name__}")
+        embd = self.params.embeddings
         self.memory.update()  # llama_decode's optimize step: the retry after it would find the same cells
-        self.balloc.init(batch, self.memory, output_all=False)
+        self.balloc.init(batch, self.memory, output_all=embd)
         mctx = self.memory.init_batch(self.balloc, self.params.n_ubatch)
         rows = []
         try:
             for i in range(len(mctx)):
-                rows.append(self.model.forward(self.memory, mctx.apply(i)))
+                ub = mctx.apply(i)
+                rows.append(self.model.forward(self.memory, ub, embd=True) if embd
+                            else self.model.forward(self.memory, ub))
         except BaseException:
             self._forget()
             raise
         finally:
             mctx.close()
         if len(rows) == 1:
-            logits = rows[0]
+            out = rows[0]
         else:
-            logits = np.concatenate(rows) if rows else np.zeros((0, self.model.n_vocab), np.float32)
+            width = self.model.hparams.n_embd if embd else self.model.n_vocab
+            out = np.concatenate(rows) if rows else np.zeros((0, width), np.float32)
         perm = self.balloc.output_reorder()
         if perm.size and np.any(perm != np.arange(perm.size)):  # outputs left batch order (split_equal)
-            logits = logits[perm]
-        self._logits = logits
-        self._row_of = self.balloc.output_ids()
+            out = out[perm]
+        if embd:
+            self._clear_outputs()
+            self._embd = out
+        else:
+            self._logits = out
+            self._row_of = self.balloc.output_ids()
 
     def _forget(self) -> None:
         """Undo the batch in the memory after a failed forward pass (Memory.forget_batch)."""
@@ -124,11 +134,19 @@ class Context:
     def _clear_outputs(self) -> None:
         self._logits = np.zeros((0, self.model.n_vocab), np.float32)
         self._row_of = np.zeros(0, np.int32)  # batch index -> row of _logits, -1 without logits
+        self._embd = np.zeros((0, self.model.hparams.n_embd), np.float32)  # embeddings: one row per batch token
 
     @_locked
     def get_logits(self) -> np.ndarray:
         """float32 [n_outputs, n_vocab]: the logits of the last decode's outputs, in batch order."""
         return self._logits
+
+    @_locked
+    def get_embeddings(self) -> np.ndarray:
+        """float32 [n_tokens, n_embd]: with params.embeddings, every token of the last decode's final
+        hidden state after the output norm, in batch order (llama_get_embeddings, pooling none); empty
+        otherwise. An embeddings context outputs no logits."""
+        return self._embd
 
     @_locked
     def get_logits_ith(self, i: int) -> np.ndarray:

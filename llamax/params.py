@@ -64,6 +64,8 @@ class ContextParams:
         flash_attn: flash attention (V stored untransposed); a quantized V cache requires it.
         swa_full: give the SWA cache of an iSWA model the full size.
         n_threads: None / -1 for all cores, else a positive count (see resolve_n_threads).
+        embeddings: every decode outputs each token's final hidden state after the output norm
+            (Context.get_embeddings) instead of logits (llama_context_params.embeddings).
         n_ctx_seq: cells per sequence (stream), set by derive(); 0 before.
 
     Raises (on creation):
@@ -82,6 +84,7 @@ class ContextParams:
     flash_attn: bool = True
     swa_full: bool = False
     n_threads: int | None = None
+    embeddings: bool = False
     n_ctx_seq: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +94,7 @@ class ContextParams:
         _check_bool("kv_unified", self.kv_unified)
         _check_bool("flash_attn", self.flash_attn)
         _check_bool("swa_full", self.swa_full)
+        _check_bool("embeddings", self.embeddings)
         for name in ("type_k", "type_v"):
             check_cache_type(getattr(self, name), name)
         if self.type_v in QUANTIZED_CACHE_TYPES and not self.flash_attn:

@@ -20,7 +20,7 @@ import numpy as np
 from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
-from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
 
@@ -81,20 +81,17 @@ class Gemma3(Model, arch="gemma3"):
         self.stack = self._native_stack(self.layers, self.ropes, kq_scale=1.0, q_scale=float(self.q_scale),
                                         act="gelu_table", gelu_table=_gelu_table())
 
-    def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem:
-        the layers in one native stack call (csrc/layer.h)."""
-        hp = self.hp
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states, see
+        Model._out) after writing its K/V into mem: the layers in one native stack call (csrc/layer.h)."""
         x = self.tok_embd.rows(ub.token)
         x *= self.embd_scale
-        h = self._run_stack(mem, ub, x)
-        if h.shape[0] == 0:
-            return np.zeros((0, hp.n_vocab), np.float32)
-        return self._logits(rms_norm(h, self.output_norm, hp.rms_eps))
+        return self._out(self._run_stack(mem, ub, x), embd)
 
     def _logits(self, xo: np.ndarray) -> np.ndarray:
+        """The tied output layer, then Gemma's final logit softcap."""
         hp = self.hp
-        logits = self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
+        logits = super()._logits(xo)
         if hp.final_logit_softcap > 0.0:
             c = np.float32(hp.final_logit_softcap)
             logits /= c

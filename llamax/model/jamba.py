@@ -61,8 +61,8 @@ class Jamba(Model, arch="jamba"):
         mem.attn.store(il, ub, k, v)
         return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
 
-    def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after folding the ubatch into the
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding the ubatch into the
         recurrent states and writing its K/V into the attention cache (mem: a HybridMemory)."""
         assert isinstance(mem, HybridMemory), "a jamba model runs over the hybrid memory create_memory made"
         hp = self.hp
@@ -76,4 +76,4 @@ class Jamba(Model, arch="jamba"):
                     x += self._attention(L.mixer, mem, il, ub, h)
                 h = rms_norm(x, L.ffn_norm, hp.rms_eps)
                 x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
-        return self._head(x, ub)
+        return self._head(x, ub, embd)

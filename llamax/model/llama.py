@@ -15,7 +15,7 @@ import numpy as np
 from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax.model.gguf import DENSE_DECODER, GGUFFile, HParams
-from llamax.model.linear import Embedding, Linear, rms_norm
+from llamax.model.linear import Linear, rms_norm
 from llamax.model.model import Model
 from llamax.rope import RoPE
 
@@ -47,15 +47,10 @@ class Llama(Model, arch="llama"):
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k)
         self.stack = self._native_stack(self.layers, [self.rope] * hp.n_layer, kq_scale=self.kq_scale)
 
-    def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after writing its K/V into mem:
-        the layers in one native stack call (csrc/layer.h)."""
-        hp = self.hp
-        h = self._run_stack(mem, ub, self.tok_embd.rows(ub.token))
-        if h.shape[0] == 0:
-            return np.zeros((0, hp.n_vocab), np.float32)
-        xo = rms_norm(h, self.output_norm, hp.rms_eps)
-        return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states, see
+        Model._out) after writing its K/V into mem: the layers in one native stack call (csrc/layer.h)."""
+        return self._out(self._run_stack(mem, ub, self.tok_embd.rows(ub.token)), embd)
 
     def forward_reference(self, mem, ub) -> np.ndarray:
         """forward composed in Python, step by step: the products, RoPE, the memory's store and

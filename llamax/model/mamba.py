@@ -95,8 +95,8 @@ class Mamba(Model, arch="mamba"):
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
         self.layers = [MambaMixer(g, il, n_threads) for il in range(hp.n_layer)]
 
-    def forward(self, mem, ub) -> np.ndarray:
-        """Logits [n outputs of the ubatch, n_vocab] (ubatch order) after folding the ubatch's tokens
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding the ubatch's tokens
         into their sequences' states."""
         hp = self.hp
         x = self.tok_embd.rows(ub.token)
@@ -104,4 +104,4 @@ class Mamba(Model, arch="mamba"):
             for il, (norm, L) in enumerate(zip(self.norms, self.layers)):
                 h = rms_norm(x, norm, hp.rms_eps)
                 x += mamba_mixer(L, h, mem.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
-        return self._head(x, ub)
+        return self._head(x, ub, embd)

@@ -205,13 +205,25 @@ class Model(ModelInfo):
         self.output: Embedding | Linear = (self.tok_embd if self.hparams.tied_output
                                            else Linear.load(g, "output.weight", self.n_threads))
 
-    def _head(self, x: np.ndarray, ubatch: UBatch) -> np.ndarray:
+    def _head(self, x: np.ndarray, ubatch: UBatch, embd: bool = False) -> np.ndarray:
         """The logits [n outputs, n_vocab] of the ubatch rows of x that asked for them (ubatch order): the
-        final RMSNorm, then the output layer."""
-        out = ubatch.output
-        if not out.any():
-            return np.zeros((0, self.hparams.n_vocab), np.float32)
-        xo = rms_norm(x[out], self.output_norm, self.hparams.rms_eps)
+        final RMSNorm, then the output layer (embd: the normed rows themselves, see _out)."""
+        return self._out(x[ubatch.output], embd)
+
+    def _out(self, h: np.ndarray, embd: bool) -> np.ndarray:
+        """What forward returns for the final hidden states h [n outputs, n_embd] (before the output
+        norm): the final RMSNorm, then the output layer's logits [n, n_vocab]; with embd the normed
+        states [n, n_embd] themselves (llama.cpp's t_embd, what an embeddings context reads)."""
+        hp = self.hparams
+        if h.shape[0] == 0:
+            return np.zeros((0, hp.n_embd if embd else hp.n_vocab), np.float32)
+        xo = rms_norm(h, self.output_norm, hp.rms_eps)
+        if embd:
+            return xo
+        return self._logits(xo)
+
+    def _logits(self, xo: np.ndarray) -> np.ndarray:
+        """The output layer over normed hidden states xo [n, n_embd]: logits [n, n_vocab]."""
         return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
 
     def _native_stack(self, layers, ropes: list[RoPE], *, kq_scale: float, q_scale: float = 1.0,
@@ -243,9 +255,10 @@ class Model(ModelInfo):
             views = [by_layer[il] for il in range(self.hparams.n_layer)]
             return self.stack.forward(x, ubatch.pos, views, out_rows=rows, n_threads=self.n_threads)
 
-    def forward(self, memory: Memory, ubatch: UBatch) -> np.ndarray:
+    def forward(self, memory: Memory, ubatch: UBatch, embd: bool = False) -> np.ndarray:
         """Run the model on one ubatch whose cells were just applied: K/V written into the memory,
-        attention over it; returns float32 logits [ubatch.n_outputs, n_vocab] in ubatch order."""
+        attention over it; returns float32 logits [ubatch.n_outputs, n_vocab] in ubatch order, or with
+        embd the final hidden states after the output norm [ubatch.n_outputs, n_embd] (_out)."""
         raise NotImplementedError(f"{type(self).__name__} has no forward pass")
 
     @classmethod

@@ -745,7 +745,7 @@ async def _server_error(request: Request, exc) -> Response:
 def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None,
                max_body_bytes: int = MAX_BODY_BYTES, max_tokens: int | None = None,
                own_engine: bool = True, routes: Sequence[Route] = (),
-               cors_origins: Sequence[str] | None = None) -> Starlette:
+               cors_origins: Sequence[str] | None = None, pooling: str | None = None) -> Starlette:
     """The ASGI app serving engine.
 
     Args:
@@ -759,10 +759,13 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         routes: more routes, behind the same API key, errors and log lines.
         cors_origins: the browser origins (scheme://host[:port]) allowed to call the server; None:
             any origin, as llama-server (see cors.py).
+        pooling: the pooling of /v1/embeddings ("mean", "last", "cls"; None: the GGUF's own, else mean).
 
     Every route under /v1/ answers without the prefix too (/chat/completions, /models, ...), as
     llama-server's do.
     """
+    from llamax.server.embeddings import Embeddings  # it builds on this module's Server and APIError
+
     srv = Server(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
                  max_tokens=max_tokens)
 
@@ -788,6 +791,7 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
         Route("/slots/{id:int}", srv.slot_action, methods=["POST"]),
         Route("/tokenize", srv.tokenize, methods=["POST"]),
         Route("/detokenize", srv.detokenize, methods=["POST"]),
+        Route("/v1/embeddings", Embeddings(srv, pooling).handle, methods=["POST"]),
         *routes,
     ]
     routes = _unprefixed(routes)

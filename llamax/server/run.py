@@ -38,12 +38,12 @@ def _url(host: str, port: int) -> str:
 def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str = "llamax",
           api_key: str | None = None, max_body_bytes: int | None = None, max_tokens: int | None = None,
           max_connections: int = 2048, ready: Callable[[str], None] | None = None,
-          cors_origins: Sequence[str] | None = None) -> int:
+          cors_origins: Sequence[str] | None = None, pooling: str | None = None) -> int:
     """Serve engine over HTTP until SIGINT / SIGTERM; returns the exit status.
 
     ready: called with the server's URL once it accepts requests (default: an INFO record on the
     llamax.server logger). cors_origins: the browser origins allowed to call the server (None: any,
-    as llama-server).
+    as llama-server). pooling: /v1/embeddings' pooling (create_app).
     """
     import uvicorn
 
@@ -51,7 +51,7 @@ def serve(engine, *, host: str = "127.0.0.1", port: int = 8080, model_name: str 
 
     app = create_app(engine, model_name=model_name, api_key=api_key,
                      max_body_bytes=MAX_BODY_BYTES if max_body_bytes is None else max_body_bytes,
-                     max_tokens=max_tokens, cors_origins=cors_origins)
+                     max_tokens=max_tokens, cors_origins=cors_origins, pooling=pooling)
     sock = _bind(host, port)
     port = sock.getsockname()[1]
 

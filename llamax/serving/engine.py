@@ -906,3 +906,22 @@ class Engine:
                 requests_failed=m["requests_failed"],
                 requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes)
 
+
+    # ---- embeddings ------------------------------------------------------------------------------
+    def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True):
+        """llamax.embed(self.model, inputs, pooling=pooling, normalize=normalize) run between two
+        generation steps: the inputs are checked and tokenized first, then decoded under the engine's
+        step lock in a context of their own (never the engine's KV cache, slots or prefix cache).
+        Thread-safe; generation waits while the embeddings are computed.
+
+        Returns:
+            float32 np.ndarray [n_inputs, n_embd].
+
+        Raises:
+            BatchError / ValueError / TypeError / ModelError: as llamax.embed, before the lock is taken.
+        """
+        from llamax.embed import embed_tokens, prepare
+
+        tokens, how = prepare(self.model, inputs, pooling=pooling, normalize=normalize)
+        with self._lock:
+            return embed_tokens(self.model, tokens, how, normalize)
