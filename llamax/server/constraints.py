@@ -6,8 +6,10 @@
     response_format {"type": "json_schema", "json_schema":    the schema (strict or not: the grammar
                      {"name", "schema", "strict"}}            enforces it either way)
     json_schema (llama-server)                                the schema
-    grammar (llama-server)                                    GBNF, llama.cpp's grammar format
+    grammar (llama-server)                                    GBNF, llama.cpp's grammar format ("": none)
 
+A schema's objects with `properties` and no `additionalProperties` are closed (no other keys), as
+llama.cpp's json-schema-to-grammar makes them: llama-server's clients get the same outputs here.
 At most one of them may be given. Each is compiled once per model vocabulary (llamax.grammar's
 cache), when the request is submitted; one that does not compile is the client's error.
 """
@@ -26,11 +28,24 @@ class FieldError(ValueError):
         self.field = field
 
 
+def closed(schema: Any) -> Any:
+    """schema with every object that lists properties and says nothing of others closed to them
+    (llama.cpp's reading of a missing additionalProperties); the input is not modified."""
+    if isinstance(schema, list):
+        return [closed(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in ("const", "enum", "default", "examples") else closed(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
 def _schema(field: str, schema: Any) -> Grammar:
     if not isinstance(schema, (dict, bool)):
         raise FieldError(field, f"{field}: a JSON schema is an object, not {type(schema).__name__}")
     try:
-        return Grammar.json_schema(schema if isinstance(schema, dict) else ({} if schema else {"not": {}}))
+        return Grammar.json_schema(closed(schema) if isinstance(schema, dict) else ({} if schema else {"not": {}}))
     except ValueError as e:
         raise FieldError(field, f"{field}: invalid JSON schema: {e}") from None
 
@@ -41,6 +56,7 @@ def grammar_of(response_format: dict | None, json_schema: Any = None, grammar: s
     Raises:
         FieldError: an unknown response_format type, a schema or grammar that does not compile, or
             two of the fields at once."""
+    grammar = grammar or None  # llama-server's clients send "" for none
     given = [n for n, v in (("response_format", response_format and response_format.get("type", "text") != "text"),
                             ("json_schema", json_schema is not None), ("grammar", grammar is not None)) if v]
     if len(given) > 1:
