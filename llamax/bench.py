@@ -452,7 +452,9 @@ def run_constrained(model, grammar, n_gen: int = 128, reps: int = 5, *, prompt: 
         return time.perf_counter_ns() - t0, len(dec.generated)
 
     once(None), once(grammar)  # warm-up: the grammar compiled, the caches touched
-    free, bound, n_bound = [], [], 0
+    free: list[float] = []
+    bound: list[float] = []
+    n_bound = 0
     for _ in range(reps):
         for g, acc in ((None, free), (grammar, bound)):
             ns, n = once(g)

@@ -330,7 +330,7 @@ class Engine:
                 if grammar is not None:
                     raise ValueError("tools constrain the output to their format already: no grammar (or "
                                      "response_format) beside them")
-                grammar = Grammar.json_schema(plan.schema) if plan.schema is not None else Grammar.lark(plan.lark)
+                grammar = Grammar.json_schema(plan.schema) if plan.schema is not None else Grammar.lark(str(plan.lark))
         toks = self._tokens(plan.prompt if plan is not None else prompt)
         max_tokens = checks.integer(max_tokens, "max_tokens")
         if max_tokens < -1:
