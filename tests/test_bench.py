@@ -183,3 +183,25 @@ def test_cli_errors_are_one_line(capsys, args, rc):
     assert got == rc and out == ""
     errors = [ln for ln in err.strip().splitlines() if not ln.startswith("llamax bench: skipping")]
     assert len(errors) == 1 and errors[0].startswith("llamax bench:"), err
+
+
+def test_run_constrained_measures_both(model):
+    """`llamax bench --grammar`: the same greedy loop with and without the grammar, and what each made."""
+    from llamax import Grammar
+
+    row = bench.run_constrained(model, Grammar.regex("[0-9]{2}"), n_gen=6, reps=1)
+    assert row["n_vocab"] == model.n_vocab and row["grammar_tokens"] <= 2  # two digits, then the grammar ends
+    assert row["tg_free_ts"] > 0 and row["tg_grammar_ts"] > 0 and len(row["samples_free_ts"]) == 1
+    with pytest.raises(ValueError):
+        bench.run_constrained(model, Grammar.json(), n_gen=0)
+
+
+def test_cli_grammar_table(capsys, tmp_path):
+    from llamax import cli
+
+    spec = tmp_path / "digits.gbnf"
+    spec.write_text('root ::= [0-9] [0-9] [0-9]\n')
+    assert cli.main(["bench", "--grammar", str(spec), "-n", "4", "-r", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| tg t/s with the grammar |" in out and str(spec) in out
+    assert cli.main(["bench", "--grammar", str(tmp_path / "x.txt"), "-n", "4", "-r", "1"]) == 2

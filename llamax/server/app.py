@@ -26,6 +26,7 @@ import contextlib
 import hmac
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -40,10 +41,11 @@ from starlette.routing import Route
 
 import llamax
 from llamax.errors import BatchError, EngineFullError, LlamaxError, RequestError, StateError
+from llamax.grammar import Grammar
 from llamax.model.chat import ChatTemplateError
 from llamax.sequence import prompt_tokens
-from llamax.server import prometheus
 from llamax.server import logprobs as _logprobs
+from llamax.server import prometheus
 from llamax.server.constraints import FieldError, grammar_of
 from llamax.server.cors import CORS
 from llamax.server.schemas import (DEFAULT_SAMPLERS, ApplyTemplateRequest, ChatRequest, CompletionRequest,
@@ -772,6 +774,10 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
     @contextlib.asynccontextmanager
     async def lifespan(app):
         engine.start()
+        model = getattr(engine, "model", None)
+        if model is not None:  # the vocabulary's grammar tables (seconds for a 262k vocabulary), off the first request
+            threading.Thread(target=Grammar.json().matcher, args=(model,), name="llamax-grammar-warm",
+                             daemon=True).start()
         try:
             yield
         finally:
