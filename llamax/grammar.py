@@ -69,7 +69,7 @@ from llamax.model.tokenizer import ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED
 if TYPE_CHECKING:
     from llamax.model import ModelInfo
 
-__all__ = ["COMPILED_CACHE_SIZE", "VOCAB_CACHE_SIZE", "Grammar", "GrammarKind", "GrammarMatcher"]
+__all__ = ["COMPILED_CACHE_SIZE", "VOCAB_CACHE_SIZE", "Grammar", "GrammarKind", "GrammarMatcher", "closed"]
 
 GrammarKind = Literal["json_schema", "json", "regex", "gbnf", "lark"]
 _KINDS: tuple[str, ...] = ("json_schema", "json", "regex", "gbnf", "lark")
@@ -576,3 +576,19 @@ def _vocabulary(tokenizer: Tokenizer, n_vocab: int) -> _Vocabulary:
             while len(_vocabularies) > VOCAB_CACHE_SIZE:
                 _vocabularies.popitem(last=False)
         return vocab
+
+
+def closed(schema: Any) -> Any:
+    """schema with every object that lists `properties` and says nothing of others closed to them
+    (additionalProperties: false): llama.cpp's reading of a missing additionalProperties
+    (json-schema-to-grammar), which the server and tool calling follow so that llama-server's clients
+    get the same outputs. The input is not modified; const, enum, default and examples values are
+    data, left as they are."""
+    if isinstance(schema, list):
+        return [closed(x) for x in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: v if k in ("const", "enum", "default", "examples") else closed(v) for k, v in schema.items()}
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out

@@ -287,6 +287,7 @@ class SeqDecoder:
         stop: strings that end the text (not included).
         ignore_eos: never sample an end-of-generation token.
         logprobs: record each generated token's TokenLogprob with this many alternatives (None: off).
+        special: the text shows control tokens by their text (a tool format's markers, e.g. <tool_call>).
 
     Attributes:
         generated: the sampled tokens (an end-of-generation one excluded).
@@ -294,13 +295,13 @@ class SeqDecoder:
     """
 
     def __init__(self, model: Any, sampler: Sampler, *, max_tokens: int = -1, stop: Sequence[str] = (),
-                 ignore_eos: bool = False, logprobs: int | None = None) -> None:
+                 ignore_eos: bool = False, logprobs: int | None = None, special: bool = False) -> None:
         self.model, self.sampler, self.max_tokens = model, sampler, max_tokens
         self.ignore_eos = ignore_eos
         self.n_logprobs = check_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] | None = None if logprobs is None else []
         sampler.bind(model)
-        self.stream = TextStream(model.tokenizer)
+        self.stream = TextStream(model.tokenizer, special=special)
         self.stops = StopMatcher(stop)
         self.generated: list[int] = []
         self._eog: np.ndarray | None = None  # the end-of-generation ids, and a scratch row for ignore_eos

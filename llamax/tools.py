@@ -73,6 +73,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from llamax.grammar import closed
 from llamax.model.chat import apply_chat_template
 
 if TYPE_CHECKING:
@@ -358,8 +359,10 @@ def _render(template: str | None, messages: list[dict[str, Any]], tools: list[An
 # ------------------------------------------------------------------------------------- constraints
 
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
+    """One call of the tool; its arguments follow its parameters, objects closed as llama.cpp's grammar."""
     return {"type": "object",
-            "properties": {"name": {"type": "string", "const": tool["name"]}, "arguments": tool["parameters"]},
+            "properties": {"name": {"type": "string", "const": tool["name"]},
+                           "arguments": closed(tool["parameters"])},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 

@@ -246,3 +246,20 @@ def test_tools_need_chat_messages(engine):
 def test_invalid_grammars_are_value_errors(make):
     with pytest.raises(ValueError, match="invalid"):
         make()
+
+
+def test_a_template_with_tool_syntax_renders_and_parses_its_own_format():
+    """A model whose template has Hermes / Qwen tool syntax gets the tools in its own prompt and its
+    <tool_call> blocks parsed; "required" holds it to them (SmolLM2 with a Qwen-like template)."""
+    from test_tools import QWEN
+
+    m = llamax.Model.load("smollm2-135m")
+    m.chat_template = QWEN
+    eng = Engine(m, n_ctx=2048, n_parallel=1)
+    req = eng.submit(chat("What is the weather in Paris?"), tools=WEATHER, tool_choice="required", max_tokens=80,
+                     temperature=0)
+    assert req.tools.format == "hermes" and "<tools>" in m.detokenize(req.prompt)
+    r = req.result()
+    assert r.stop == "tool_calls" and r.tool_calls and r.tool_calls[0].name in ("get_weather", "get_time"), r
+    json.loads(r.tool_calls[0].arguments)
+    assert "<tool_call>" in req.text  # the raw output held the format's markers

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llamax.grammar import Grammar
+from llamax.grammar import Grammar, closed
 
 
 class FieldError(ValueError):
@@ -26,19 +26,6 @@ class FieldError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(message)
         self.field = field
-
-
-def closed(schema: Any) -> Any:
-    """schema with every object that lists properties and says nothing of others closed to them
-    (llama.cpp's reading of a missing additionalProperties); the input is not modified."""
-    if isinstance(schema, list):
-        return [closed(x) for x in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: v if k in ("const", "enum", "default", "examples") else closed(v) for k, v in schema.items()}
-    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
-    return out
 
 
 def _schema(field: str, schema: Any) -> Grammar:

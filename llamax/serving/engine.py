@@ -356,7 +356,8 @@ class Engine:
                                  "cells (one more is needed for the next token) and context shift is off")
             toks, n_trunc = self._truncate(toks, keep)
         decoder = SeqDecoder(self.model, sampler, max_tokens=max_tokens, stop=stops, ignore_eos=bool(ignore_eos),
-                             logprobs=logprobs)  # compiles the grammar for the vocabulary (ValueError)
+                             logprobs=logprobs,  # compiles the grammar for the vocabulary (ValueError)
+                             special=plan is not None and plan.format == "hermes")  # <tool_call> shown
         with self._qlock:
             if self._error is not None:
                 raise LlamaxError("the engine stopped after an error") from self._error

@@ -43,7 +43,8 @@ class Result:
     logprobs: each generated token's TokenLogprob (submit's logprobs=k), else None;
     prompt_logprobs: each prompt token's (the first is None: nothing precedes it), with
     submit(prompt_logprobs=True), else None; tool_calls: the tool calls the output made (submit's
-    tools), else None (text is then the output's reply part, often empty).
+    tools), else None (text is then the output's reply part, often empty; calls cut by max_tokens
+    come with stop "length" and their arguments as far as they got).
     """
 
     text: str
@@ -278,8 +279,8 @@ class Request:
         if self.tools is not None and stop not in ("cancelled", "error"):
             content, found = self.tools.parse(text)  # the reply part of the output, and its calls
             text = content if content is not None else "" if found else text
-            if found:
-                calls, stop = list(found), "tool_calls"
+            if found:  # cut by max_tokens: the calls so far, stop "length" (OpenAI's finish_reason)
+                calls, stop = list(found), "tool_calls" if stop != "length" else stop
         res = Result(text=text, tokens=list(self.generated), stop=stop, n_prompt=len(self.prompt),
                      n_cached=self.n_cached, n_generated=n, ttft_s=ttft,
                      gen_tps=(n - 1) / span if n > 1 and span > 0 else 0.0, n_shift=self.n_shift,
