@@ -8,9 +8,10 @@ nothing reaching the Engine.
 One server runs SmolLM2 with 2 slots of 2048 cells (unified cache, prefix cache on); the in-process
 Engine is the reference for the values."""
 import json
+from pathlib import Path
 
-import httpx
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from test_server import LiveServer
@@ -39,6 +40,7 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
          {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": ADD}}]
 PARAMS = {"get_weather": WEATHER, "add": ADD}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+LLAMA_CPP = Path(__file__).resolve().parent / "data" / "logprobs"  # llama.cpp's logprobs, recorded there
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +93,8 @@ def test_response_format_json_schema(client, strict, prompts):
 def test_response_format_json_object(client):
     system = {"role": "system", "content": 'You answer with one small JSON object, such as {"answer": "yes"}.'}
     for i, prompt in enumerate(["Is the sky blue?", "Is water wet?"]):
-        r = chat(client, messages=[system, {"role": "user", "content": prompt}], response_format={"type": "json_object"},
-                 max_tokens=40, temperature=0.7, seed=3 + i)
+        r = chat(client, messages=[system, {"role": "user", "content": prompt}], max_tokens=40, temperature=0.7,
+                 seed=3 + i, response_format={"type": "json_object"})
         assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
         assert isinstance(json.loads(r.choices[0].message.content), dict)
 
@@ -313,6 +315,29 @@ def test_completion_logprobs_with_echo(client, engine, model):
     # llama-server's n_probs asks for the same
     c = client.completions.create(model="x", prompt=prompt, max_tokens=4, temperature=0, extra_body={"n_probs": 2})
     assert c.choices[0].logprobs.model_dump() == r.choices[0].logprobs.model_dump()
+
+
+def test_echoed_logprobs_agree_with_llama_cpp(client, model):
+    """The recorded sequences (prompt and llama.cpp's greedy continuation) sent as token ids with echo:
+    each token's logprob within 2x llama.cpp's own flash-attention on/off spread of it, and the same
+    most likely next token wherever llama.cpp's top-1/top-2 gap is clear (test_logprobs' criteria)."""
+    meta = json.loads((LLAMA_CPP / "smollm2-135m.json").read_text())
+    ref = np.load(LLAMA_CPP / "smollm2-135m.npz")
+    tol = 2 * meta["fa_spread"]["chosen"]
+    for name in meta["n_prompt"]:
+        toks = ref[f"{name}__tokens"].tolist()
+        r = client.completions.create(model="x", prompt=toks, max_tokens=1, temperature=0, logprobs=5, echo=True)
+        lp = r.choices[0].logprobs
+        assert lp.tokens[:len(toks)] == [model.token_to_piece(t).decode("utf-8", "replace") for t in toks]
+        got = np.array(lp.token_logprobs[1:len(toks)])
+        assert np.abs(got - ref[f"{name}__fa_off__lp"]).max() <= tol, name
+        r_ids, r_lps = ref[f"{name}__fa_off__top_ids"], ref[f"{name}__fa_off__top_lp"]
+        clear = (r_lps[:, 0] - r_lps[:, 1]) > tol
+        assert clear.sum() >= len(clear) // 3
+        # position i's top list is the distribution that predicted token i: llama.cpp's row i - 1
+        for i in np.nonzero(clear[:-1])[0]:
+            top = lp.top_logprobs[i + 1]
+            assert max(top, key=top.get) == model.token_to_piece(int(r_ids[i, 0])).decode("utf-8", "replace")
 
 
 @pytest.mark.parametrize("echo", [False, True])

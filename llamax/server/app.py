@@ -198,8 +198,8 @@ class Server:
             return APIError(503, str(e))
         if isinstance(e, (BatchError, ChatTemplateError, ValueError, TypeError)):
             head = re.match(r"[a-z_]+", str(e))
-            named = head is not None and body is not None and head.group() in type(body).model_fields
-            return APIError(400, str(e), head.group() if named else None)
+            field = head.group() if head is not None else None
+            return APIError(400, str(e), field if body is not None and field in type(body).model_fields else None)
         if isinstance(e, RequestError):
             return APIError(500, str(e))
         if isinstance(e, LlamaxError):

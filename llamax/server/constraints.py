@@ -96,7 +96,7 @@ def tools_closed(tools: list) -> list:
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         params = fn.get("parameters") if isinstance(fn, dict) else None
-        if not isinstance(params, dict):
+        if not isinstance(fn, dict) or not isinstance(params, dict):
             out.append(tool)
             continue
         params = closed(params)

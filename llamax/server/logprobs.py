@@ -41,7 +41,10 @@ def completion(tokens: Sequence[int], items: Sequence[TokenLogprob | None], piec
                offset: int = 0) -> dict:
     """Legacy completions logprobs of tokens (items[i] is tokens[i]'s; None, the first prompt token's
     with echo, gives null logprobs). offset: the text offset of the first token."""
-    texts, lps, tops, offsets = [], [], [], []
+    texts: list[str] = []
+    lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
     pos = offset
     for tok, t in zip(tokens, items):
         s = _text(piece(tok))
