@@ -130,13 +130,14 @@ def test_streamed_schema_output(client):
     ({"response_format": {"type": "xml"}}, "response_format"),
     ({"json_schema": {"type": "object", "properties": {"a": {"type": "bogus"}}}}, "json_schema"),
     ({"json_schema": "an object"}, "json_schema"),
+    ({"json_schema": False}, "json_schema"),
     ({"grammar": "root ::= missing"}, "grammar"),
     ({"grammar": "root ::= \"a"}, "grammar"),
     ({"grammar": "root ::= \"a\"", "json_schema": {"type": "object"}}, "grammar"),
     ({"response_format": {"type": "json_object"}, "grammar": "root ::= \"a\""}, "grammar"),
     ({"response_format": {"type": "json_object"}, "tools": TOOLS}, "response_format"),
 ], ids=["bad-schema", "json_schema-without-schema", "unknown-type", "llama-schema", "schema-not-object",
-        "gbnf-undefined-rule", "gbnf-unterminated", "schema+grammar", "format+grammar", "format+tools"])
+        "schema-false", "gbnf-undefined-rule", "gbnf-unterminated", "schema+grammar", "format+grammar", "format+tools"])
 def test_bad_constraints_are_400_naming_the_field(server, extra, param):
     refused(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **extra}, param)
 
@@ -168,6 +169,9 @@ def test_tool_choice_none_answers_text(client):
     ch = r.choices[0]
     assert ch.message.tool_calls is None and ch.message.content and ch.finish_reason == "length"
     assert ch.message.content == chat(client, max_tokens=12, temperature=0).choices[0].message.content
+    for choice in ("auto", "none"):  # without tools: no call asked, nothing changes
+        assert chat(client, max_tokens=12, temperature=0, extra_body={"tool_choice": choice}).choices[0]\
+            .message.content == ch.message.content
 
 
 def test_streamed_tool_calls_equal_the_non_streamed(client):
@@ -245,7 +249,15 @@ def test_a_tool_call_cut_by_max_tokens_finishes_with_length(client):
     ({"tools": [{"type": "retrieval"}]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "bogus"}}}]}, "tools"),
-], ids=["unknown-name", "unknown-choice", "bad-name", "not-function", "parameters-not-object", "bad-parameters"])
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": {"type": "function", "function": {"name": "add"}}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function"}}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": 5}, "tool_choice"),
+    ({"tools": {"type": "function"}}, "tools"),
+    ({"tools": TOOLS, "parallel_tool_calls": "no"}, "parallel_tool_calls"),
+], ids=["unknown-name", "unknown-choice", "bad-name", "not-function", "parameters-not-object", "bad-parameters",
+        "required-without-tools", "named-without-tools", "named-without-name", "choice-not-str", "tools-not-list",
+        "parallel-not-bool"])
 def test_bad_tools_are_400_naming_the_field(server, extra, param):
     refused(server, "/v1/chat/completions", {"messages": ASK, "max_tokens": 4, **extra}, param)
 

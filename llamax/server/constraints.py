@@ -45,8 +45,10 @@ def closed(schema: Any) -> Any:
 def _schema(field: str, schema: Any) -> Grammar:
     if not isinstance(schema, (dict, bool)):
         raise FieldError(field, f"{field}: a JSON schema is an object, not {type(schema).__name__}")
+    if schema is False:
+        raise FieldError(field, f"{field}: the schema false accepts no output")
     try:
-        return Grammar.json_schema(closed(schema) if isinstance(schema, dict) else ({} if schema else {"not": {}}))
+        return Grammar.json_schema(closed(schema) if isinstance(schema, dict) else {})
     except ValueError as e:
         raise FieldError(field, f"{field}: invalid JSON schema: {e}") from None
 

@@ -285,13 +285,21 @@ class ChatRequest(Sampling):
             raise ValueError("only with logprobs: true")
         return v
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_needs_tools(cls, v, info: ValidationInfo):
+        if v not in (None, "auto", "none") and not info.data.get("tools"):  # tools is validated first
+            raise ValueError(f"{v!r} asks for a tool call: only with tools")
+        return v
+
     def n_logprobs(self) -> int | None:
         if self.logprobs:
             return self.top_logprobs or 0
         return super().n_logprobs()
 
     def tool_kwargs(self) -> dict:
-        """Engine.submit's tool keywords (none without tools: tool_choice alone is a no-op, as OpenAI).
+        """Engine.submit's tool keywords (none without tools: tool_choice "auto" or "none" alone is a
+        no-op; one that asks for a call was refused above).
         Without tools, a history with tool calls or results still goes through the tool layer (no
         tools offered): it renders those turns as llama.cpp does when the template cannot."""
         if not self.tools:
