@@ -403,8 +403,10 @@ def test_penalties_equal_the_engines(client, engine):
     assert outs[(("presence_penalty", 1.5), ("repeat_last_n", 0))] == plain  # a window of 0: no penalty
 
 
-@pytest.mark.parametrize("bias", [{"abc": 5}, {"-1": 5}, {"1": 101}, {"1": -100.5}, {"49152": 1}, {"1": "x"}],
-                         ids=["not-a-number", "negative", "over-100", "under-100", "outside-vocab", "not-a-float"])
+@pytest.mark.parametrize("bias", [{"abc": 5}, {"-1": 5}, {"²": 5}, {"1": 101}, {"1": -100.5}, {"49152": 1},
+                                  {"1": "x"}, [5]],
+                         ids=["not-a-number", "negative", "superscript-digit", "over-100", "under-100", "outside-vocab",
+                              "not-a-float", "not-an-object"])
 def test_bad_logit_bias_is_400(server, bias):
     refused(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "logit_bias": bias}, "logit_bias")
 

@@ -136,7 +136,7 @@ class Sampling(_Body):
     @classmethod
     def _bias(cls, v):
         for key, bias in (v or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # "²" is a digit to str.isdigit, not to int()
                 raise ValueError(f"{key!r}: the keys are token ids (as strings, e.g. \"50256\")")
             if not BIAS_BAN <= bias <= 100.0:
                 raise ValueError(f"token {key}: a bias in [-100, 100], not {bias}")
