@@ -18,6 +18,7 @@ from test_server import LiveServer
 from test_server_surface import counters, events
 
 import llamax
+from llamax.server.constraints import closed
 
 PERSON = {  # nested objects, an array, enums, required keys; strings bounded so that an answer fits
     "type": "object",
@@ -121,6 +122,23 @@ def test_streamed_schema_output(client):
     jsonschema.validate(json.loads(text), PERSON)
     assert text == chat(client, **kw).choices[0].message.content
     assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_schemas_are_closed_where_they_hold_objects():
+    """Every object schema that lists properties gets additionalProperties false (llama.cpp's reading),
+    wherever schemas nest; property names and literal values are data, left alone."""
+    obj = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    shut = {**obj, "additionalProperties": False}
+    schema = {"type": "object", "properties": {"enum": obj, "properties": obj, "const": obj},
+              "$defs": {"D": obj}, "anyOf": [obj], "items": obj, "prefixItems": [obj], "not": obj,
+              "enum": [obj], "const": obj, "default": obj, "additionalProperties": obj}
+    got = closed(schema)
+    assert got["properties"] == {"enum": shut, "properties": shut, "const": shut}
+    assert got["$defs"] == {"D": shut} and got["anyOf"] == [shut] and got["items"] == shut
+    assert got["prefixItems"] == [shut] and got["not"] == shut and got["additionalProperties"] == shut
+    assert got["enum"] == [obj] and got["const"] == obj and got["default"] == obj
+    assert closed({**obj, "additionalProperties": True})["additionalProperties"] is True
+    assert schema["properties"]["enum"] == obj  # the input is left as it was
 
 
 @pytest.mark.parametrize("extra,param", [
