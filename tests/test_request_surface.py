@@ -194,16 +194,18 @@ def test_tool_choice_none_answers_text(client):
 
 def test_streamed_tool_calls_equal_the_non_streamed(client):
     msgs = [{"role": "user", "content": "What is the weather in Rome, and what is 2 + 3?"}]
-    kw = dict(messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0.7, seed=5)
+    kw = dict(messages=msgs, tools=TOOLS, tool_choice="required", max_tokens=96, temperature=0.7, seed=5,
+              logprobs=True, top_logprobs=2)
     whole = chat(client, **kw).choices[0]
     check_calls(whole.message)
     want = [(c.function.name, c.function.arguments) for c in whole.message.tool_calls]
     # a manual accumulator over the raw deltas, as OpenAI documents them
     calls: dict[int, dict] = {}
-    finish = None
+    finish, logprobs = None, []
     for chunk in chat(client, stream=True, **kw):
         for ch in chunk.choices:
             finish = ch.finish_reason or finish
+            logprobs += ch.logprobs.content if ch.logprobs else []
             assert not ch.delta.content
             for d in ch.delta.tool_calls or ():
                 c = calls.setdefault(d.index, {"id": None, "name": "", "arguments": ""})
@@ -214,6 +216,7 @@ def test_streamed_tool_calls_equal_the_non_streamed(client):
                 c["arguments"] += d.function.arguments or ""
     assert finish == "tool_calls" and all(c["id"].startswith("call_") for c in calls.values())
     assert [(calls[i]["name"], calls[i]["arguments"]) for i in sorted(calls)] == want
+    assert [t.model_dump() for t in logprobs] == [t.model_dump() for t in whole.logprobs.content]  # every token's
     # the SDK's stream helper assembles the same
     with client.chat.completions.stream(model="x", **kw) as s:
         final = s.get_final_completion()

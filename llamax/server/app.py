@@ -535,7 +535,9 @@ class _Choices:
     """The stream chunks of each choice (OpenAI's shapes): text deltas, or with tools the deltas of
     the tool-call reader (llamax.tools.ToolStream: content, then each call's name and its arguments
     in pieces); each chunk carries the logprobs of the tokens generated since the choice's last
-    chunk (all of them by its end, from the Result)."""
+    chunk (all of them by its end, from the Result). A completion's chunks concatenate to the
+    non-streamed logprobs: with echo the prompt's come first, and text offsets count from the start
+    of the choice's text."""
 
     def __init__(self, server: Server, reqs, body: Sampling, *, chat: bool, echoed: list[str] | None) -> None:
         self.chat, self.reqs, self.echoed = chat, reqs, echoed
