@@ -578,17 +578,31 @@ def _vocabulary(tokenizer: Tokenizer, n_vocab: int) -> _Vocabulary:
         return vocab
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "unevaluatedProperties", "unevaluatedItems",
+               "contains", "propertyNames", "not", "if", "then", "else")
+
+
 def closed(schema: Any) -> Any:
     """schema with every object that lists `properties` and says nothing of others closed to them
     (additionalProperties: false): llama.cpp's reading of a missing additionalProperties
     (json-schema-to-grammar), which the server and tool calling follow so that llama-server's clients
-    get the same outputs. The input is not modified; const, enum, default and examples values are
-    data, left as they are."""
-    if isinstance(schema, list):
-        return [closed(x) for x in schema]
+    get the same outputs. The input is not modified. Only the keywords that hold schemas are walked:
+    a property named "enum" or "properties" is a property."""
     if not isinstance(schema, dict):
         return schema
-    out = {k: v if k in ("const", "enum", "default", "examples") else closed(v) for k, v in schema.items()}
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            out[key] = [closed(sub) for sub in schema[key]]
+    for key in _SCHEMA_ONE:
+        if key in schema:
+            sub = schema[key]
+            out[key] = [closed(x) for x in sub] if isinstance(sub, list) else closed(sub)  # draft 4's items list
     if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         out["additionalProperties"] = False
     return out

@@ -26,6 +26,7 @@ import contextlib
 import hmac
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -46,7 +47,7 @@ from llamax.model.chat import ChatTemplateError
 from llamax.sequence import prompt_tokens
 from llamax.server import logprobs as _logprobs
 from llamax.server import prometheus
-from llamax.server.constraints import FieldError, grammar_of
+from llamax.server.constraints import FieldError, grammar_of, tools_closed
 from llamax.server.cors import CORS
 from llamax.server.schemas import (DEFAULT_SAMPLERS, ApplyTemplateRequest, ChatRequest, CompletionRequest,
                                    DetokenizeRequest, Sampling, SlotAction, TokenizeRequest)
@@ -148,6 +149,10 @@ class Server:
         if body.id_slot >= self.engine.n_parallel:
             raise APIError(400, f"id_slot = {body.id_slot}: this server has slots 0..{self.engine.n_parallel - 1} "
                            "(-1: any)", "id_slot")
+        n_vocab = self.engine.model.n_vocab
+        beyond = [k for k in body.logit_bias or {} if int(k) >= n_vocab]
+        if beyond:  # OpenAI refuses them (llama.cpp would drop them silently)
+            raise APIError(400, f"logit_bias: token {beyond[0]} outside the vocabulary [0, {n_vocab})", "logit_bias")
 
     async def _submit(self, prompts: list, body: Sampling, max_tokens: int | None,
                       field: str = "max_tokens", **extra) -> list:
@@ -173,7 +178,7 @@ class Server:
                 r.cancel()
             if isinstance(e, BatchError):
                 await self._exceeds(prompt)
-            raise self._engine_error(e) from None
+            raise self._engine_error(e, body) from None
         return reqs
 
     async def _exceeds(self, prompt) -> None:
@@ -188,11 +193,15 @@ class Server:
             raise APIError(400, f"request ({n} tokens) exceeds the available context size ({n_ctx} tokens), "
                            "try increasing it", kind="exceed_context_size_error", n_prompt_tokens=n, n_ctx=n_ctx)
 
-    def _engine_error(self, e: BaseException) -> BaseException:
+    def _engine_error(self, e: BaseException, body: Sampling | None = None) -> BaseException:
+        """The APIError of an Engine error; a refused request (400) names the body's field its
+        message starts with (the Engine's checks of tools, tool_choice, ... name the argument first)."""
         if isinstance(e, EngineFullError):
             return APIError(503, str(e))
         if isinstance(e, (BatchError, ChatTemplateError, ValueError, TypeError)):
-            return APIError(400, str(e))
+            head = re.match(r"[a-z_]+", str(e))
+            field = head.group() if head is not None else None
+            return APIError(400, str(e), field if body is not None and field in type(body).model_fields else None)
         if isinstance(e, RequestError):
             return APIError(500, str(e))
         if isinstance(e, LlamaxError):
@@ -349,7 +358,13 @@ class Server:
         asked, field = body.asked_tokens()
         if body.n_predict is None and body.max_completion_tokens is not None:
             asked, field = body.max_completion_tokens, "max_completion_tokens"
-        reqs = await self._submit([messages], body, asked, field, **body.tool_kwargs())
+        tools = body.tool_kwargs()
+        if tools.get("tools"):
+            try:
+                tools["tools"] = tools_closed(tools["tools"])
+            except FieldError as e:
+                raise APIError(400, str(e), e.field) from None
+        reqs = await self._submit([messages], body, asked, field, **tools)
         return await self._respond(request, body, reqs, chat=True)
 
     def _echo_text(self, prompt) -> str:
@@ -370,7 +385,7 @@ class Server:
         text = r.text if echoed is None else echoed + r.text
         if r.logprobs is not None:
             if r.prompt_logprobs is not None:  # echo: the prompt's tokens first
-                toks = [req.prompt[0]] + [t.token for t in r.prompt_logprobs[1:] if t is not None]
+                toks = _prompt_tokens(req.prompt, r.prompt_logprobs)
                 lp = _logprobs.completion(toks + r.tokens, [*r.prompt_logprobs, *r.logprobs], piece)
             else:
                 lp = _logprobs.completion(r.tokens, r.logprobs, piece, len(text) - len(r.text))
@@ -508,6 +523,11 @@ class Server:
         return JSONResponse({"content": m.detokenize(body.tokens)})
 
 
+def _prompt_tokens(prompt: Sequence[int], items: Sequence) -> list[int]:
+    """The prompt's token ids for its logprobs (items[0] is None: the first token's are)."""
+    return [prompt[0]] + [t.token for t in items[1:] if t is not None]
+
+
 def _tool_call(c) -> dict:
     """A llamax.tools.ToolCall as OpenAI's message.tool_calls item."""
     return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
@@ -517,27 +537,44 @@ class _Choices:
     """The stream chunks of each choice (OpenAI's shapes): text deltas, or with tools the deltas of
     the tool-call reader (llamax.tools.ToolStream: content, then each call's name and its arguments
     in pieces); each chunk carries the logprobs of the tokens generated since the choice's last
-    chunk (all of them by its end, from the Result)."""
+    chunk (all of them by its end, from the Result). A completion's chunks concatenate to the
+    non-streamed logprobs: with echo the prompt's come first, and text offsets count from the start
+    of the choice's text."""
 
     def __init__(self, server: Server, reqs, body: Sampling, *, chat: bool, echoed: list[str] | None) -> None:
         self.chat, self.reqs, self.echoed = chat, reqs, echoed
         self.obj = "chat.completion.chunk" if chat else "text_completion"
         self.piece_of = server.engine.model.token_to_piece
         self.sent = [0] * len(reqs)  # logprobs sent per choice
+        self.offset = [0] * len(reqs)  # completions: the text offset of the choice's next token
         self.readers = [r.tools.stream() if chat and getattr(r, "tools", None) is not None else None for r in reqs]
         self.started = [False] * len(reqs)
 
     def _wrap(self, i: int, c: dict, lp: dict | None, reason: str | None) -> dict:
         return {"object": self.obj, "choices": [{"index": i, **c, "logprobs": lp, "finish_reason": reason}]}
 
-    def _new_logprobs(self, i: int, items: list | None) -> dict | None:
-        if items is None or len(items) <= self.sent[i]:
+    def _new_logprobs(self, i: int, items: list | None, prompt: list | None = None) -> dict | None:
+        """The logprobs of the tokens generated since the choice's last chunk; prompt (completions'
+        echo, in the choice's first chunk): the prompt tokens' logprobs, put first. Text offsets
+        count from the start of the choice's text, as the non-streamed answer's."""
+        if items is not None and len(items) > self.sent[i]:
+            new, self.sent[i] = items[self.sent[i]:], len(items)
+        elif prompt is None:
             return None
-        new, self.sent[i] = items[self.sent[i]:], len(items)
+        else:
+            new = []
         if self.chat:
             return {"content": _logprobs.chat_content(new, self.piece_of), "refusal": None}
         toks = [t.token for t in new]
-        return _logprobs.completion(toks, new, self.piece_of)
+        if prompt is not None:
+            toks, new = _prompt_tokens(self.reqs[i].prompt, prompt) + toks, [*prompt, *new]
+        out = _logprobs.completion(toks, new, self.piece_of, self.offset[i])
+        self.offset[i] += sum(len(s) for s in out["tokens"])
+        return out
+
+    def _echoed_logprobs(self, i: int, prompt: list | None) -> list | None:
+        """The prompt's logprobs to put in the choice's first chunk (completions with echo), or None."""
+        return prompt if not self.chat and not self.started[i] and self.echoed is not None else None
 
     def opening(self, i: int) -> dict:
         """A chat choice's first chunk: the role alone (llama-server's content null)."""
@@ -547,7 +584,8 @@ class _Choices:
 
     def piece(self, i: int, text: str) -> list[dict]:
         decoder = getattr(self.reqs[i], "decoder", None)
-        lp = self._new_logprobs(i, None if decoder is None else decoder.logprobs)
+        lp = self._new_logprobs(i, None if decoder is None else decoder.logprobs,
+                                self._echoed_logprobs(i, getattr(self.reqs[i], "prompt_logprobs", None)))
         if not self.chat:
             if not self.started[i] and self.echoed is not None:
                 text = self.echoed[i] + text
@@ -564,7 +602,9 @@ class _Choices:
         (with the logprobs not sent yet)."""
         out: list[dict] = []
         if not self.chat and not self.started[i] and self.echoed is not None:
-            out.append(self._wrap(i, {"text": self.echoed[i]}, None, None))
+            lp = self._new_logprobs(i, None, self._echoed_logprobs(i, res.prompt_logprobs))
+            out.append(self._wrap(i, {"text": self.echoed[i]}, lp, None))
+            self.started[i] = True
         reader = self.readers[i]
         if reader is not None:
             out += [self._wrap(i, {"delta": d}, None, None) for d in reader.finish()]

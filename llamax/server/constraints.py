@@ -9,7 +9,8 @@
     grammar (llama-server)                                    GBNF, llama.cpp's grammar format ("": none)
 
 A schema's objects with `properties` and no `additionalProperties` are closed (no other keys), as
-llama.cpp's json-schema-to-grammar makes them: llama-server's clients get the same outputs here.
+llama.cpp's json-schema-to-grammar makes them: llama-server's clients get the same outputs here. The
+same holds for the `parameters` of tools (`tools_closed`): a call's arguments have the tool's keys only.
 At most one of them may be given. Each is compiled once per model vocabulary (llamax.grammar's
 cache), when the request is submitted; one that does not compile is the client's error.
 """
@@ -31,8 +32,10 @@ class FieldError(ValueError):
 def _schema(field: str, schema: Any) -> Grammar:
     if not isinstance(schema, (dict, bool)):
         raise FieldError(field, f"{field}: a JSON schema is an object, not {type(schema).__name__}")
+    if schema is False:
+        raise FieldError(field, f"{field}: the schema false accepts no output")
     try:
-        return Grammar.json_schema(closed(schema) if isinstance(schema, dict) else ({} if schema else {"not": {}}))
+        return Grammar.json_schema(closed(schema) if isinstance(schema, dict) else {})
     except ValueError as e:
         raise FieldError(field, f"{field}: invalid JSON schema: {e}") from None
 
@@ -70,3 +73,25 @@ def grammar_of(response_format: dict | None, json_schema: Any = None, grammar: s
                              '"schema": {...}}}')
         return _schema("response_format", spec.get("schema", {}))
     raise FieldError("response_format", f'response_format: type {kind!r}: one of "text", "json_object", "json_schema"')
+
+
+def tools_closed(tools: list) -> list:
+    """OpenAI's tools with each function's `parameters` closed as a response schema is (`closed`), each
+    checked to compile. Entries of other shapes are left as given: the Engine's tool checks name them.
+
+    Raises:
+        FieldError: a tool's parameters are not a JSON schema llguidance takes (field "tools")."""
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        if not isinstance(fn, dict) or not isinstance(params, dict):
+            out.append(tool)
+            continue
+        params = closed(params)
+        try:
+            Grammar.json_schema(params)
+        except (ValueError, TypeError) as e:
+            raise FieldError("tools", f"tools[{i}].function.parameters: invalid JSON schema: {e}") from None
+        out.append({**tool, "function": {**fn, "parameters": params}})
+    return out

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 MAX_STOPS = 16          # stop strings per request
 MAX_STOP_CHARS = 256    # characters per stop string
@@ -136,7 +136,7 @@ class Sampling(_Body):
     @classmethod
     def _bias(cls, v):
         for key, bias in (v or {}).items():
-            if not key.isdigit():
+            if not (key.isascii() and key.isdigit()):  # "²" is a digit to str.isdigit, not to int()
                 raise ValueError(f"{key!r}: the keys are token ids (as strings, e.g. \"50256\")")
             if not BIAS_BAN <= bias <= 100.0:
                 raise ValueError(f"token {key}: a bias in [-100, 100], not {bias}")
@@ -278,11 +278,19 @@ class ChatRequest(Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
 
-    @model_validator(mode="after")
-    def _top_needs_logprobs(self):
-        if self.top_logprobs and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
-        return self
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v, info: ValidationInfo):
+        if v and not info.data.get("logprobs"):  # logprobs is validated first (declared before)
+            raise ValueError("only with logprobs: true")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_needs_tools(cls, v, info: ValidationInfo):
+        if v not in (None, "auto", "none") and not info.data.get("tools"):  # tools is validated first
+            raise ValueError(f"{v!r} asks for a tool call: only with tools")
+        return v
 
     def n_logprobs(self) -> int | None:
         if self.logprobs:
@@ -290,8 +298,13 @@ class ChatRequest(Sampling):
         return super().n_logprobs()
 
     def tool_kwargs(self) -> dict:
-        """Engine.submit's tool keywords (none without tools: tool_choice alone is a no-op, as OpenAI)."""
+        """Engine.submit's tool keywords (none without tools: tool_choice "auto" or "none" alone is a
+        no-op; one that asks for a call was refused above).
+        Without tools, a history with tool calls or results still goes through the tool layer (no
+        tools offered): it renders those turns as llama.cpp does when the template cannot."""
         if not self.tools:
+            if any(m.tool_calls or m.role == "tool" for m in self.messages):
+                return dict(tools=[], tool_choice="none")
             return {}
         return dict(tools=self.tools, tool_choice=self.tool_choice if self.tool_choice is not None else "auto",
                     parallel_tool_calls=self.parallel_tool_calls)
