@@ -263,3 +263,13 @@ def test_a_template_with_tool_syntax_renders_and_parses_its_own_format():
     assert r.stop == "tool_calls" and r.tool_calls and r.tool_calls[0].name in ("get_weather", "get_time"), r
     json.loads(r.tool_calls[0].arguments)
     assert "<tool_call>" in req.text  # the raw output held the format's markers
+
+
+def test_a_tool_history_renders_without_tools(engine):
+    """Earlier tool calls and results in the messages, no tools offered now: plain text, no template error."""
+    msgs = chat("What is the weather in Paris?") + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
+    r = engine.generate(msgs, max_tokens=16, temperature=0)
+    assert r.tool_calls is None and r.stop in ("eog", "length")

@@ -299,12 +299,9 @@ class ChatRequest(Sampling):
 
     def tool_kwargs(self) -> dict:
         """Engine.submit's tool keywords (none without tools: tool_choice "auto" or "none" alone is a
-        no-op; one that asks for a call was refused above).
-        Without tools, a history with tool calls or results still goes through the tool layer (no
-        tools offered): it renders those turns as llama.cpp does when the template cannot."""
+        no-op; one that asks for a call was refused above; a history with tool calls or results
+        and no tools is the Engine's to render)."""
         if not self.tools:
-            if any(m.tool_calls or m.role == "tool" for m in self.messages):
-                return dict(tools=[], tool_choice="none")
             return {}
         return dict(tools=self.tools, tool_choice=self.tool_choice if self.tool_choice is not None else "auto",
                     parallel_tool_calls=self.parallel_tool_calls)

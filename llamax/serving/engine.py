@@ -309,7 +309,8 @@ class Engine:
         of LOGPROB_CHUNK tokens). tools / tool_choice / parallel_tool_calls: OpenAI's tools (chat
         messages only): the prompt is rendered with them (the model's own tool syntax, else
         llama.cpp's generic JSON format), the output is constrained to the choice (a grammar: a tool
-        call for "required" or a named function) and parsed into Result.tool_calls. cache_prompt:
+        call for "required" or a named function) and parsed into Result.tool_calls; earlier tool calls
+        and results in the messages render through the same layer, with or without tools. cache_prompt:
         False computes the whole prompt and keeps nothing of it for later requests. slot: run on
         this slot (-1: any; the request waits for it).
 
@@ -321,8 +322,11 @@ class Engine:
                 tool or tool_choice, logprobs outside 0..20).
         """
         plan = None
+        is_chat = isinstance(prompt, Sequence) and bool(prompt) and all(isinstance(m, Mapping) for m in prompt)
+        if tools is None and is_chat and any(m.get("tool_calls") or m.get("role") == "tool" for m in prompt):
+            tools, tool_choice = [], "none"  # earlier tool turns, no tools now: rendered by the tool layer
         if tools is not None:
-            if not (isinstance(prompt, Sequence) and prompt and all(isinstance(m, Mapping) for m in prompt)):
+            if not is_chat:
                 raise TypeError("tools need the prompt as chat messages ([{'role': ..., 'content': ...}])")
             from llamax.tools import prepare
             plan = prepare(self.model, list(prompt), list(tools), tool_choice, bool(parallel_tool_calls))
