@@ -252,7 +252,7 @@ def _routes(rs: ReplicaSet) -> list:
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from llamax.server.app import APIError
+    from llamax.server.errors import APIError
 
     async def replicas(request: Request) -> JSONResponse:
         return JSONResponse(await asyncio.to_thread(rs.replicas))

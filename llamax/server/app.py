@@ -48,7 +48,9 @@ from llamax.sequence import prompt_tokens
 from llamax.server import logprobs as _logprobs
 from llamax.server import prometheus
 from llamax.server.constraints import FieldError, grammar_of, tools_closed
+from llamax.server.embeddings import Embeddings
 from llamax.server.cors import CORS
+from llamax.server.errors import APIError
 from llamax.server.schemas import (DEFAULT_SAMPLERS, ApplyTemplateRequest, ChatRequest, CompletionRequest,
                                    DetokenizeRequest, Sampling, SlotAction, TokenizeRequest)
 from llamax.serving import Result
@@ -61,27 +63,6 @@ OPEN_PATHS = ("/health", "/v1/health")  # no API key needed
 FINISH = {"eog": "stop", "stop": "stop", "length": "length", "cancelled": "stop", "grammar": "stop",
           "tool_calls": "tool_calls"}
 PROGRESS_POLL_S = 0.02  # how often a return_progress stream looks at its prompt's progress
-
-
-class APIError(Exception):
-    """An error answered with an OpenAI-style body: {"error": {"message", "type", "param", "code"}}."""
-
-    TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-             404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error",
-             500: "server_error", 501: "not_supported_error", 503: "unavailable_error"}
-
-    def __init__(self, status: int, message: str, param: str | None = None, *, kind: str | None = None,
-                 **extra) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind, self.extra = kind, extra  # llama-server's own error types carry more fields
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind or self.TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.status, **self.extra}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
 
 
 def _validation_message(e: ValidationError) -> tuple[str, str | None]:
@@ -806,8 +787,6 @@ def create_app(engine, *, model_name: str = "llamax", api_key: str | None = None
     Every route under /v1/ answers without the prefix too (/chat/completions, /models, ...), as
     llama-server's do.
     """
-    from llamax.server.embeddings import Embeddings  # it builds on this module's Server and APIError
-
     srv = Server(engine, model_name=model_name, api_key=api_key, max_body_bytes=max_body_bytes,
                  max_tokens=max_tokens)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response
 
 from llamax.embed import POOLINGS, prepare
 from llamax.errors import LlamaxError, ModelError
-from llamax.server.app import APIError, Server
+from llamax.server.errors import APIError
 
 MAX_INPUTS = 2048  # inputs per body (OpenAI's limit)
 
@@ -47,6 +47,15 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
+class BodyReader(Protocol):
+    """What the handler needs of the app's Server: its engine, body reader and model name."""
+
+    engine: Any
+    model_name: str
+
+    async def body(self, request: Request, model: type[BaseModel]) -> Any: ...
+
+
 class Embeddings:
     """The route handler: `Route("/v1/embeddings", Embeddings(server, pooling).handle, methods=["POST"])`.
 
@@ -58,7 +67,7 @@ class Embeddings:
         ValueError: an unknown pooling.
     """
 
-    def __init__(self, server: Server, pooling: str | None = None) -> None:
+    def __init__(self, server: BodyReader, pooling: str | None = None) -> None:
         if pooling is not None and pooling not in POOLINGS:
             raise ValueError(f"pooling = {pooling!r}: one of {', '.join(POOLINGS)}")
         self.server = server
