@@ -47,7 +47,7 @@ from llamax.model.chat import ChatTemplateError
 from llamax.sequence import prompt_tokens
 from llamax.server import logprobs as _logprobs
 from llamax.server import prometheus
-from llamax.server.constraints import FieldError, grammar_of, tools_closed
+from llamax.server.constraints import FieldError, check_tools, grammar_of
 from llamax.server.embeddings import Embeddings
 from llamax.server.cors import CORS
 from llamax.server.errors import APIError
@@ -342,7 +342,7 @@ class Server:
         tools = body.tool_kwargs()
         if tools.get("tools"):
             try:
-                tools["tools"] = tools_closed(tools["tools"])
+                check_tools(tools["tools"])
             except FieldError as e:
                 raise APIError(400, str(e), e.field) from None
         reqs = await self._submit([messages], body, asked, field, **tools)

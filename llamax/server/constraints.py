@@ -10,7 +10,8 @@
 
 A schema's objects with `properties` and no `additionalProperties` are closed (no other keys), as
 llama.cpp's json-schema-to-grammar makes them: llama-server's clients get the same outputs here. The
-same holds for the `parameters` of tools (`tools_closed`): a call's arguments have the tool's keys only.
+same holds for the `parameters` of tools (llamax.tools closes them; `check_tools` refuses one that does
+not compile): a call's arguments have the tool's keys only.
 At most one of them may be given. Each is compiled once per model vocabulary (llamax.grammar's
 cache), when the request is submitted; one that does not compile is the client's error.
 """
@@ -75,23 +76,18 @@ def grammar_of(response_format: dict | None, json_schema: Any = None, grammar: s
     raise FieldError("response_format", f'response_format: type {kind!r}: one of "text", "json_object", "json_schema"')
 
 
-def tools_closed(tools: list) -> list:
-    """OpenAI's tools with each function's `parameters` closed as a response schema is (`closed`), each
-    checked to compile. Entries of other shapes are left as given: the Engine's tool checks name them.
+def check_tools(tools: list) -> None:
+    """Each function's `parameters` must compile as the constraint of its arguments (closed, as the
+    tool layer uses them). Entries of other shapes are left to the Engine's tool checks, which name them.
 
     Raises:
         FieldError: a tool's parameters are not a JSON schema llguidance takes (field "tools")."""
-    out = []
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
         params = fn.get("parameters") if isinstance(fn, dict) else None
-        if not isinstance(fn, dict) or not isinstance(params, dict):
-            out.append(tool)
+        if not isinstance(params, dict):
             continue
-        params = closed(params)
         try:
-            Grammar.json_schema(params)
+            Grammar.json_schema(closed(params))
         except (ValueError, TypeError) as e:
             raise FieldError("tools", f"tools[{i}].function.parameters: invalid JSON schema: {e}") from None
-        out.append({**tool, "function": {**fn, "parameters": params}})
-    return out
