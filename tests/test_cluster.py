@@ -95,6 +95,35 @@ def test_the_endpoint_is_llamax_serve(cluster, client, model):
     assert len(reps) == 2 and all(r["pid"] > 0 and r["n_parallel"] == 2 for r in reps)
 
 
+def test_the_request_surface_through_replicas(cluster, client):
+    """Logprobs (echoed prompt ones too), a JSON schema and tool calls, streamed and not, as a single
+    server gives them."""
+    import json
+
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Name a river."}],
+                                       max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    lp = r.choices[0].logprobs.content
+    assert lp and all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in lp)
+    c = client.completions.create(model="x", prompt="One, two, three,", max_tokens=3, temperature=0, logprobs=1,
+                                  echo=True)
+    assert c.choices[0].logprobs.token_logprobs[0] is None and len(c.choices[0].logprobs.tokens) >= 6
+    schema = {"type": "object", "properties": {"river": {"type": "string", "maxLength": 20}}, "required": ["river"]}
+    r = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "A river as JSON."}],
+                                       max_tokens=40, temperature=0, response_format={
+                                           "type": "json_schema", "json_schema": {"name": "r", "schema": schema}})
+    assert set(json.loads(r.choices[0].message.content)) == {"river"}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    r = client.chat.completions.create(model="x", messages=ask, tools=tools, tool_choice="required", max_tokens=40,
+                                       temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.tool_calls[0].function.name == "get_weather"
+    args = "".join(tc.function.arguments or "" for ch in client.chat.completions.create(
+        model="x", messages=ask, tools=tools, tool_choice="required", max_tokens=40, temperature=0, stream=True)
+        for tc in (ch.choices[0].delta.tool_calls or []) if ch.choices)
+    assert args == r.choices[0].message.tool_calls[0].function.arguments
+
+
 def test_a_conversation_handed_over_continues_with_the_same_tokens(cluster, client, model):
     def finished():
         return per_replica(cluster, "llamax_replica_requests_finished_total")

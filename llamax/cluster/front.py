@@ -25,6 +25,7 @@ from typing import Any
 from llamax.errors import BatchError, EngineFullError, LlamaxError, NoKVSlotError, RequestError, StateError
 from llamax.sequence import bos_offset, prompt_tokens
 from llamax.serving.request import Result
+from llamax.tools import ToolPlan
 from llamax.cluster import routing
 
 log = logging.getLogger("llamax.cluster")
@@ -55,10 +56,13 @@ class RemoteRequest:
     """A request running on a replica: the face of llamax.serving.Request the HTTP app uses
     (`async for piece in r`, r.result(), r.cancel())."""
 
-    def __init__(self, replicas: ReplicaSet, tokens: list[int], kw: dict[str, Any]) -> None:
+    def __init__(self, replicas: ReplicaSet, tokens: list[int], kw: dict[str, Any], *,
+                 messages: list[dict] | None = None, tools: ToolPlan | None = None) -> None:
         self._set = replicas
         self.tokens = tokens
         self.kw = kw
+        self.messages = messages  # sent instead of the tokens when the replica renders tools
+        self.tools = tools        # the tool plan, for the stream's tool-call deltas
         self.hashes = routing.block_hashes(tokens)
         self.key = uuid.uuid4().hex
         self.replica: str | None = None   # where it runs
@@ -76,7 +80,7 @@ class RemoteRequest:
         while True:
             self.attempts += 1
             self._gen = self._set.handle.options(stream=True).generate.remote(
-                self.tokens, self.kw, hashes=self.hashes, key=self.key)
+                self.tokens, self.kw, hashes=self.hashes, key=self.key, messages=self.messages)
             try:
                 msg = await self._gen.__anext__()
             except deaths as e:
@@ -94,6 +98,11 @@ class RemoteRequest:
     @property
     def done(self) -> bool:
         return self._result is not None
+
+    @property
+    def prompt(self) -> list[int]:
+        """The prompt's token ids (Request.prompt's)."""
+        return self.tokens
 
     def result(self) -> Result:
         """The Result, once the pieces are all read."""
@@ -119,7 +128,7 @@ class RemoteRequest:
                         self._streamed = True
                         yield msg[1]
                     elif msg[0] == "result":
-                        self._result = Result(**msg[1])
+                        self._result = msg[1]
                         return
                     elif msg[0] == "error":
                         _raise(msg[1], msg[2])
@@ -173,10 +182,21 @@ class ReplicaSet:
     async def asubmit(self, prompt, *, n_keep: int = 0, **kw) -> RemoteRequest:
         """Engine.submit's arguments; the prompt is tokenized here and runs on the replica the
         router picks."""
-        toks = await asyncio.to_thread(prompt_tokens, self.model, prompt)
-        if isinstance(n_keep, int) and not isinstance(n_keep, bool) and n_keep >= 0:
+        plan, messages = None, None
+        turns = isinstance(prompt, list) and any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool")
+                                                 for m in prompt)
+        if kw.get("tools") is not None or turns:  # rendered by the replica's Engine; planned here for the stream
+            from llamax.tools import prepare
+
+            tools = kw.get("tools")
+            choice = kw.get("tool_choice", "auto") if tools is not None else "none"
+            plan = await asyncio.to_thread(prepare, self.model, list(prompt), list(tools or []), choice,
+                                           bool(kw.get("parallel_tool_calls", True)))
+            messages = list(prompt)
+        toks = await asyncio.to_thread(prompt_tokens, self.model, plan.prompt if plan is not None else prompt)
+        if isinstance(n_keep, int) and not isinstance(n_keep, bool) and n_keep >= 0 and messages is None:
             n_keep += bos_offset(self.model, prompt)  # the replica gets token ids: count the BOS here
-        req = RemoteRequest(self, toks, {**kw, "n_keep": n_keep})
+        req = RemoteRequest(self, toks, {**kw, "n_keep": n_keep}, messages=messages, tools=plan)
         await req.start()
         self._live.add(req)
         return req

@@ -18,7 +18,6 @@ a conversation moved off a draining or overloaded replica does not compute its p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator, Sequence
@@ -57,10 +56,13 @@ class EngineReplica:
 
     # ---- generation ------------------------------------------------------------------------------
     async def generate(self, tokens: list[int], kw: dict[str, Any], *, hashes: Sequence[str] = (),
-                       key: str | None = None, handover: str | None = None) -> AsyncIterator[tuple]:
+                       key: str | None = None, handover: str | None = None,
+                       messages: list[dict] | None = None) -> AsyncIterator[tuple]:
+        """Run one request: tokens (the prompt's ids), or messages when tools render the prompt here
+        (tokens are then what the front computed of them, for the handover)."""
         took = await self._take_over(tokens, handover) if handover and handover != self.id else 0
         try:
-            req = await asyncio.to_thread(self.engine.submit, tokens, **kw)
+            req = await asyncio.to_thread(self.engine.submit, tokens if messages is None else messages, **kw)
         except Exception as e:  # noqa: BLE001 - a refusal: sent back by name
             yield ("error", type(e).__name__, str(e))
             return
@@ -68,7 +70,7 @@ class EngineReplica:
         try:
             async for text in _coalesced(req):
                 yield ("text", text)
-            yield ("result", dataclasses.asdict(req.result()))
+            yield ("result", req.result())  # pickled whole: its logprobs and tool calls keep their types
         except LlamaxError as e:
             yield ("error", type(e).__name__, str(e))
         finally:
