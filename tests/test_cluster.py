@@ -124,6 +124,16 @@ def test_the_request_surface_through_replicas(cluster, client):
     assert args == r.choices[0].message.tool_calls[0].function.arguments
 
 
+def test_embeddings_through_replicas(client, model):
+    """Each replica computes them (they take turns): the same vectors as llamax.embed in-process."""
+    import numpy as np
+
+    want = llamax.embed(model, ["hello there", "the library opens at nine"])
+    for _ in range(2):
+        got = client.embeddings.create(model="x", input=["hello there", "the library opens at nine"])
+        np.testing.assert_allclose(np.array([d.embedding for d in got.data], np.float32), want, atol=1e-6)
+
+
 def test_a_conversation_handed_over_continues_with_the_same_tokens(cluster, client, model):
     def finished():
         return per_replica(cluster, "llamax_replica_requests_finished_total")

@@ -165,6 +165,7 @@ class ReplicaSet:
         self.params = types.SimpleNamespace(n_ctx=int(info["n_ctx"]))
         self.slot_save_path = info["slot_save_path"]
         self._live: weakref.WeakSet[RemoteRequest] = weakref.WeakSet()  # for close(cancel=True)
+        self._turn = -1  # the replica the last embed call went to
 
     # ---- the Engine's face ---------------------------------------------------------------------
     @property
@@ -200,6 +201,20 @@ class ReplicaSet:
         await req.start()
         self._live.add(req)
         return req
+
+    def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True):
+        """Engine.embed on a replica (they take turns); the inputs are checked and tokenized here.
+
+        Raises:
+            LlamaxError: no replica is running. BatchError / ValueError / TypeError: as llamax.embed."""
+        from llamax.embed import prepare
+
+        tokens, how = prepare(self.model, inputs, pooling=pooling, normalize=normalize)
+        running = sorted(self.policy.replicas())
+        if not running:
+            raise LlamaxError("no engine replica is running")
+        self._turn = (self._turn + 1) % len(running)
+        return self._call("embed", running[self._turn], tokens, how, normalize)
 
     def _call(self, method: str, replica: str, *args) -> Any:
         """A method of one replica, from a worker thread (the HTTP app calls these in one)."""

@@ -98,6 +98,10 @@ class EngineReplica:
         self.handed_over["tokens_in"] += n
         return n
 
+    async def embed(self, tokens: list[list[int]], pooling: str, normalize: bool = True, replica: str | None = None):
+        """Engine.embed of inputs the front tokenized (float32 [n, n_embd])."""
+        return await asyncio.to_thread(self.engine.embed, tokens, pooling=pooling, normalize=normalize)
+
     async def export_prefix(self, tokens: list[int], replica: str | None = None):
         prefix = await asyncio.to_thread(self.engine.export_prefix, tokens)
         if prefix is not None:
