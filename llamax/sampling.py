@@ -129,6 +129,14 @@ class Sampler:
             out[t] = b
         return out
 
+    def ban(self, tokens) -> None:
+        """Never sample these token ids (a -inf logit_bias for each, in the C chain: no row is copied)."""
+        with self._lock:
+            bias = {**self.logit_bias, **{int(t): float("-inf") for t in tokens}}
+            self.logit_bias = self._check_bias(bias)
+            self._bias_ids = np.fromiter(bias.keys(), dtype=np.int32, count=len(bias))
+            self._bias_values = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+
     @classmethod
     def greedy(cls) -> "Sampler":
         return cls(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0)

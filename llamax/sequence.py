@@ -285,7 +285,7 @@ class SeqDecoder:
         sampler: the sequence's own Sampler (its history is the penalty's window).
         max_tokens: most tokens to generate; < 0: no limit.
         stop: strings that end the text (not included).
-        ignore_eos: never sample an end-of-generation token.
+        ignore_eos: never sample an end-of-generation token (banned in the sampler's C chain).
         logprobs: record each generated token's TokenLogprob with this many alternatives (None: off).
         special: the text shows control tokens by their text (a tool format's markers, e.g. <tool_call>).
 
@@ -301,11 +301,11 @@ class SeqDecoder:
         self.n_logprobs = check_logprobs(logprobs)
         self.logprobs: list[TokenLogprob] | None = None if logprobs is None else []
         sampler.bind(model)
+        if ignore_eos:
+            sampler.ban(model.tokenizer.eog_ids)
         self.stream = TextStream(model.tokenizer, special=special)
         self.stops = StopMatcher(stop)
         self.generated: list[int] = []
-        self._eog: np.ndarray | None = None  # the end-of-generation ids, and a scratch row for ignore_eos
-        self._row: np.ndarray | None = None
 
     @property
     def text(self) -> str:
@@ -330,8 +330,7 @@ class SeqDecoder:
         no token ("grammar"), on an end-of-generation token ("eog"), a completed stop string
         ("stop") or max_tokens ("length"), in that order. O(n_vocab) plus the stop matching of its
         piece (and the top-k of the logprobs, in C)."""
-        row = self._without_eog(logits) if self.ignore_eos else logits
-        tok = self.sampler.sample_logits(row)
+        tok = self.sampler.sample_logits(logits)
         if tok < 0:
             return Sampled(tok, "", "grammar")
         self.sampler.accept(tok)
@@ -359,11 +358,3 @@ class SeqDecoder:
         out, _ = self.stops.push(tail)
         return out + self.stops.flush()
 
-    def _without_eog(self, row: np.ndarray) -> np.ndarray:
-        """row with the end-of-generation tokens at -inf, in this decoder's scratch row."""
-        if self._eog is None or self._row is None:
-            self._eog = np.array(sorted(self.model.tokenizer.eog_ids), dtype=np.int64)
-            self._row = np.empty(self.model.n_vocab, dtype=np.float32)
-        np.copyto(self._row, row)
-        self._row[self._eog] = -np.inf
-        return self._row

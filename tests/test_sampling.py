@@ -558,3 +558,15 @@ def test_pickle_drops_the_matcher(model):
     t.bind(model)
     x = np.random.default_rng(0).standard_normal(model.n_vocab).astype(np.float32)
     assert t.sample_logits(x) in TABLE[0] - {5}
+
+
+def test_ban_adds_minus_inf_biases_to_the_chain():
+    """Sampler.ban (ignore_eos's path): the banned ids are never chosen, the other biases stay."""
+    row = np.zeros(64, np.float32)
+    row[[3, 7]] = 10.0
+    s = Sampler(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, logit_bias={5: 1.0})
+    assert s.sample_logits(row) == 3
+    s.ban([3])
+    assert s.sample_logits(row) == 7 and s.logit_bias == {5: 1.0, 3: float("-inf")}
+    s.ban([7])
+    assert s.sample_logits(row) == 5  # the biased one, now the largest
