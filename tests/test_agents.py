@@ -12,7 +12,6 @@ import pytest
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
 from pydantic import BaseModel, Field
-from test_server import LiveServer
 
 
 @tool
@@ -29,10 +28,8 @@ class City(BaseModel):
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = LiveServer("-np", "2", "-c", "2048")
-    yield srv
-    assert srv.stop() == 0, "".join(srv.lines[-20:])
+def server(chat_server):
+    return chat_server
 
 
 @pytest.fixture(scope="module")

@@ -4,12 +4,15 @@
 Deterministic tests of lookup / insert / lock / evict / clear, then a Hypothesis state machine of
 requests that look their prompt up, copy the prefix into their own sequence, decode the rest, give
 it back to the tree and are evicted or cleared, with the tree's invariants checked after each step."""
+import functools
+
 import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from llamax import Batch, KVCache, NoKVSlotError
+from helpers import held, place
+from llamax import KVCache, NoKVSlotError
 from llamax.serving.prefix_cache import PrefixCache, common_prefix
 
 TREE = (4, 5, 6, 7)  # the tree's sequence ids; 0..3 are requests
@@ -21,6 +24,7 @@ def make(kv_size=64, seq_ids=TREE):
 
 
 _rng = np.random.default_rng(0)
+decode = functools.partial(place, rng=_rng)  # random K/V from this module's generator
 
 
 @given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12), st.integers(0, 13))
@@ -30,26 +34,6 @@ def test_common_prefix_is_the_first_mismatch(a, b, i):
         n += 1
     assert common_prefix(a, b, i) == n
     assert common_prefix(b, b) == len(b)
-
-
-def decode(mem, tokens, seq, start=0):
-    """Place tokens on seq at positions start, start + 1, ... (random K/V)."""
-    tokens = list(tokens)
-    if not tokens:
-        return
-    for ub in mem.plan(Batch(tokens, pos=list(range(start, start + len(tokens))), seq_ids=seq)):
-        n = ub.n_tokens
-        mem.store(0, ub, _rng.standard_normal((n, 1, 8)).astype(np.float32),
-                  _rng.standard_normal((n, 1, 8)).astype(np.float32))
-
-
-def held(mem, seq):
-    """{pos: token} of seq's cells."""
-    idx = [i for i, (p, s) in enumerate(mem.cells()) if seq in s]
-    snap = mem.meta.streams[0].snapshot(np.asarray(idx, dtype=np.int64))
-    out = dict(zip(snap["pos"].tolist(), snap["tok"].tolist()))
-    assert len(out) == len(idx), f"seq {seq} has two cells at one position"
-    return out
 
 
 def holds_path(mem, seq, path):

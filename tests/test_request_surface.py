@@ -14,7 +14,6 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
-from test_server import LiveServer
 from test_server_surface import counters, events
 
 import llamax
@@ -45,10 +44,8 @@ LLAMA_CPP = Path(__file__).resolve().parent / "data" / "logprobs"  # llama.cpp's
 
 
 @pytest.fixture(scope="module")
-def server():
-    srv = LiveServer("-np", "2", "-c", "2048")
-    yield srv
-    assert srv.stop() == 0, "".join(srv.lines[-20:])
+def server(chat_server):
+    return chat_server
 
 
 @pytest.fixture(scope="module")

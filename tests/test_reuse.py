@@ -2,31 +2,17 @@
 KVCache, no model: each is driven as the Engine drives it (pick a slot, look up, lock, make room,
 attach, note a prefilled prompt, release a finished slot; evict, stats, save / restore / erase,
 clear, export / import) and the cells are checked after every call."""
+import functools
+
 import numpy as np
 import pytest
 
-from llamax import Batch, KVCache, LlamaxError, StateError
+from helpers import held, place
+from llamax import KVCache, LlamaxError, StateError
 from llamax.serving.reuse import DEFER_MIN, NoReuse, PrefixReuse, RadixReuse, SlotReuse, reuse_class
 
 _rng = np.random.default_rng(1)
-
-
-def decode(mem, tokens, seq, start=0):
-    """Place tokens on seq at positions start, start + 1, ... (random K/V)."""
-    tokens = list(tokens)
-    if not tokens:
-        return
-    for ub in mem.plan(Batch(tokens, pos=list(range(start, start + len(tokens))), seq_ids=seq)):
-        n = ub.n_tokens
-        mem.store(0, ub, _rng.standard_normal((n, 1, 8)).astype(np.float32),
-                  _rng.standard_normal((n, 1, 8)).astype(np.float32))
-
-
-def held(mem, seq):
-    """{pos: token} of seq's cells."""
-    idx = [i for i, (p, s) in enumerate(mem.cells()) if seq in s]
-    snap = mem.meta.streams[0].snapshot(np.asarray(idx, dtype=np.int64))
-    return dict(zip(snap["pos"].tolist(), snap["tok"].tolist()))
+decode = functools.partial(place, rng=_rng)  # random K/V from this module's generator
 
 
 def holds(mem, seq, tokens):
