@@ -56,10 +56,12 @@ from llamax.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
 from llamax.sampling import Sampler
+from llamax.sequence import TokenLogprob
 from llamax.serving import Engine, Request, Result
+from llamax.tools import ToolCall
 
 __version__ = "0.1.0"
 
-__all__ = ["Engine", "Request", "Result", "EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
+__all__ = ["Engine", "Request", "Result", "TokenLogprob", "ToolCall", "EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
            "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "RecurrentMemory", "HybridMemory", "Model", "Context", "Sampler", "Grammar", "embed", "generate",
            "generate_parallel", "context_shift", "models"]
