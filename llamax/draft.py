@@ -31,9 +31,12 @@ only the common prefix stays and everything after it is decoded again: correct, 
 prefill of the rest (after a shift: of everything after the kept n_keep tokens). A recurrent draft
 model outside its rollback window (seq_rm returns False) starts the sequence over from position 0.
 
-draft() never raises for lack of room: a request whose tokens fill the draft context gets [], and when a
-decode finds no cell (NoKVSlotError) the requests are decoded one by one and the ones that still do not
-fit stop where they are (held stays exactly what the cache holds).
+draft() never raises for lack of room: a request whose tokens fill the draft context (len(tokens) >=
+n_ctx_seq; size the draft context for the target's sequences) gets [], and a round stops a request whose
+next draft would pass it. When a decode finds no cell (NoKVSlotError) its requests are decoded one by one:
+in the sync phase a request that still does not fit gets [] and is cut back to its common prefix (it holds
+no cell another request could use); in a round it keeps the tokens drafted so far. held is always exactly
+what the cache holds.
 """
 from __future__ import annotations
 
@@ -144,7 +147,7 @@ class _Request:
         self.key, self.tokens, self.n_max = key, tokens, n_max
         self.base = 0                       # the tokens held before the sync phase decodes
         self.draft: list[int] = []
-        self.row: np.ndarray | None = None  # the logits row of the next draft
+        self.row = np.zeros(0, np.float32)  # the logits row of the next draft (set by a decode)
         self.live = True
 
 
@@ -166,7 +169,8 @@ class DraftModel:
         type_k, type_v: the draft cache's element types.
 
     Attributes:
-        model: the draft Model. ctx: its Context (None once closed). stats: DraftStats.
+        model: the draft Model. ctx: its Context (RuntimeError once closed; `closed` tells).
+        n_ctx_seq: the positions a sequence can use. stats: DraftStats.
 
     Raises:
         TypeError / ValueError: a bad argument (nothing is loaded).
@@ -201,17 +205,31 @@ class DraftModel:
             params = ContextParams(n_ctx=per_seq * n_seq_max, n_seq_max=n_seq_max, kv_unified=True,
                                    type_k=type_k, type_v=type_v, n_threads=n_threads)
         self.model = model
-        self.ctx: Context | None = Context(model, params)
+        self._ctx: Context | None = Context(model, params)
         self.p_min = p
         self.n_seq_max = n_seq_max
-        self.n_ctx_seq = self.ctx.params.n_ctx_seq
-        self._n_batch = self.ctx.params.n_batch
+        self.n_ctx_seq = self._ctx.params.n_ctx_seq
+        self._n_batch = self._ctx.params.n_batch
         self._held: list[np.ndarray] = [np.zeros(0, np.int32) for _ in range(n_seq_max)]
         self.stats = DraftStats()
 
     def __repr__(self) -> str:
-        state = "closed" if self.ctx is None else f"n_ctx_seq={self.n_ctx_seq}"
+        state = "closed" if self._ctx is None else f"n_ctx_seq={self.n_ctx_seq}"
         return f"DraftModel({self.model.path.name}, n_seq_max={self.n_seq_max}, {state}, p_min={self.p_min})"
+
+    @property
+    def ctx(self) -> Context:
+        """The draft context.
+
+        Raises:
+            RuntimeError: the DraftModel is closed."""
+        if self._ctx is None:
+            raise RuntimeError("the DraftModel is closed")
+        return self._ctx
+
+    @property
+    def closed(self) -> bool:
+        return self._ctx is None
 
     # ---- the protocol --------------------------------------------------------------------------
     def held(self, key: int) -> list[int]:
@@ -233,14 +251,13 @@ class DraftModel:
             TypeError / ValueError: a malformed request (a key outside [0, n_seq_max) or repeated, empty
                 tokens, a token outside the vocabulary, n_max < 0); nothing changed.
         """
-        if self.ctx is None:
+        if self._ctx is None:
             raise RuntimeError("the DraftModel is closed")
         reqs = self._requests(seqs)
         t0 = time.perf_counter()
-        active = [r for r in reqs if r.n_max > 0 and len(r.tokens) < self.n_ctx_seq]
-        for r in reqs:
-            if r not in active:
-                r.live = False
+        for r in reqs:  # the draft's first token sits at position len(tokens): it must be in the context
+            r.live = r.n_max > 0 and len(r.tokens) < self.n_ctx_seq
+        active = [r for r in reqs if r.live]
         if active:
             self._sync(active)
             self._rounds([r for r in active if r.live])
@@ -252,13 +269,13 @@ class DraftModel:
     def release(self, key: int) -> None:
         """Forget what the draft cache holds for key (the target's sequence ended or was replaced)."""
         key = checks.seq_id(key, self.n_seq_max, "key")
-        if self.ctx is not None:
-            self.ctx.memory.seq_rm(key, -1, -1)
+        if self._ctx is not None:
+            self._ctx.memory.seq_rm(key, -1, -1)
         self._held[key] = np.zeros(0, np.int32)
 
     def close(self) -> None:
         """Free the draft context (its cache); draft() raises afterwards, release() does nothing."""
-        self.ctx = None
+        self._ctx = None
         self._held = [np.zeros(0, np.int32) for _ in range(self.n_seq_max)]
 
     # ---- the phases ----------------------------------------------------------------------------
@@ -360,17 +377,12 @@ class DraftModel:
             best = np.argmax(rows, axis=1)  # the first maximum: ties go to the lowest id
             lp, _, _ = rows_logprobs(rows, best, 0, n_threads=n_threads)
             keep = np.exp(lp.astype(np.float64)) >= self.p_min
-            going = []
             for r, tok, ok in zip(live, best.tolist(), keep.tolist()):
-                if not ok:
-                    continue
-                r.draft.append(tok)
-                if len(r.draft) < r.n_max and len(r.tokens) + len(r.draft) < self.n_ctx_seq:
-                    going.append(r)
-            for r in live:
-                if r not in going:
-                    r.live = False
-            live = self._step(going)
+                if ok:
+                    r.draft.append(tok)
+                # the next draft would sit at position len(tokens) + len(draft)
+                r.live = ok and len(r.draft) < r.n_max and len(r.tokens) + len(r.draft) < self.n_ctx_seq
+            live = self._step([r for r in live if r.live])
 
     def _step(self, reqs: list[_Request]) -> list[_Request]:
         """Decode each request's last draft token (its logits become the request's row); the requests

@@ -235,10 +235,12 @@ def test_release_and_close(model, greedy):
     assert dm.held(1) == [] and dm.ctx.memory.seq_pos_max(1) == -1
     assert dm.draft([(1, toks, 0)]) == [[]] and dm.held(1) == []  # n_max 0: no work
     dm.close()
-    assert dm.ctx is None
+    assert dm.closed
     dm.release(0)
     with pytest.raises(RuntimeError, match="closed"):
         dm.draft([(0, toks, 3)])
+    with pytest.raises(RuntimeError, match="closed"):
+        dm.ctx
 
 
 def test_bad_arguments(model, greedy):
