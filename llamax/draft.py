@@ -28,8 +28,10 @@ Costs: a call decodes the tokens the target added since the last call (the accep
 already held) plus one token per drafted token but the last. When the target's sequence changed
 before the end of held (a context shift slid its tokens down, or a different prompt came for the key),
 only the common prefix stays and everything after it is decoded again: correct, at the price of a
-prefill of the rest (after a shift: of everything after the kept n_keep tokens). A recurrent draft
-model outside its rollback window (seq_rm returns False) starts the sequence over from position 0.
+prefill of the rest (after a shift: of everything after the kept n_keep tokens). The sequence starts
+over from position 0 when the kept prefix cannot be used: a recurrent draft model outside its rollback
+window (seq_rm returns False), or a sliding-window cache that no longer holds the window of the first
+position to decode (its oldest position above n_common - n_swa, llama-server's test).
 
 draft() never raises for lack of room: a request whose tokens fill the draft context (len(tokens) >=
 n_ctx_seq; size the draft context for the target's sequences) gets [], and a round stops a request whose
@@ -210,6 +212,7 @@ class DraftModel:
         self.n_seq_max = n_seq_max
         self.n_ctx_seq = self._ctx.params.n_ctx_seq
         self._n_batch = self._ctx.params.n_batch
+        self._n_swa = model.hparams.n_swa  # 0: no sliding-window layers
         self._held: list[np.ndarray] = [np.zeros(0, np.int32) for _ in range(n_seq_max)]
         self.stats = DraftStats()
 
@@ -329,15 +332,20 @@ class DraftModel:
                 self._sync([r])
 
     def _trim(self, r: _Request, n: int) -> None:
-        """Cut the request's sequence back to its first n tokens (all of them when a recurrent memory
-        cannot drop only the tail); r.base is what is left."""
-        held = self._held[r.key]
-        if n < len(held):
-            if not self.ctx.memory.seq_rm(r.key, n, -1):  # a recurrent state outside its rollback window
-                self.ctx.memory.seq_rm(r.key, -1, -1)
-                n = 0
-            self._held[r.key] = held[:n]
-        r.base = min(n, len(held))
+        """Cut the request's sequence back to its first n tokens; r.base is what is left. All of them go
+        when the memory cannot drop only the tail (a recurrent state outside its rollback window:
+        seq_rm returns False) or when a sliding-window cache no longer holds the window of position n
+        (its oldest position above n - n_swa, as llama-server's check before reusing a prompt)."""
+        mem, held = self.ctx.memory, self._held[r.key]
+        n = min(n, len(held))
+        if n < len(held) and not mem.seq_rm(r.key, n, -1):
+            n = 0
+        if 0 < n and self._n_swa and mem.seq_pos_min(r.key) > max(0, n - self._n_swa):
+            n = 0
+        if n == 0:
+            mem.seq_rm(r.key, -1, -1)
+        self._held[r.key] = held[:n]
+        r.base = n
 
     def _decode_rest(self, reqs: list[_Request]) -> None:
         """Decode tokens[len(held):] of every request, in chunks of n_batch tokens (one decode when

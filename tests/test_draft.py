@@ -268,3 +268,19 @@ def test_bad_arguments(model, greedy):
     with pytest.raises(ValueError):
         dm.release(2)
     assert dm.draft([(0, toks, 3)]) == d
+
+
+def test_sliding_window_draft_restarts_without_its_window(gemma):
+    """Gemma 3 (sliding window 512; SWA cache of 1024 cells) drafting for itself after 1060 tokens: the SWA
+    cache lost the oldest positions, so when the target's sequence changes at position 100 (as after a
+    context shift) position 100's window is gone and the sequence is decoded again from 0: the draft
+    context ends exactly as a fresh one (the logits bit for bit)."""
+    toks = gemma.tokenize("The quick brown fox jumps over the lazy dog. " * 120)[:1060]
+    dm = DraftModel(gemma, gemma, n_ctx=2048, p_min=0.0)
+    dm.draft([(0, toks, 1)])
+    assert dm.ctx.memory.seq_pos_min(0) > 0  # the window slid on
+    tokens = toks[:100] + toks[101:]
+    fresh = DraftModel(gemma, gemma, n_ctx=2048, p_min=0.0)
+    assert dm.draft([(0, tokens, 1)]) == fresh.draft([(0, tokens, 1)])
+    assert np.array_equal(dm.ctx.get_logits(), fresh.ctx.get_logits())
+    assert dm.ctx.memory.seq_pos_min(0) == fresh.ctx.memory.seq_pos_min(0)
