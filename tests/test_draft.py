@@ -105,8 +105,11 @@ def test_alignment_after_partial_acceptance(model, greedy):
     for i, tokens in enumerate(steps):
         for n_max in (1, 5):
             got = dm.draft([(0, tokens, n_max)])[0]
-            fresh = drafter(model).draft([(0, tokens, n_max)])[0]
+            fresh_dm = drafter(model)
+            fresh = fresh_dm.draft([(0, tokens, n_max)])[0]
             assert got == fresh, (i, n_max)
+            # the last decodes (of the same position) gave the same logits, bit for bit
+            assert np.array_equal(dm.ctx.get_logits(), fresh_dm.ctx.get_logits()), (i, n_max)
             assert 1 <= len(got) <= n_max
             assert dm.held(0) == tokens + got[:-1]
             # the draft cache holds exactly held's positions: the target's up to len(tokens) - 1, then
