@@ -42,6 +42,7 @@ what the cache holds.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Sequence
@@ -204,8 +205,7 @@ class DraftModel:
         if n_ctx == 0:
             n_train = model.hparams.n_ctx_train
             per_seq = min(n_train, DRAFT_N_CTX_MAX) if n_train > 0 else DRAFT_N_CTX_MAX
-            params = ContextParams(n_ctx=per_seq * n_seq_max, n_seq_max=n_seq_max, kv_unified=True,
-                                   type_k=type_k, type_v=type_v, n_threads=n_threads)
+            params = dataclasses.replace(params, n_ctx=per_seq * n_seq_max)
         self.model = model
         self._ctx: Context | None = Context(model, params)
         self.p_min = p

@@ -287,3 +287,14 @@ def test_sliding_window_draft_restarts_without_its_window(gemma):
     assert dm.draft([(0, tokens, 1)]) == fresh.draft([(0, tokens, 1)])
     assert np.array_equal(dm.ctx.get_logits(), fresh.ctx.get_logits())
     assert dm.ctx.memory.seq_pos_min(0) == fresh.ctx.memory.seq_pos_min(0)
+
+
+def test_default_context_size(model, truncated_gguf):
+    """n_ctx=0: the draft model's training context capped at DRAFT_N_CTX_MAX, per sequence."""
+    from llamax.draft import DRAFT_N_CTX_MAX
+    dm = DraftModel(truncated_gguf, model)
+    assert dm.n_ctx_seq == min(dm.model.hparams.n_ctx_train, DRAFT_N_CTX_MAX)
+    assert dm.ctx.params.kv_unified and dm.ctx.params.n_seq_max == 1
+    dm.close()
+    dm = DraftModel(model, model, n_seq_max=2, n_ctx=300, type_k="q8_0", type_v="q8_0")
+    assert dm.n_ctx_seq == 512 and dm.ctx.params.type_k == "q8_0"  # padded to 256, shared by both keys
