@@ -235,7 +235,8 @@ class ParallelGeneration:
         self.spec: Speculator | None = None
         if spec is not None:
             mem.reserve_rollback(spec.n_max + 1)
-            self.spec = Speculator(spec, self.model, n_seq_max=n_seq_max, n_threads=ctx.params.n_threads)
+            self.spec = Speculator(spec, self.model, n_seq_max=n_seq_max, n_ctx=ctx.params.n_ctx,
+                                   n_threads=ctx.params.n_threads)
         self._it = self._run()
 
     # ---- views ---------------------------------------------------------------------------------

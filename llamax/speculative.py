@@ -60,6 +60,8 @@ class Speculative:
         p_min: kind "draft": stop drafting at a token whose draft probability is below this (llama.cpp's
             --draft-p-min).
         ngram_max, ngram_min: kind "ngram": the lookup lengths tried, longest first.
+        adaptive: True: the policy (SpecPolicy) decides how many tokens each step drafts, up to n_max;
+            False: every step drafts up to n_max whatever it costs (llama.cpp's behaviour).
 
     Raises:
         ValueError: an unknown kind, n_min > n_max, bounds outside their ranges, "draft" without a
@@ -73,6 +75,7 @@ class Speculative:
     p_min: float = 0.75
     ngram_max: int = 4
     ngram_min: int = 2
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -372,6 +375,7 @@ class Speculator:
         specs = specs if specs is not None else [self.spec] * len(seqs)
         caps = [max(0, min(int(c), sp.n_max)) for (_, _, c), sp in zip(seqs, specs)]
         want = self.policy.budget([k for k, _, _ in seqs], caps, n_fixed)
+        want = [w if sp.adaptive else c for w, c, sp in zip(want, caps, specs)]
         asks = [(k, toks, w) for (k, toks, _), w in zip(seqs, want)]
         live = [i for i, w in enumerate(want) if w > 0]
         drafts: list[list[int]] = [[] for _ in seqs]

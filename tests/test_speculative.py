@@ -249,3 +249,147 @@ def test_drafts_across_context_shifts_give_the_same_output(model):
     assert g0.stats.n_shift > 0
     assert g1.generated == g0.generated and g1.stats.n_shift == g0.stats.n_shift
 
+
+
+# ---- a draft model ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_draft(tmp_path_factory, smollm2_gguf):
+    """SmolLM2 cut to its first 10 layers: the same vocabulary, drafts that agree only in part."""
+    from tests.synthetic import write_truncated
+
+    return llamax.Model.load(write_truncated(tmp_path_factory.mktemp("draft") / "smollm2-10.gguf", smollm2_gguf, 10))
+
+
+def test_a_draft_model_gives_the_same_greedy_output(model, small_draft):
+    prompt = model.tokenize("The history of the printing press begins", add_special=True)
+    g0, t0, _ = run(model, prompt, 64, None)
+    g1, t1, ctx = run(model, prompt, 64, Speculative(kind="draft", model=small_draft, n_max=6, p_min=0.0, adaptive=False))
+    assert g1.generated == g0.generated and t1 == t0
+    assert 0 < g1.stats.n_accepted < g1.stats.n_drafted   # a weaker model: partial acceptance
+    held = len(prompt) + len(g1.generated) - (g1.stats.stop == "length")
+    assert ctx.memory.seq_pos_max(0) + 1 == held
+    # the registry model as its own draft: every greedy draft is accepted
+    g2, _, _ = run(model, prompt, 32, Speculative(kind="draft", model=model, n_max=4, p_min=0.0))
+    assert g2.generated == g0.generated[:32] and g2.stats.n_accepted == g2.stats.n_drafted > 0
+
+
+def test_a_draft_model_of_another_vocabulary_is_refused(model, gemma):
+    with pytest.raises(llamax.ModelError, match="vocabulary|token"):
+        run(model, [1, 2, 3], 4, Speculative(kind="draft", model=gemma))
+
+
+# ---- the Engine -------------------------------------------------------------------------------------
+
+def engine_results(eng, prompts, **kw):
+    reqs = [eng.submit(p, max_tokens=kw.pop("max_tokens", 64), temperature=0.0, **kw) for p in prompts]
+    return [r.result() for r in reqs]
+
+
+def test_engine_requests_are_identical_with_drafts_beside_each_other(model):
+    code = [{"role": "user", "content": "Rewrite this Python code, renaming `height` to `h`. Output the whole "
+                                        "code.\n\n```python\n" + CODE + "```"}]
+    story = [{"role": "user", "content": "Tell me a story about a cat."}]
+    prompts = [code, story, code, story]
+    with llamax.Engine(model, n_ctx=4096, n_parallel=4) as eng:
+        ref = engine_results(eng, prompts)
+        used0 = eng.memory.n_used
+        eng.clear_cache()
+        got = engine_results(eng, prompts, speculative=True)
+        m = eng.metrics()
+        assert [r.tokens for r in got] == [r.tokens for r in ref]
+        assert [r.text for r in got] == [r.text for r in ref]
+        assert sum(r.n_drafted for r in got) == m["spec_drafted"] > 0
+        assert sum(r.n_accepted for r in got) == m["spec_accepted"] > 0
+        assert all(r.n_drafted == 0 for r in ref)
+        # the prefix cache holds the same cells as without drafts: no rejected draft was left behind
+        assert eng.memory.n_used == used0
+        # a request beside others, some with drafts and some without, with stops and logprobs
+        mixed = [eng.submit(code, max_tokens=64, temperature=0.0, speculative=s, logprobs=2, stop=["perimeter"])
+                 for s in (True, False, Speculative(n_max=3), None)]
+        res = [r.result() for r in mixed]
+        assert len({tuple(r.tokens) for r in res}) == 1 and res[0].stop == res[1].stop
+        assert res[0].logprobs == res[1].logprobs
+        assert res[0].n_drafted > 0 and res[1].n_drafted == 0 and res[3].n_drafted == 0
+
+
+def test_engine_wide_setting_and_per_request_override(model):
+    prompt = rewrite_prompt(model)
+    with llamax.Engine(model, n_ctx=2048, n_parallel=2, speculative=Speculative(n_max=4)) as eng:
+        on = eng.generate(prompt, max_tokens=48, temperature=0.0)
+        off = eng.generate(prompt, max_tokens=48, temperature=0.0, speculative=False)
+        assert on.tokens == off.tokens and on.n_drafted > 0 and off.n_drafted == 0
+        with pytest.raises(ValueError, match="draft model"):
+            eng.submit(prompt, speculative=Speculative(kind="draft", model=model))
+        with pytest.raises(TypeError):
+            eng.submit(prompt, speculative=5)
+
+
+def test_engine_with_a_draft_model(model, small_draft):
+    prompt = model.tokenize("The history of the printing press begins", add_special=True)
+    with llamax.Engine(model, n_ctx=2048, n_parallel=2) as eng:
+        ref = engine_results(eng, [prompt, prompt[:-1]], max_tokens=48)
+    spec = Speculative(kind="draft", model=small_draft, n_max=4, p_min=0.0, adaptive=False)
+    with llamax.Engine(model, n_ctx=2048, n_parallel=2, speculative=spec) as eng:
+        got = engine_results(eng, [prompt, prompt[:-1]], max_tokens=48)
+        assert [r.tokens for r in got] == [r.tokens for r in ref]
+        assert eng.metrics()["spec_accepted"] > 0
+
+
+# ---- the command line and the server ----------------------------------------------------------------
+
+def test_cli_run_with_ngram_drafts_prints_the_same_text(model):
+    import subprocess
+    import sys
+
+    def run_cli(*extra):
+        p = subprocess.run([sys.executable, "-m", "llamax", "run", "-n", "48", "--temp", "0", "-t", "2", "-p",
+                            CODE, *extra], capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr
+        return p.stdout, p.stderr
+
+    out0, _ = run_cli()
+    out1, err1 = run_cli("--spec-type", "ngram", "--spec-n-max", "8")
+    assert out1 == out0 and "accepted" in err1
+    p = subprocess.run([sys.executable, "-m", "llamax", "run", "--spec-type", "draft"], capture_output=True, text=True)
+    assert p.returncode == 2 and "-md" in p.stderr
+
+
+def test_cli_bench_reports_tg_with_and_without_drafts(model):
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "llamax", "bench", "--spec-type", "ngram", "-n", "32", "-r", "1",
+                        "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["task"] for r in rows] == ["rewrite", "free"]
+    assert all(r["same"] and r["tg_ts"] > 0 and r["tg_spec_ts"] > 0 for r in rows)
+
+
+def test_server_with_spec_type_ngram_answers_the_same(chat_server):
+    from openai import OpenAI
+
+    from tests.test_server import LiveServer
+
+    msgs = [{"role": "user", "content": "Rewrite this Python code, renaming `height` to `h`. Output the whole "
+                                        "code.\n\n```python\n" + CODE + "```"}]
+    plain = OpenAI(base_url=chat_server.url + "/v1", api_key="x").chat.completions.create(
+        model="m", messages=msgs, temperature=0, max_tokens=64)
+    srv = LiveServer("-np", "2", "-c", "2048", "--spec-type", "ngram", "--spec-n-max", "8")
+    try:
+        client = OpenAI(base_url=srv.url + "/v1", api_key="x")
+        fast = client.chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=64)
+        assert fast.choices[0].message.content == plain.choices[0].message.content
+        m = srv.metrics()
+        assert m["llamax_spec_accepted_total"] > 0 and m["llamax_spec_drafted_total"] >= m["llamax_spec_accepted_total"]
+        # llama-server's per-request knobs and its timings' draft counts
+        r = srv.post("/v1/completions", json={"prompt": CODE, "max_tokens": 32, "temperature": 0, "speculative.n_max": 4})
+        assert r.status_code == 200, r.text
+        t = r.json()["timings"]
+        assert t["draft_n"] > 0 and 0 <= t["draft_n_accepted"] <= t["draft_n"]
+        bad = srv.post("/v1/completions", json={"prompt": "x", "max_tokens": 2, "speculative.n_max": 0})
+        assert bad.status_code == 400 and "n_max" in bad.text
+    finally:
+        srv.stop()
