@@ -3,7 +3,9 @@
 each reading and updating the per-sequence states of a recurrent memory in place.
 
 A ubatch is n_seqs sequences of n_t tokens (llama.cpp's equal split); cells[s] is the state row of
-sequence s. Thin wrappers: validate with the GIL, run the C kernel with the GIL released.
+sequence s. Either step can also write the state after each of a sequence's last min(n_t, n_hist)
+tokens into a history buffer [n_cells, n_hist, *state row] (row j: after token n_t - min(n_t, n_hist)
++ j; csrc/ssm.h), what a recurrent memory restores to remove a rejected draft's tokens. Thin wrappers: validate with the GIL, run the C kernel with the GIL released.
 """
 import numpy as np
 
@@ -55,7 +57,23 @@ def _shape(a, tuple want, str name):
         raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
 
 
-def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
+cdef float *_hist(hist, state, int64_t *n_hist) except? NULL:
+    """The history buffer's data (NULL for None) after its checks: float32 [n_cells, n_hist, *state row],
+    C-contiguous and writeable, not overlapping the state; n_hist set (0 for None)."""
+    n_hist[0] = 0
+    if hist is None:
+        return NULL
+    _f32(hist, "hist", 4, writeable=True)
+    _shape(hist, (state.shape[0], hist.shape[1]) + tuple(state.shape[1:]), "hist")
+    if np.may_share_memory(hist, state):
+        raise ValueError("hist must not overlap the state")
+    n_hist[0] = hist.shape[1]
+    if hist.size == 0:
+        return NULL
+    return <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+
+
+def conv(state, cells, x, w, b, int64_t n_t, n_threads=None, hist=None):
     """The causal depthwise convolution of one Mamba layer with its bias and SiLU (lx_ssm_conv).
 
     Args:
@@ -64,6 +82,8 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
         x: float32 [n_seqs * n_t, d] with contiguous rows (a column slice of the in-projection).
         w: float32 [d, d_conv]; b: float32 [d] or None.
         n_t: tokens per sequence.
+        hist: float32 [n_cells, n_hist, d, d_conv - 1] or None: row j of cells[s] gets the state after
+            token n_t - m + j of sequence s, m = min(n_t, n_hist) (the other rows are left).  # OUT
 
     Returns:
         float32 [n_seqs * n_t, d].
@@ -84,6 +104,8 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
     if b is not None:
         _f32(b, "b", 1)
         _shape(b, (d,), "b")
+    cdef int64_t n_hist
+    cdef float *hp = _hist(hist, state, &n_hist)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n_seqs * n_t, d), dtype=np.float32)
     if out.size == 0:
@@ -102,11 +124,11 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
     cdef int64_t ldx = x.strides[0] // 4 if x.shape[0] > 1 else d
     cdef float *sp = &sv[0, 0, 0] if d_conv > 1 else <float *> cnp.PyArray_DATA(<cnp.ndarray> state)
     with nogil:
-        lx_ssm_conv(sp, &cv[0], n_seqs, n_t, d, d_conv, xp, ldx, &wv[0, 0], bp, &ov[0, 0], nt)
+        lx_ssm_conv(sp, &cv[0], n_seqs, n_t, d, d_conv, xp, ldx, &wv[0, 0], bp, &ov[0, 0], hp, n_hist, nt)
     return out
 
 
-def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
+def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=None):
     """The selective scan of one Mamba-1 layer with its skip (x * D) and gate (silu(z)) (lx_ssm_scan).
 
     Args:
@@ -117,6 +139,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
         B, C: float32 [n_seqs * n_t, d_state] with contiguous rows and one row stride.
         z: float32 [n_seqs * n_t, d] with contiguous rows.
         n_t: tokens per sequence.
+        hist: float32 [n_cells, n_hist, d, d_state] or None: row j of cells[s] gets h after token
+            n_t - m + j of sequence s, m = min(n_t, n_hist) (the other rows are left).  # OUT
 
     Returns:
         float32 [n_seqs * n_t, d]: (y + x * D) * silu(z).
@@ -141,6 +165,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
     _shape(A, (d, d_state), "A")
     _f32(D, "D", 1)
     _shape(D, (d,), "D")
+    cdef int64_t n_hist
+    cdef float *hp = _hist(hist, state, &n_hist)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, d), dtype=np.float32)
     if n == 0 or d == 0:
@@ -159,5 +185,5 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
     cdef float[:, ::1] ov = out  # OUT
     with nogil:
         lx_ssm_scan(&sv[0, 0, 0], &cv[0], n_seqs, n_t, d, d_state, &xv[0, 0], &dtv[0, 0], &av[0, 0],
-                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], nt)
+                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], hp, n_hist, nt)
     return out
