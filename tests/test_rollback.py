@@ -286,3 +286,139 @@ def test_a_standalone_recurrent_memory_forwards_its_windows_through_the_view():
             v = mem.recurrent_view(1, ub)
             assert v.conv_hist is mem.conv_hist[1] and v.ssm_hist.shape == (2, 2, 8, 16)
     assert mem.rollback_window(0) == (4, 4)
+
+
+# ---- a state machine: the memory with the real kernels against replaying each sequence's tokens ----
+from hypothesis import HealthCheck, event, settings                             # noqa: E402
+from hypothesis import strategies as st                                         # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule          # noqa: E402
+
+from llamax._native import ssm                                                  # noqa: E402
+
+D, DS, DC, NH, NSEQ, NTOK = 8, 8, 4, 4, 3, 40
+_rng = np.random.default_rng(11)
+XZ = _rng.standard_normal((NTOK, 2 * D)).astype(np.float32)          # each token's inputs of the two steps
+DT = _rng.standard_normal((NTOK, D)).astype(np.float32)
+BC = _rng.standard_normal((NTOK, 2 * DS)).astype(np.float32)
+W = (_rng.standard_normal((D, DC)) * 0.5).astype(np.float32)
+A = -np.exp(_rng.standard_normal((D, DS))).astype(np.float32)
+DD = _rng.standard_normal(D).astype(np.float32)
+
+
+def _steps(conv, ssm_state, cells, toks, n_t, conv_hist=None, ssm_hist=None):
+    """A Mamba mixer's two native steps over tokens toks (sequence s at s * n_t), inputs from the tables."""
+    toks = np.asarray(toks)
+    o = ssm.conv(conv, cells, XZ[toks, :D], W, None, n_t, n_threads=1, hist=conv_hist)
+    ssm.scan(ssm_state, cells, o, DT[toks], A, np.ascontiguousarray(BC[toks, :DS]),
+             np.ascontiguousarray(BC[toks, DS:]), DD, np.ascontiguousarray(XZ[toks, D:]), n_t, n_threads=1,
+             hist=ssm_hist)
+
+
+def _replay(toks):
+    """The states a fresh cell holds after toks (one ubatch: any split gives the same bits)."""
+    conv, s = np.zeros((1, D, DC - 1), np.float32), np.zeros((1, D, DS), np.float32)
+    _steps(conv, s, np.zeros(1, np.int32), toks, len(toks))
+    return conv[0], s[0]
+
+
+class RollbackMachine(RuleBasedStateMachine):
+    """Each sequence: its tokens, the position of its first (off) and its rollback window (first
+    position kept, or None); seq_rm's answer and the states after it predicted from them."""
+
+    def __init__(self):
+        super().__init__()
+        self.mem = RecurrentMemory(1, (D, DC - 1), (D, DS), n_seq_max=NSEQ)
+        self.mem.reserve_rollback(NH)
+        self.toks = {s: [] for s in range(NSEQ)}
+        self.off = {s: 0 for s in range(NSEQ)}
+        self.win: dict[int, int | None] = {s: None for s in range(NSEQ)}
+
+    def _pos(self, s):
+        return self.off[s] + len(self.toks[s]) - 1
+
+    @rule(seqs=st.sets(st.integers(0, NSEQ - 1), min_size=1), n_t=st.integers(1, 6),
+          data=st.data())
+    def decode(self, seqs, n_t, data):
+        seqs = sorted(seqs)
+        new = {s: data.draw(st.lists(st.integers(0, NTOK - 1), min_size=n_t, max_size=n_t)) for s in seqs}
+        plan = self.mem.plan(Batch([t for s in seqs for t in new[s]], seq_ids=[s for s in seqs for _ in new[s]]))
+        for ub in plan:
+            v = self.mem.recurrent_view(0, ub)
+            _steps(v.conv, v.ssm, v.cells, ub.token, ub.n_seq_tokens, v.conv_hist, v.ssm_hist)
+        for s in seqs:
+            if not self.toks[s]:
+                self.off[s] = 0
+            self.toks[s] += new[s]
+            self.win[s] = self._pos(s) - min(n_t, NH) + 1
+
+    @rule(s=st.integers(0, NSEQ - 1), p0=st.integers(-1, 30), p1=st.sampled_from([-1, 100, 5, 12]))
+    def seq_rm(self, s, p0, p1):
+        got = self.mem.seq_rm(s, p0, p1)
+        if not self.toks[s]:
+            assert got is True
+            return
+        pos, lo, hi = self._pos(s), max(p0, 0), (p1 if p1 >= 0 else 2**31)
+        want = True
+        if 0 < lo <= pos < hi and self.win[s] is not None and self.win[s] <= lo - 1:   # a tail inside the window
+            event("rolled back")
+            self.toks[s] = self.toks[s][:lo - self.off[s]]
+            if self.win[s] == lo - 1:
+                self.win[s] = None
+        elif 0 < lo <= pos or 0 < hi <= pos:                      # a part of the state: refused
+            event("refused")
+            want = False
+        elif lo <= pos < hi:                                      # all of it
+            self.toks[s], self.win[s] = [], None
+        assert got is want, (s, p0, p1, pos, self.win[s])
+
+    @rule(s=st.integers(0, NSEQ - 1), back=st.integers(0, NH + 1), p1=st.sampled_from([-1, 10**6]))
+    def seq_rm_tail(self, s, back, p1):
+        """A tail near the end of a sequence holding tokens: what a verification's rejected drafts remove."""
+        held = [q for q in range(NSEQ) if self.toks[q]]
+        if held:
+            s = held[s % len(held)]
+            self.seq_rm(s, self._pos(s) + 1 - back, p1)
+
+    @rule(src=st.integers(0, NSEQ - 1), dst=st.integers(0, NSEQ - 1))
+    def seq_cp(self, src, dst):
+        self.mem.seq_cp(src, dst)
+        if src != dst:
+            self.toks[dst], self.off[dst], self.win[dst] = list(self.toks[src]), self.off[src], None
+
+    @rule(s=st.integers(0, NSEQ - 1), shift=st.integers(-4, 6))
+    def seq_add(self, s, shift):
+        self.mem.seq_add(s, 0, -1, shift)
+        if not self.toks[s] or not shift:
+            return
+        if self._pos(s) + shift < 0:
+            self.toks[s], self.win[s] = [], None
+            return
+        self.off[s] += shift
+        if self.win[s] is not None:
+            self.win[s] = self.win[s] + shift if self.win[s] + shift >= 0 else None
+
+    @rule()
+    def clear(self):
+        self.mem.clear()
+        for s in range(NSEQ):
+            self.toks[s], self.win[s] = [], None
+
+    @invariant()
+    def states_and_windows_match(self):
+        cells = self.mem.cells()
+        for s in range(NSEQ):
+            if not self.toks[s]:
+                assert self.mem.seq_pos_max(s) == -1
+                continue
+            pos = self._pos(s)
+            assert self.mem.seq_pos_max(s) == pos
+            w = self.win[s]
+            assert self.mem.rollback_window(s) == ((w, pos - 1) if w is not None and w < pos else (-1, -1))
+            c = [i for i, (_, ss) in enumerate(cells) if s in ss][0]
+            conv, st_ = _replay(self.toks[s])
+            assert np.array_equal(self.mem.conv[0][c], conv) and np.array_equal(self.mem.ssm[0][c], st_)
+
+
+TestRollbackMachine = RollbackMachine.TestCase
+TestRollbackMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None,
+                                        suppress_health_check=[HealthCheck.too_slow])
