@@ -143,7 +143,8 @@ def test_reserve_rollback_sizes_grows_and_refuses_bad_n(mamba):
     mem = ctx.memory
     per = 3 * 4 * 4 * (128 * 3 + 128 * 16)     # cells * layers * float32 * (r + s)
     mem.reserve_rollback(0)
-    assert mem.breakdown()["rollback"] == 0
+    mem.reserve_rollback(1)                     # n - 1 = 0 positions to take back: nothing kept
+    assert mem.breakdown()["rollback"] == 0 and mem.n_rollback == 0
     mem.reserve_rollback(4)
     assert mem.breakdown()["rollback"] == 4 * per and mem.conv_hist[0].shape == (3, 4, 128, 3)
     mem.reserve_rollback(2)

@@ -240,7 +240,7 @@ class RecurrentMemory(Memory):
         n = checks.integer(n, "n")
         if n < 0:
             raise ValueError(f"reserve_rollback({n}): n must be >= 0")
-        if n <= self.n_rollback:
+        if n <= max(self.n_rollback, 1):      # one position per ubatch: nothing to take back, nothing kept
             return
         conv = [np.zeros((self.mem_size, n) + self.r_shape, np.float32) for _ in self.layer_ids]
         ssm = [np.zeros((self.mem_size, n) + self.s_shape, np.float32) for _ in self.layer_ids]
