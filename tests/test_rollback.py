@@ -50,7 +50,8 @@ def reference(model, prompts, kept, nxt=5, n_seq_max=1):
     for s, p in enumerate(prompts):
         ctx.decode(Batch(p, seq_ids=s))
     for s, k in enumerate(kept):
-        ctx.decode(Batch(k, seq_ids=s))
+        if k:
+            ctx.decode(Batch(k, seq_ids=s))
     want = [rows(ctx.memory, s) for s in range(len(prompts))]
     logits = []
     for s in range(len(prompts)):
@@ -118,6 +119,40 @@ def test_two_sequences_verified_side_by_side_roll_back_each_alone(mamba):
         assert np.array_equal(ctx.get_logits(), logits[s])
 
 
+def test_sequences_of_different_lengths_split_into_ubatches_keep_one_window_each(mamba):
+    """[last] + 4 drafts for sequence 0 beside [last] + 2 for sequence 1: the equal split cuts sequence
+    0 into two ubatches (3 + 2 tokens), and its window spans both."""
+    a, b = mamba.tokenize(TEXT), mamba.tokenize(OTHER)
+    db = [9, 8, 7]
+    ctx = verified(mamba, [a, b], [DRAFT, db], n_seq_max=2)
+    assert ctx.memory.rollback_window(0) == (len(a), len(a) + K - 1)
+    assert ctx.memory.rollback_window(1) == (len(b) - 2, len(b) + 1)      # the prompt's last two too
+    assert ctx.memory.seq_rm(0, len(a) + 1, -1) is True and ctx.memory.seq_rm(1, len(b) + 2, -1) is True
+    want, logits = reference(mamba, [a, b], [DRAFT[:1], db[:2]], n_seq_max=2)
+    assert same(rows(ctx.memory, 0), want[0]) and same(rows(ctx.memory, 1), want[1])
+    for s in (0, 1):
+        ctx.decode(Batch([5], seq_ids=s, logits=[True]))
+        assert np.array_equal(ctx.get_logits(), logits[s])
+
+
+def test_the_window_runs_across_decodes_up_to_n_positions(mamba):
+    """Token-by-token decodes fill the ring: the last n - 1 of them can be taken back."""
+    prompt = mamba.tokenize(TEXT)
+    n = len(prompt)
+    ctx = Context(mamba, n_ctx=512, n_threads=2)
+    ctx.memory.reserve_rollback(4)
+    ctx.decode(Batch(prompt[:1]))
+    assert ctx.memory.rollback_window(0) == (-1, -1)
+    for t in prompt[1:] + DRAFT:
+        ctx.decode(Batch([t]))
+    assert ctx.memory.rollback_window(0) == (n + K - 3, n + K - 1)
+    assert ctx.memory.seq_rm(0, n + K - 2, -1) is True
+    want, logits = reference(mamba, [prompt], [DRAFT[:K - 2]])
+    assert same(rows(ctx.memory, 0), want[0])
+    ctx.decode(Batch([5], logits=[True]))
+    assert np.array_equal(ctx.get_logits(), logits[0])
+
+
 def test_outside_the_window_or_without_reserve_seq_rm_refuses_with_nothing_changed(mamba):
     prompt = mamba.tokenize(TEXT)
     n = len(prompt)
@@ -155,17 +190,24 @@ def test_reserve_rollback_sizes_grows_and_refuses_bad_n(mamba):
             mem.reserve_rollback(bad)
     assert mem.n_rollback == 4
     prompt = mamba.tokenize(TEXT)
+    n = len(prompt)
     ctx.decode(Batch(prompt))
-    ctx.decode(Batch(DRAFT[:4]))
+    ctx.decode(Batch(DRAFT[:3]))                # the window n - 1 .. n + 2 wraps around the ring of 4
+    assert mem.rollback_window(0) == (n - 1, n + 1)
     plan = mem.plan(Batch([5]))
     mem.reserve_rollback(6)                     # grows: the windows kept, a plan made before refuses
-    assert mem.breakdown()["rollback"] == 6 * per
+    assert mem.breakdown()["rollback"] == 6 * per and mem.rollback_window(0) == (n - 1, n + 1)
     with pytest.raises(StalePlanError):
         plan.apply(0)
     plan.close()
-    assert mem.seq_rm(0, len(prompt) + 1, -1) is True
+    assert mem.seq_rm(0, n + 1, -1) is True
     want, _ = reference(mamba, [prompt], [DRAFT[:1]])
     assert same(rows(mem, 0), want[0])
+    assert mem.seq_rm(0, n, -1) is True         # back to the state after the prompt
+    want, logits = reference(mamba, [prompt], [[]])
+    assert same(rows(mem, 0), want[0])
+    ctx.decode(Batch([5], logits=[True]))
+    assert np.array_equal(ctx.get_logits(), logits[0])
 
 
 def test_a_kv_cache_reserves_nothing_but_checks_n():
@@ -209,9 +251,9 @@ def test_every_other_change_of_a_cell_keeps_its_window_consistent(mamba, monkeyp
         if ctx.memory.seq_pos_max(0) >= 0:
             assert ctx.memory.seq_rm(0, n + 2, -1) is False
 
-    ctx = verified(mamba, [prompt], [DRAFT])                    # a new ubatch: only its own tokens
+    ctx = verified(mamba, [prompt], [DRAFT])                    # a new ubatch: the window goes on
     ctx.decode(Batch([5, 6]))
-    assert ctx.memory.rollback_window(0) == (n + K + 1, n + K + 1)
+    assert ctx.memory.rollback_window(0) == (n + 2, n + K + 1)
     assert ctx.memory.seq_rm(0, n + 2, -1) is False
 
     ctx = verified(mamba, [prompt], [DRAFT], n_seq_max=2)        # a failed batch: its cells' windows dropped
@@ -306,13 +348,13 @@ A = -np.exp(_rng.standard_normal((D, DS))).astype(np.float32)
 DD = _rng.standard_normal(D).astype(np.float32)
 
 
-def _steps(conv, ssm_state, cells, toks, n_t, conv_hist=None, ssm_hist=None):
+def _steps(conv, ssm_state, cells, toks, n_t, conv_hist=None, ssm_hist=None, hist_row=None):
     """A Mamba mixer's two native steps over tokens toks (sequence s at s * n_t), inputs from the tables."""
     toks = np.asarray(toks)
-    o = ssm.conv(conv, cells, XZ[toks, :D], W, None, n_t, n_threads=1, hist=conv_hist)
+    o = ssm.conv(conv, cells, XZ[toks, :D], W, None, n_t, n_threads=1, hist=conv_hist, hist_row=hist_row)
     ssm.scan(ssm_state, cells, o, DT[toks], A, np.ascontiguousarray(BC[toks, :DS]),
              np.ascontiguousarray(BC[toks, DS:]), DD, np.ascontiguousarray(XZ[toks, D:]), n_t, n_threads=1,
-             hist=ssm_hist)
+             hist=ssm_hist, hist_row=hist_row)
 
 
 def _replay(toks):
@@ -323,12 +365,14 @@ def _replay(toks):
 
 
 class RollbackMachine(RuleBasedStateMachine):
-    """Each sequence: its tokens, the position of its first (off) and its rollback window (first
-    position kept, or None); seq_rm's answer and the states after it predicted from them."""
+    """Each sequence: its tokens, the position of its first (off) and its rollback window (its first
+    position, or None; it ends at the sequence's last); seq_rm's answer and the states after it
+    predicted from them."""
 
     def __init__(self):
         super().__init__()
         self.mem = RecurrentMemory(1, (D, DC - 1), (D, DS), n_seq_max=NSEQ)
+        self.nh = NH
         self.mem.reserve_rollback(NH)
         self.toks = {s: [] for s in range(NSEQ)}
         self.off = {s: 0 for s in range(NSEQ)}
@@ -345,12 +389,13 @@ class RollbackMachine(RuleBasedStateMachine):
         plan = self.mem.plan(Batch([t for s in seqs for t in new[s]], seq_ids=[s for s in seqs for _ in new[s]]))
         for ub in plan:
             v = self.mem.recurrent_view(0, ub)
-            _steps(v.conv, v.ssm, v.cells, ub.token, ub.n_seq_tokens, v.conv_hist, v.ssm_hist)
+            _steps(v.conv, v.ssm, v.cells, ub.token, ub.n_seq_tokens, v.conv_hist, v.ssm_hist, v.hist_row)
         for s in seqs:
             if not self.toks[s]:
                 self.off[s] = 0
             self.toks[s] += new[s]
-            self.win[s] = self._pos(s) - min(n_t, NH) + 1
+            w = self.win[s]                                           # the window goes on, up to NH positions
+            self.win[s] = self._pos(s) - min(n_t, self.nh) + 1 if w is None else max(w, self._pos(s) - self.nh + 1)
 
     @rule(s=st.integers(0, NSEQ - 1), p0=st.integers(-1, 30), p1=st.sampled_from([-1, 100, 5, 12]))
     def seq_rm(self, s, p0, p1):
@@ -363,8 +408,6 @@ class RollbackMachine(RuleBasedStateMachine):
         if 0 < lo <= pos < hi and self.win[s] is not None and self.win[s] <= lo - 1:   # a tail inside the window
             event("rolled back")
             self.toks[s] = self.toks[s][:lo - self.off[s]]
-            if self.win[s] == lo - 1:
-                self.win[s] = None
         elif 0 < lo <= pos or 0 < hi <= pos:                      # a part of the state: refused
             event("refused")
             want = False
@@ -372,7 +415,13 @@ class RollbackMachine(RuleBasedStateMachine):
             self.toks[s], self.win[s] = [], None
         assert got is want, (s, p0, p1, pos, self.win[s])
 
-    @rule(s=st.integers(0, NSEQ - 1), back=st.integers(0, NH + 1), p1=st.sampled_from([-1, 10**6]))
+    @rule(n=st.integers(0, 9))
+    def reserve_rollback(self, n):
+        """A larger n grows the ring (the windows kept, unrolled), a smaller one changes nothing."""
+        self.mem.reserve_rollback(n)
+        self.nh = max(self.nh, n)
+
+    @rule(s=st.integers(0, NSEQ - 1), back=st.integers(0, 10), p1=st.sampled_from([-1, 10**6]))
     def seq_rm_tail(self, s, back, p1):
         """A tail near the end of a sequence holding tokens: what a verification's rejected drafts remove."""
         held = [q for q in range(NSEQ) if self.toks[q]]

@@ -147,9 +147,10 @@ def test_the_scan_gives_the_same_bits_at_every_simd_level():
             assert np.array_equal(y, outs[0][0]) and np.array_equal(st, outs[0][1])
 
 
-def _steps(c, n_t, hist_rows=None, nt=1):
+def _steps(c, n_t, hist_rows=None, nt=1, r0=None):
     """Conv then scan of the case's first n_t tokens per sequence (from its states), with histories of
-    hist_rows rows (None: none); returns (out, y, conv state, ssm state, conv hist, ssm hist)."""
+    hist_rows rows (None: none) starting at rows r0; returns (out, y, conv state, ssm state, conv hist,
+    ssm hist)."""
     cells, d, ds = c["cells"], c["d"], c["d_state"]
     rows = np.concatenate([np.arange(s * c["n_t"], s * c["n_t"] + n_t) for s in range(len(cells))])
     x, z = np.ascontiguousarray(c["xz"][rows, :d]), np.ascontiguousarray(c["xz"][rows, d:])
@@ -159,17 +160,18 @@ def _steps(c, n_t, hist_rows=None, nt=1):
     if hist_rows is not None:
         ch = np.full((cs.shape[0], hist_rows) + cs.shape[1:], np.nan, np.float32)
         sh = np.full((ss.shape[0], hist_rows) + ss.shape[1:], np.nan, np.float32)
-    o = ssm.conv(cs, cells, x, c["w"], c["b"], n_t, n_threads=nt, hist=ch)
-    y = ssm.scan(ss, cells, o, c["dt"][rows], c["A"], B, C, c["D"], z, n_t, n_threads=nt, hist=sh)
+    o = ssm.conv(cs, cells, x, c["w"], c["b"], n_t, n_threads=nt, hist=ch, hist_row=r0)
+    y = ssm.scan(ss, cells, o, c["dt"][rows], c["A"], B, C, c["D"], z, n_t, n_threads=nt, hist=sh, hist_row=r0)
     return o, y, cs, ss, ch, sh
 
 
 @pytest.mark.parametrize("n_threads, d, d_state", [(1, 24, 16), (2, 24, 13), (2, 512, 16)])
 def test_history_rows_are_the_states_after_each_of_the_last_tokens_at_every_simd_level(n_threads, d, d_state):
-    """Row j of a cell's history is, bit for bit, the state a ubatch of its first n_t - m + j + 1 tokens
-    leaves (m = min(n_t, n_hist)); rows past m and cells outside the ubatch are left; the outputs and
-    states are those of the run without history, on every SIMD level and thread count (d = 512: both
-    kernels above their OpenMP threshold)."""
+    """Row (r0 + j) % n_hist of a cell's history is, bit for bit, the state a ubatch of its first
+    n_t - m + j + 1 tokens leaves (m = min(n_t, n_hist); r0 the sequence's start row, 0 without
+    hist_row); the other rows and cells outside the ubatch are left; the outputs and states are those of
+    the run without history, on every SIMD level and thread count (d = 512: both kernels above their
+    OpenMP threshold)."""
     from llamax._native import cpu
 
     c = _case(np.random.default_rng(5), n_t=7, d=d, d_state=d_state)
@@ -177,19 +179,21 @@ def test_history_rows_are_the_states_after_each_of_the_last_tokens_at_every_simd
         for level in cpu.levels():
             cpu.set_simd_level(level)
             plain = _steps(c, 7, nt=n_threads)
-            for n_hist in (3, 7, 9):
-                got = _steps(c, 7, n_hist, nt=n_threads)
+            for n_hist, r0 in ((3, None), (7, None), (9, None), (4, [2, 0, 3]), (9, [8, 5, 0])):
+                got = _steps(c, 7, n_hist, nt=n_threads, r0=None if r0 is None else np.array(r0, np.int32))
                 for a, b in zip(plain[:4], got[:4]):
                     assert np.array_equal(a, b)
                 m = min(7, n_hist)
                 ch, sh = got[4], got[5]
+                written = np.zeros(ch.shape[:2], bool)
                 for j in range(m):
                     _, _, cs, ss, _, _ = _steps(c, 7 - m + j + 1, nt=n_threads)
-                    assert np.array_equal(ch[c["cells"], j], cs[c["cells"]]), (level, n_hist, j)
-                    assert np.array_equal(sh[c["cells"], j], ss[c["cells"]]), (level, n_hist, j)
-                assert np.isnan(ch[c["cells"], m:]).all() and np.isnan(sh[c["cells"], m:]).all()
-                others = [i for i in range(5) if i not in c["cells"]]
-                assert np.isnan(ch[others]).all() and np.isnan(sh[others]).all()
+                    for k, cell in enumerate(c["cells"]):
+                        row = ((r0[k] if r0 else 0) + j) % n_hist
+                        written[cell, row] = True
+                        assert np.array_equal(ch[cell, row], cs[cell]), (level, n_hist, j)
+                        assert np.array_equal(sh[cell, row], ss[cell]), (level, n_hist, j)
+                assert np.isnan(ch[~written]).all() and np.isnan(sh[~written]).all()
     finally:
         cpu.set_simd_level(-1)
 
@@ -204,6 +208,13 @@ def test_a_bad_history_is_refused():
         with pytest.raises(ValueError, match=match):
             ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], hist=bad)
         assert np.array_equal(st, c["conv_state"])
+    hist = np.zeros((5, 2, 24, 3), np.float32)
+    for row, match in ((np.array([0, 2, 1], np.int32), "hist_row must lie"), (np.array([0, -1, 1], np.int32), "hist_row must lie"),
+                       (np.array([0, 1], np.int32), "n_seqs"), (np.array([0, 1, 1], np.int64), "int32")):
+        with pytest.raises(ValueError, match=match):
+            ssm.conv(c["conv_state"].copy(), c["cells"], x, c["w"], c["b"], c["n_t"], hist=hist, hist_row=row)
+    with pytest.raises(ValueError, match="without hist"):
+        ssm.conv(c["conv_state"].copy(), c["cells"], x, c["w"], c["b"], c["n_t"], hist_row=np.zeros(3, np.int32))
     ro = np.zeros((5, 2, 24, 16), np.float32)
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):

@@ -12,17 +12,21 @@ a row per cell:
 float32 always: a state feeds back into itself every token, so quantization error would compound.
 
 Rollback (speculative decoding, llama.cpp's per-token states): after reserve_rollback(n), two more
-buffers per layer keep, for every cell, the state after each of the last min(n_t, n) tokens its
-sequence had in the last ubatch applied (the layers' kernels write them, csrc/ssm.h):
+buffers per layer keep, for every cell, the state after each of its sequence's last n positions (at
+most; the layers' kernels write them as they fold the tokens in, csrc/ssm.h), a ring of n rows:
 
-    conv_hist [mem_size, n, *r_shape]    row j: the conv state after position hist_pos0 + j
-    ssm_hist  [mem_size, n, *s_shape]    likewise the ssm state, j < hist_n (of the cell)
+    conv_hist [mem_size, n, *r_shape]    the conv state after position p in row
+                                         (hist_row0 + p - hist_pos0) % n, hist_pos0 <= p <= pos
+    ssm_hist  [mem_size, n, *s_shape]    likewise the ssm state
 
-so seq_rm(seq, p0, -1) with hist_pos0 <= p0 - 1 < pos puts row p0 - 1 - hist_pos0 back: the state a
-decode of the tokens up to p0 - 1 alone would have left, bit for bit (the rows are copies of the
-state). The window is each cell's own: a ubatch without the cell's sequence leaves it; any other change
-of the cell (seq_cp to it, seq_div, a restore, clear, a failed batch, freeing it) drops it, seq_add
-moves it with the pos. A state file does not carry it.
+The window [hist_pos0, pos] holds hist_n <= n positions: a ubatch of n_t tokens extends it by n_t (the
+oldest rows overwritten), so a sequence's last ubatch is always in it, and so are the ubatches of one
+batch that a split cut a sequence into. seq_rm(seq, p0, -1) with hist_pos0 <= p0 - 1 < pos puts the row
+of p0 - 1 back: the state a decode of the tokens up to p0 - 1 alone would have left, bit for bit (the
+rows are copies of the state), and the window then ends at p0 - 1. The window is each cell's own: a
+ubatch without the cell's sequence leaves it; any other change of the cell (seq_cp to it, seq_div, a
+restore, clear, a failed batch, freeing it) drops it, seq_add moves it with the pos. A state file does
+not carry it.
 
 What follows from one state per sequence, as in llama.cpp:
     - seq_rm cannot cut a state: it removes a sequence's state whole or not at all, and returns False
@@ -83,6 +87,8 @@ class RecurrentView(NamedTuple):
     cells: np.ndarray    # int32 [n_seqs]: sequence s of the ubatch (tokens s*n_t .. s*n_t+n_t-1) is in cells[s]
     conv_hist: np.ndarray | None = None   # float32 [mem_size, n, *r_shape]: the rollback rows (None: not reserved)
     ssm_hist: np.ndarray | None = None    # float32 [mem_size, n, *s_shape]
+    hist_row: np.ndarray | None = None    # int32 [n_seqs]: the ring row of the state after sequence s's token
+                                          # n_t - min(n_t, n) (the kernels' hist_row)
 
 
 @dataclass
@@ -146,9 +152,10 @@ class RecurrentMemory(Memory):
         self.n_rollback = 0                                     # history rows per cell (reserve_rollback)
         self.conv_hist: list[np.ndarray] = []                   # per layer [mem_size, n_rollback, *r_shape]
         self.ssm_hist: list[np.ndarray] = []                    # per layer [mem_size, n_rollback, *s_shape]
-        self._hist_pos0 = np.zeros(self.mem_size, np.int32)     # position of each cell's history row 0
-        self._hist_n = np.zeros(self.mem_size, np.int32)        # rows valid (0: no window)
-        self._active: tuple[UBatch, np.ndarray, int] | None = None
+        self._hist_pos0 = np.zeros(self.mem_size, np.int32)     # first position of each cell's window
+        self._hist_row0 = np.zeros(self.mem_size, np.int32)     # the ring row of that position
+        self._hist_n = np.zeros(self.mem_size, np.int32)        # positions in the window, ending at pos (0: none)
+        self._active: tuple[UBatch, np.ndarray, int, np.ndarray | None] | None = None
         self._undo: _Undo | None = None
 
     # ---- shape ----------------------------------------------------------------------------------
@@ -231,7 +238,7 @@ class RecurrentMemory(Memory):
 
         Allocates conv_hist and ssm_hist (mem_size * n * (r + s) float32 per layer, breakdown's
         "rollback"). Idempotent; a larger n grows the buffers (the windows kept, and a plan made before
-        refuses to apply: StalePlanError), a smaller one keeps them.
+        refuses to apply: StalePlanError), a smaller one keeps them; n = 1 keeps nothing.
 
         Raises:
             ValueError: n < 0.
@@ -244,8 +251,11 @@ class RecurrentMemory(Memory):
             return
         conv = [np.zeros((self.mem_size, n) + self.r_shape, np.float32) for _ in self.layer_ids]
         ssm = [np.zeros((self.mem_size, n) + self.s_shape, np.float32) for _ in self.layer_ids]
-        for new, old in zip(conv + ssm, self.conv_hist + self.ssm_hist):
-            new[:, :self.n_rollback] = old
+        for c in np.flatnonzero(self._hist_n > 0).tolist():     # each window unrolled to rows 0 ..
+            rows = self._ring_row(c, int(self._hist_pos0[c]) + np.arange(int(self._hist_n[c])))
+            for new, old in zip(conv + ssm, self.conv_hist + self.ssm_hist):
+                new[c, :rows.size] = old[c, rows]
+            self._hist_row0[c] = 0
         self.conv_hist, self.ssm_hist, self.n_rollback = conv, ssm, n
         self._changed()
 
@@ -258,12 +268,17 @@ class RecurrentMemory(Memory):
             return -1, -1
         return int(self._hist_pos0[c]), int(self._pos[c]) - 1
 
+    def _ring_row(self, c: int, p):
+        """The ring row of cell c's state after position p (an int or an array of them)."""
+        return (int(self._hist_row0[c]) + p - int(self._hist_pos0[c])) % self.n_rollback
+
     def _roll_back(self, c: int, keep: int) -> None:
         """Put cell c's state back to the one after position keep (inside its window)."""
         j = keep - int(self._hist_pos0[c])
         assert 0 <= j < int(self._hist_n[c]) - 1, "keep lies inside the cell's window, before its pos"
+        row = self._ring_row(c, keep)
         for a, h in zip(self.conv + self.ssm, self.conv_hist + self.ssm_hist):
-            a[c] = h[c, j]
+            a[c] = h[c, row]
         self._pos[c] = keep
         self._hist_n[c] = j + 1
 
@@ -469,28 +484,37 @@ class RecurrentMemory(Memory):
     def apply_ubatch(self, ubatch: UBatch, slot: _Slot) -> None:
         """Give each sequence of the ubatch its cell (a new one starts from zero states) and set the
         cells' pos to each sequence's last position in the ubatch; the states themselves are written
-        by the layers (recurrent_view). With rollback reserved, each cell's window becomes its
-        sequence's last min(n_t, n_rollback) positions (the layers write their rows)."""
+        by the layers (recurrent_view). With rollback reserved, each cell's window takes in the
+        ubatch's positions (its last n_rollback positions, the earlier ones of a cell that had a
+        window kept up to n_rollback in all); the layers write their rows."""
         if slot.first:
             rows = [(a[slot.touched].copy(), b[slot.touched].copy()) for a, b in zip(self.conv, self.ssm)]
             self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, rows)
-        n_t = ubatch.n_seq_tokens
+        n_t, n = ubatch.n_seq_tokens, self.n_rollback
         seqs = ubatch.seq_id[::n_t]
+        hist_row = np.zeros(ubatch.n_seqs, np.int32) if n else None
         for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):
             if slot.fresh[j]:
                 self._zero(c)
                 self._owner[c] = s
                 self._tail[s] = c
-            self._pos[c] = ubatch.pos[j * n_t + n_t - 1]
-        if self.n_rollback:
-            m = min(n_t, self.n_rollback)
-            idx = np.arange(ubatch.n_seqs) * n_t + n_t - m
-            first = np.asarray(ubatch.pos)[idx]
-            self._hist_pos0[slot.cells] = first
-            # a sequence's positions are consecutive (the batch checks Y = X + 1 and no holes)
-            self._hist_n[slot.cells] = m
+                self._hist_n[c] = 0
+            last = int(ubatch.pos[j * n_t + n_t - 1])
+            self._pos[c] = last
+            if hist_row is not None:
+                # a sequence's positions are consecutive (the batch checks Y = X + 1 and no holes), so
+                # the ubatch continues the cell's window right after its end
+                first_row = last - min(n_t, n) + 1          # the first position the layers write
+                if self._hist_n[c]:
+                    hist_row[j] = self._ring_row(c, first_row)
+                    k = min(n, int(self._hist_n[c]) + n_t)
+                    self._hist_row0[c] = self._ring_row(c, last - k + 1)
+                else:
+                    k = min(n, n_t)
+                    self._hist_row0[c] = 0
+                self._hist_pos0[c], self._hist_n[c] = last - k + 1, k
         self._changed()
-        self._active = (ubatch, slot.cells, self._generation)
+        self._active = (ubatch, slot.cells, self._generation, hist_row)
         if self._undo is not None:
             self._undo.generation = self._generation
 
@@ -533,8 +557,8 @@ class RecurrentMemory(Memory):
         i = self._layer.get(il)
         if i is None:
             raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
-        if self.n_rollback:
-            return RecurrentView(self.conv[i], self.ssm[i], act[1], self.conv_hist[i], self.ssm_hist[i])
+        if act[3] is not None:
+            return RecurrentView(self.conv[i], self.ssm[i], act[1], self.conv_hist[i], self.ssm_hist[i], act[3])
         return RecurrentView(self.conv[i], self.ssm[i], act[1])
 
     # ---- state ----------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
     them); returns [n, n_embd] (before the residual)."""
     di, ds, dr = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank
     xz = L.ssm_in(h)                                                        # [n, 2 * d_inner]
-    x = _ssm.conv(view.conv, view.cells, xz[:, :di], L.conv_w, L.conv_b, n_t, n_threads, hist=view.conv_hist)
+    x = _ssm.conv(view.conv, view.cells, xz[:, :di], L.conv_w, L.conv_b, n_t, n_threads,
+                  hist=view.conv_hist, hist_row=view.hist_row)
     xdb = L.ssm_x(x)                                                        # [n, dt_rank + 2 * d_state]
     dt, B, C = xdb[:, :dr], xdb[:, dr:dr + ds], xdb[:, dr + ds:]
     if hp.ssm_dt_b_c_rms:   # Falcon-Mamba: each RMS-normed, without a weight
@@ -82,7 +83,8 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
         dt, B, C = (rms_norm(a, w, hp.rms_eps) for a, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
     dt = L.ssm_dt(np.ascontiguousarray(dt))
     dt += L.dt_b
-    y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads, hist=view.ssm_hist)
+    y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads,
+                  hist=view.ssm_hist, hist_row=view.hist_row)
     return L.ssm_out(y)
 
 
