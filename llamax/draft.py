@@ -134,6 +134,7 @@ class DraftStats:
     n_decode: int = 0     # decode calls (sync and rounds)
     n_synced: int = 0     # tokens the sync phase decoded (the target's new tokens, or re-decoded ones)
     draft_s: float = 0.0  # wall time inside draft()
+    rounds_s: float = 0.0  # of it, the drafting rounds (the sync phase excluded)
 
     @property
     def s_per_token(self) -> float:
@@ -263,7 +264,9 @@ class DraftModel:
         active = [r for r in reqs if r.live]
         if active:
             self._sync(active)
+            t1 = time.perf_counter()
             self._rounds([r for r in active if r.live])
+            self.stats.rounds_s += time.perf_counter() - t1
         self.stats.n_calls += 1
         self.stats.n_drafted += sum(len(r.draft) for r in reqs)
         self.stats.draft_s += time.perf_counter() - t0

@@ -24,7 +24,6 @@ per-token states it keeps for the window (Memory.reserve_rollback). Nothing else
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -380,17 +379,15 @@ class Speculator:
         live = [i for i, w in enumerate(want) if w > 0]
         drafts: list[list[int]] = [[] for _ in seqs]
         if live:
-            t0 = time.perf_counter()
+            st = getattr(self.drafter, "stats", None)  # a draft model's: the time of its drafting rounds
+            before = (st.rounds_s, st.n_drafted) if st is not None else None
             got = self.drafter.draft([asks[i] for i in live])
-            dt = time.perf_counter() - t0
-            n = 0
             for i, d in zip(live, got):
                 d = [int(t) for t in d[:want[i]]]
                 drafts[i] = d if len(d) >= max(specs[i].n_min, 1) else []
-                n += len(drafts[i])
-            if self.spec.kind == "draft":  # the n-gram lookup's time is noise next to a decode
-                per = dt / max(n, 1)
-                p = self.policy
+            if st is not None and before is not None and st.n_drafted > before[1]:
+                per = (st.rounds_s - before[0]) / (st.n_drafted - before[1])
+                p = self.policy  # the n-gram lookup's time is noise next to a decode: only a model's counts
                 p.draft_s_per_token = per if p.draft_s_per_token == 0 else 0.8 * p.draft_s_per_token + 0.2 * per
         return drafts
 

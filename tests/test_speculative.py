@@ -393,3 +393,60 @@ def test_server_with_spec_type_ngram_answers_the_same(chat_server):
         assert bad.status_code == 400 and "n_max" in bad.text
     finally:
         srv.stop()
+
+
+# ---- recurrent and hybrid memories ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def recurrent_models(tmp_path_factory, smollm2_gguf):
+    """Synthetic Mamba and Jamba models, each with a draft: itself cut to its first 3 of 4 layers."""
+    from tests.synthetic import write_jamba, write_mamba, write_truncated
+
+    d = tmp_path_factory.mktemp("spec-recurrent")
+    out = {}
+    for arch, write in (("mamba", write_mamba), ("jamba", write_jamba)):
+        path = write(d / f"{arch}.gguf", smollm2_gguf)
+        out[arch] = (llamax.Model.load(path, n_threads=2),
+                     llamax.Model.load(write_truncated(d / f"{arch}-3.gguf", path, 3), n_threads=2))
+    return out
+
+
+@pytest.mark.parametrize("arch", ["mamba", "jamba"])
+def test_recurrent_and_hybrid_memories_roll_back_the_rejected_drafts(recurrent_models, arch):
+    """A weaker draft's tokens are accepted only in part; the state after the last kept token is put
+    back from the per-token states (and the KV cells of a hybrid cut), and the output is the same as
+    without drafts, alone and beside another sequence."""
+    m, draft = recurrent_models[arch]
+    prompts = [m.tokenize("one two three one two three one two", add_special=True),
+               m.tokenize("the cat sat on the mat", add_special=True)]
+    ref = []
+    for p in prompts:
+        g, _, _ = run(m, p, 48, None, n_ctx=256)
+        ref.append(g.generated)
+    spec = Speculative(kind="draft", model=draft, n_max=4, p_min=0.0, adaptive=False)
+    g, _, ctx = run(m, prompts[0], 48, spec, n_ctx=256)
+    assert g.generated == ref[0]
+    assert 0 < g.stats.n_accepted < g.stats.n_drafted
+    held = len(prompts[0]) + len(g.generated) - (g.stats.stop == "length")
+    assert ctx.memory.seq_pos_max(0) + 1 == held
+    ctx2 = Context(m, n_ctx=512, n_seq_max=2)
+    pg = generate_parallel(ctx2, prompts, max_tokens=48, samplers=[Sampler(temperature=0.0) for _ in prompts],
+                           speculative=spec)
+    for _ in pg:
+        pass
+    assert pg.generated == ref and pg.stats.n_accepted > 0
+
+
+def test_a_recurrent_memory_without_its_rollback_window_refuses_to_cut(recurrent_models):
+    from llamax.batch import Batch
+    from llamax.speculative import cut_tail
+
+    ctx = Context(recurrent_models["mamba"][0], n_ctx=256)
+    ctx.decode(Batch([5, 6, 7, 8]))
+    with pytest.raises(LlamaxError, match="rollback window"):
+        cut_tail(ctx.memory, 0, 2)
+    assert ctx.memory.seq_pos_max(0) == 3          # nothing changed
+    ctx.memory.reserve_rollback(4)
+    ctx.decode(Batch([9, 10, 11], pos=[4, 5, 6]))
+    cut_tail(ctx.memory, 0, 5)
+    assert ctx.memory.seq_pos_max(0) == 4

@@ -103,16 +103,6 @@ class Memory(abc.ABC):
 
         p0 < 0 means 0 and p1 < 0 means infinity. Returns True (a KV cache can always remove)."""
 
-    def reserve_rollback(self, n: int) -> None:
-        """Keep what is needed so that, after a decode, seq_rm(seq, p, -1) can remove up to the last
-        n - 1 positions of a sequence's last ubatch (speculative decoding's rejected drafts). A cache of
-        cells can always cut a tail: nothing to do here.
-
-        Raises:
-            ValueError: n < 0."""
-        if n < 0:
-            raise ValueError(f"reserve_rollback: n = {n} must be >= 0")
-
     @abc.abstractmethod
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make the cells of src in [p0, p1) part of dst too (no copy within a stream)."""
