@@ -39,7 +39,7 @@ from llamax.batch import Batch
 from llamax.errors import NoKVSlotError
 from llamax.sampling import Sampler
 from llamax.sequence import N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room, prompt_tokens
-from llamax.speculative import Speculative, Speculator, cut_tail, resolve, verify
+from llamax.speculative import Speculative, Speculator, cut_tail, equal_drafts, equalize, resolve, verify
 
 if TYPE_CHECKING:
     from llamax.context import Context
@@ -333,14 +333,17 @@ class ParallelGeneration:
         if self.spec is None or not step:
             return [[] for _ in step]
         mem, asks = self.ctx.memory, []
+        n_ubatch = self.ctx.params.n_ubatch
+        equal = equal_drafts(mem, self.ctx.params.kv_unified)
         for s, tok in step:
             n_past = mem.seq_pos_max(s.seq_id) + 1
-            cap = self.n_ctx_seq - 2 - n_past
+            cap = min(self.n_ctx_seq - 2 - n_past, n_ubatch // len(step) - 1)  # one ubatch (equal_drafts)
             d = s.decoder
             if d.max_tokens >= 0:
                 cap = min(cap, d.max_tokens - len(d.generated) - 1)
             asks.append((s.seq_id, s.tokens + [tok], cap))
-        return self.spec.plan(asks)
+        drafts = self.spec.plan(asks)
+        return equalize(drafts) if equal else drafts
 
     def _stop(self, s: _Sequence, why: str) -> Iterator[tuple[int, str]]:
         if self.spec is not None:

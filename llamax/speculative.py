@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from llamax.memory.base import Memory
     from llamax.sequence import Sampled, SeqDecoder
 
-__all__ = ["DecodeCost", "Drafter", "NgramDrafter", "SpecPolicy", "Speculative", "Speculator", "resolve", "verify"]
+__all__ = ["DecodeCost", "Drafter", "NgramDrafter", "SpecPolicy", "Speculative", "Speculator", "cut_tail", "equal_drafts",
+           "equalize", "resolve", "verify"]
 
 KINDS = ("ngram", "draft")
 N_MAX_LIMIT = 64            # drafted tokens per sequence and step, at most
@@ -407,6 +408,24 @@ class Speculator:
 
     def close(self) -> None:
         self.drafter.close()
+
+
+def equal_drafts(memory: Memory, unified: bool) -> bool:
+    """True when a step's drafts must all have one length and share the batch with no prompt chunk:
+    a sliding-window cache split with split_equal (one stream per sequence). A sliding-window cache
+    reuses a cell once the window of its sequence's last position before the ubatch has passed it;
+    drafts of one sequence spread over two ubatches would let the second reuse cells that the window
+    of a draft position (later rejected) has passed but the kept position's window still covers. One
+    ubatch for every sequence's next token, then one for all the drafts (equal lengths), keeps every
+    reuse decided by kept positions. A unified cache puts the whole verification in its first ubatch
+    (the Engine and generate keep it within n_ubatch)."""
+    return not unified and getattr(memory, "swa", None) is not None
+
+
+def equalize(drafts: list[list[int]]) -> list[list[int]]:
+    """The drafts cut to the shortest non-empty one (see equal_drafts)."""
+    n = min((len(d) for d in drafts if d), default=0)
+    return [d[:n] for d in drafts]
 
 
 def cut_tail(memory: Memory, seq_id: int, p0: int) -> None:

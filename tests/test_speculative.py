@@ -219,6 +219,22 @@ def test_greedy_output_is_identical_on_gemma3_iswa(gemma):
     assert mem.base.seq_pos_max(0) + 1 == mem.swa.seq_pos_max(0) + 1 == held
 
 
+def test_gemma3_one_stream_per_slot_drafts_in_one_ubatch(gemma):
+    """Sliding-window layers with one KV stream per slot (split_equal): every drafting slot drafts the
+    same number of tokens, so the drafts sit in one ubatch after the slots' next tokens (see
+    llamax.speculative.equal_drafts), and the output is the same as without drafts."""
+    from llamax.speculative import equal_drafts, equalize
+
+    prompts = [rewrite_prompt(gemma), rewrite_prompt(gemma, CODE.replace("width", "x"))]
+    with llamax.Engine(gemma, n_ctx=2048, n_parallel=2, kv_unified=False) as eng:
+        assert equal_drafts(eng.memory, False) and not equal_drafts(eng.memory, True)
+        ref = engine_results(eng, prompts, max_tokens=40, speculative=False)
+        got = engine_results(eng, prompts, max_tokens=40, speculative=True)
+    assert [r.tokens for r in got] == [r.tokens for r in ref]
+    assert sum(r.n_accepted for r in got) > 0
+    assert equalize([[1, 2, 3], [], [4, 5]]) == [[1, 2], [], [4, 5]]
+
+
 def test_seeded_sampling_is_identical_with_drafts(model):
     prompt = rewrite_prompt(model)
     g0, _, _ = run(model, prompt, 80, None, sampler=Sampler(temperature=0.7, seed=11))

@@ -65,7 +65,7 @@ from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, TokenLogprob, bos_offset
                              needs_room, prompt_tokens, shift_discard)
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 from llamax.serving.reuse import PrefixReuse, PrefixState, reuse_class
-from llamax.speculative import Speculative, Speculator, cut_tail, resolve, verify
+from llamax.speculative import Speculative, Speculator, cut_tail, equal_drafts, equalize, resolve, verify
 
 log = logging.getLogger("llamax")
 
@@ -615,7 +615,10 @@ class Engine:
         if not groups:
             return 0
         room = min(budget, self.params.n_ubatch - len(gen), self._free_cells() - len(gen) - GROWTH)
-        n = 0
+        equal = equal_drafts(self.memory, self.params.kv_unified)
+        if equal and any(s.req is not None and s.req.state == PREFILL for s in self._slots):
+            return 0  # see llamax.speculative.equal_drafts
+        got: dict[int, list[int]] = {}
         for kind, idx in groups.items():
             asks, specs = [], []
             for i in idx:
@@ -624,15 +627,23 @@ class Engine:
                 cap = self.n_ctx_seq - 2 - len(st.tokens)
                 if req.max_tokens >= 0:
                     cap = min(cap, req.max_tokens - len(req.generated) - 1)
+                if equal:
+                    cap = min(cap, self.params.n_ubatch // len(gen) - 1)
                 asks.append((s.seq, st.tokens + chunk, cap))
                 specs.append(req.speculative)
-            for i, d in zip(idx, self._spec[kind].plan(asks, n_fixed=len(gen), specs=specs)):
-                d = d[:max(room - n, 0)]
-                if d:
-                    s, chunk, want = gen[i]
-                    s.seq_state.draft = d
-                    gen[i] = (s, chunk + d, want)
-                    n += len(d)
+            got.update(zip(idx, self._spec[kind].plan(asks, n_fixed=len(gen), specs=specs)))
+        if equal:
+            got = dict(zip(got, equalize(list(got.values()))))
+            if sum(map(len, got.values())) > room:  # cut unequally they would spread over ubatches
+                return 0
+        n = 0
+        for i, d in got.items():
+            d = d[:max(room - n, 0)]
+            if d:
+                s, chunk, want = gen[i]
+                s.seq_state.draft = d
+                gen[i] = (s, chunk + d, want)
+                n += len(d)
         return n
 
     @staticmethod
