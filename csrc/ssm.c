@@ -4,7 +4,8 @@
  * thread, so no sum ever depends on the thread count. The scan's inner step over the d_state terms
  * runs in AVX2 lanes when the CPU has them, or through its scalar twin (the same bits: vexp.h's exp,
  * the same fused steps and lane sums), so the results do not depend on the SIMD level either;
- * softplus and SiLU use libm's expf / log1pf, as ggml's CPU path.
+ * softplus and SiLU use libm's expf / log1pf, as ggml's CPU path. The history rows (ssm.h) are
+ * memcpy's of the window / h after a token, made by the thread that computed them.
  */
 #include "ssm.h"
 
@@ -25,8 +26,10 @@ static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 static inline float softplus(float v) { return v <= 20.0f ? log1pf(expf(v)) : v; }
 
 void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int d_conv,
-                 const float *x, int64_t ldx, const float *w, const float *b, float *out, int n_threads) {
+                 const float *x, int64_t ldx, const float *w, const float *b, float *out, float *hist,
+                 int64_t n_hist, const int32_t *hist_row, int n_threads) {
     const int64_t nw = d_conv - 1, pairs = n_seqs * d;
+    const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
     (void) n_threads;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * d_conv >= 32768)
     for (int64_t p = 0; p < pairs; ++p) {
@@ -34,6 +37,9 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
         float *st = state + ((int64_t) cells[s] * d + c) * nw;
         const float *wc = w + c * d_conv;
         const float bc = b ? b[c] : 0.0f;
+        /* row j of the cell's history, channel c: hc + j * d * nw */
+        float *hc = m ? hist + ((int64_t) cells[s] * n_hist * d + c) * nw : NULL;
+        const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
         float win[LX_SSM_MAX_CONV];                    /* the last d_conv inputs of channel c */
         memcpy(win, st, (size_t) nw * sizeof(float));
         for (int64_t t = 0; t < n_t; ++t) {
@@ -43,6 +49,7 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
             for (int k = 0; k < d_conv; ++k) sum += win[k] * wc[k];
             out[row * d + c] = silu(sum + bc);
             memmove(win, win + 1, (size_t) nw * sizeof(float));
+            if (t >= n_t - m) memcpy(hc + ((r0 + t - (n_t - m)) % n_hist) * d * nw, win, (size_t) nw * sizeof(float));
         }
         memcpy(st, win, (size_t) nw * sizeof(float));
     }
@@ -97,8 +104,10 @@ __attribute__((target("avx2,fma,f16c"))) static float scan_step_avx2(float *h, c
 
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
-                 const float *D, const float *z, int64_t ldz, float *y, int n_threads) {
+                 const float *D, const float *z, int64_t ldz, float *y, float *hist, int64_t n_hist,
+                 const int32_t *hist_row, int n_threads) {
     const int64_t pairs = n_seqs * d;
+    const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
 #ifdef LX_SSM_X86
     const int simd = lx_simd_level() >= LX_SIMD_AVX2;
 #endif
@@ -108,6 +117,9 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
         const int64_t s = p / d, c = p % d;
         float *h = state + ((int64_t) cells[s] * d + c) * d_state;
         const float *a = A + c * d_state;
+        /* row j of the cell's history, channel c: hc + j * d * d_state */
+        float *hc = m ? hist + ((int64_t) cells[s] * n_hist * d + c) * d_state : NULL;
+        const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
         for (int64_t t = 0; t < n_t; ++t) {
             const int64_t row = s * n_t + t;
             const float xv = x[row * d + c];
@@ -121,6 +133,8 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
 #endif
                 sum = scan_step_ref(h, a, bt, ct, d_state, dts, x_dt);
             y[row * d + c] = (sum + xv * D[c]) * silu(z[row * ldz + c]);
+            if (t >= n_t - m)
+                memcpy(hc + ((r0 + t - (n_t - m)) % n_hist) * d * d_state, h, (size_t) d_state * sizeof(float));
         }
     }
 }

@@ -12,6 +12,28 @@
  * state, run the ubatch's tokens through it in order and leave the state after the last token in
  * the same cell.
  *
+ * History (speculative decoding's rollback): both kernels can also copy the state after each of the
+ * last tokens of every sequence into a history buffer, a ring of n_hist rows per cell laid out like
+ * the state itself:
+ *
+ *   conv hist   [n_cells][n_hist][d][d_conv - 1]
+ *   ssm hist    [n_cells][n_hist][d][d_state]
+ *
+ *   m = min(n_t, n_hist) rows of cell cells[s] are written, from row r0 = hist_row[s] on (0 when
+ *   hist_row is NULL), wrapping around; the others are left as they were:
+ *
+ *     tokens of s:   0  1  ...  n_t-m     n_t-m+1  ...  n_t-1
+ *                                 |          |            |
+ *     hist rows:                 r0     (r0+1) % n_hist ... (r0+m-1) % n_hist
+ *
+ *   row (r0 + j) % n_hist = the state after token n_t - m + j
+ *
+ * so the last row written equals the state left in the cell, and a caller that starts each ubatch's
+ * rows where the previous one's ended keeps the states of a sequence's last n_hist tokens across
+ * ubatches. The rows are copies of the state at that token (no other arithmetic): restoring one gives,
+ * bit for bit, the state a ubatch ending at that token would have left. hist NULL (or n_hist 0): no
+ * history, the kernels as without it.
+ *
  * Determinism: every channel c is computed by one thread, in token order, with the same float
  * operations whatever the thread count, so the results are bit-identical for any n_threads and
  * any split of a sequence into ubatches.
@@ -33,10 +55,14 @@
  *   state[cells[s]][c] <- the last d_conv - 1 values of w_c
  *
  * x [n_seqs * n_t] rows of stride ldx (the x half of the in-projection); w [d][d_conv]; b [d] or
- * NULL; out [n_seqs * n_t][d]. The sum runs k = 0, 1, ... in float, as ggml's.
- * note: cells distinct, each < the state's rows; 1 <= d_conv <= LX_SSM_MAX_CONV; n_threads >= 1. */
+ * NULL; out [n_seqs * n_t][d]. The sum runs k = 0, 1, ... in float, as ggml's. hist [n_cells][n_hist][d]
+ * [d_conv - 1] or NULL: the window after each of the last min(n_t, n_hist) tokens, from row hist_row[s]
+ * (hist_row [n_seqs] or NULL: row 0; see above).
+ * note: cells distinct, each < the state's rows; 1 <= d_conv <= LX_SSM_MAX_CONV; n_hist >= 0;
+ * 0 <= hist_row[s] < n_hist; n_threads >= 1. */
 void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int d_conv,
-                 const float *x, int64_t ldx, const float *w, const float *b, float *out, int n_threads);
+                 const float *x, int64_t ldx, const float *w, const float *b, float *out, float *hist,
+                 int64_t n_hist, const int32_t *hist_row, int n_threads);
 
 /* The selective scan of one Mamba-1 layer with its skip and gate (ggml_ssm_scan, then
  * y + x * D and silu(z) * y, as llm_build_mamba): for each sequence s, token t, channel c:
@@ -49,10 +75,13 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
  * (x and dt contiguous rows); B and C rows of stride ldbc; z rows of stride ldz; A [d][d_state];
  * D [d]. exp is vexp.h's (within 2 ulp of expf); the update is one fused multiply-add; the sum over
  * n runs in 8 lanes (n mod 8, fused), added as lx_hsum8_avx2 adds them, then the last d_state % 8
- * terms in order: AVX2 and its scalar twin give the same bits.
- * note: cells distinct; n_threads >= 1. */
+ * terms in order: AVX2 and its scalar twin give the same bits. hist [n_cells][n_hist][d][d_state] or
+ * NULL: h after each of the last min(n_t, n_hist) tokens, from row hist_row[s] (hist_row [n_seqs] or
+ * NULL: row 0; see above).
+ * note: cells distinct; n_hist >= 0; 0 <= hist_row[s] < n_hist; n_threads >= 1. */
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
-                 const float *D, const float *z, int64_t ldz, float *y, int n_threads);
+                 const float *D, const float *z, int64_t ldz, float *y, float *hist, int64_t n_hist,
+                 const int32_t *hist_row, int n_threads);
 
 #endif /* LX_SSM_H */

@@ -58,10 +58,11 @@ from llamax.rope import RoPE
 from llamax.sampling import Sampler
 from llamax.sequence import TokenLogprob
 from llamax.serving import Engine, Request, Result
+from llamax.speculative import Speculative
 from llamax.tools import ToolCall
 
 __version__ = "0.1.0"
 
 __all__ = ["Engine", "Request", "Result", "TokenLogprob", "ToolCall", "EngineFullError", "RequestError", "LlamaxError", "ModelError", "BatchError", "NoKVSlotError", "StalePlanError", "StateError", "Batch",
-           "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "RecurrentMemory", "HybridMemory", "Model", "Context", "Sampler", "Grammar", "embed", "generate",
+           "ContextParams", "RoPE", "KVCache", "KVCacheISWA", "Memory", "RecurrentMemory", "HybridMemory", "Model", "Context", "Sampler", "Grammar", "Speculative", "embed", "generate",
            "generate_parallel", "context_shift", "models"]

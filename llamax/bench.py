@@ -38,7 +38,7 @@ from llamax.context import Context
 from llamax.generate import decode_prompt
 from llamax.params import ContextParams
 
-__all__ = ["BenchTest", "make_tests", "model_info", "run_bench", "run_matrix", "markdown", "BACKEND"]
+__all__ = ["BenchTest", "make_tests", "model_info", "run_bench", "run_matrix", "run_speculative", "markdown", "BACKEND"]
 
 #: the only backend llamax has (llama-bench's `backend` column)
 BACKEND = "CPU"
@@ -467,3 +467,70 @@ def run_constrained(model, grammar, n_gen: int = 128, reps: int = 5, *, prompt: 
     return dict(model=model_info(model)["model_type"], n_vocab=model.n_vocab, n_gen=n_gen, reps=reps,
                 tg_free_ts=med_free, tg_grammar_ts=med_bound, ratio=med_bound / med_free,
                 grammar_tokens=n_bound, samples_free_ts=free, samples_grammar_ts=bound)
+
+
+def _spec_tasks() -> dict[str, str]:
+    """The speculative bench's requests: an input-grounded one (rewrite a piece of code shipped with
+    llamax, one name changed) and free text."""
+    import inspect
+
+    from llamax import sequence
+
+    code = inspect.getsource(sequence.StopMatcher)
+    return {
+        "rewrite": "Rewrite the following Python code, renaming the method `push` to `feed` everywhere. Change "
+                   "nothing else and output the whole code.\n\n```python\n" + code + "```",
+        "free": "Write a long story about a lighthouse keeper who finds a message in a bottle.",
+    }
+
+
+def run_speculative(model, spec, n_gen: int = 256, reps: int = 5, *, progress: Progress | None = None) -> list[dict]:
+    """Greedy generation of up to n_gen tokens (llamax.generate) with and without speculative decoding
+    (spec, a llamax.Speculative), alternating rep by rep, on an input-grounded request (a code rewrite)
+    and free text, each through the model's chat template on a fresh context. Returns a row per task:
+    the median generation t/s of each, their ratio, the drafted / accepted tokens of the last rep and
+    whether the outputs were the same (they must be)."""
+    from dataclasses import replace
+
+    from llamax.generate import generate
+    from llamax.sampling import Sampler
+
+    reps = checks.integer(reps, "reps")
+    if reps < 1 or n_gen < 1:
+        raise ValueError(f"reps = {reps} and n_gen = {n_gen} must be >= 1")
+    if spec.kind == "draft" and isinstance(spec.model, str):
+        from llamax.model import Model
+
+        spec = replace(spec, model=Model.load(spec.model))
+    rows = []
+    for task, text in _spec_tasks().items():
+        toks = model.tokenize(model.apply_chat_template([{"role": "user", "content": text}]), add_special=True,
+                              parse_special=True)
+        ctx = Context(model, n_ctx=len(toks) + n_gen + 64)
+
+        def once(sp):
+            ctx.memory.clear(data=False)
+            g = generate(ctx, toks, max_tokens=n_gen, sampler=Sampler(temperature=0.0), speculative=sp)
+            for _ in g:
+                pass
+            return g.stats, list(g.generated)
+
+        once(None), once(spec)  # warm-up
+        plain: list[float] = []
+        fast: list[float] = []
+        same = True
+        for _ in range(reps):
+            st0, out0 = once(None)
+            st1, out1 = once(spec)
+            plain.append(st0.gen_tps)
+            fast.append(st1.gen_tps)
+            same = same and out0 == out1
+            if progress is not None:
+                progress(f"{model_info(model)['model_type']} {task}: tg {plain[-1]:.1f} t/s, with {spec.kind} "
+                         f"{fast[-1]:.1f} t/s, {st1.n_accepted}/{st1.n_drafted} accepted")
+        m0, m1 = statistics.median(plain), statistics.median(fast)
+        rows.append(dict(model=model_info(model)["model_type"], task=task, spec=spec.kind, n_gen=len(out1), reps=reps,
+                         tg_ts=m0, tg_spec_ts=m1, ratio=m1 / m0, n_drafted=st1.n_drafted, n_accepted=st1.n_accepted,
+                         acceptance=st1.n_accepted / st1.n_drafted if st1.n_drafted else 0.0, same=same,
+                         samples_ts=plain, samples_spec_ts=fast))
+    return rows

@@ -16,6 +16,34 @@ from llamax.errors import LlamaxError
 DEFAULT_PROMPT = "Once upon a time"
 
 
+def _spec_args(p, bench: bool = False) -> None:
+    """llama.cpp's speculative decoding flags (llama-server / llama-cli)."""
+    p.add_argument("--spec-type", choices=["none", "ngram", "draft"], default="none",
+                   help="speculative decoding: ngram (drafts from the prompt and output), draft (a draft model, -md)"
+                   + ("; bench reports tg with and without it" if bench else ""))
+    p.add_argument("-md", "--model-draft", default=None, help="the draft model (GGUF path or registry name)")
+    p.add_argument("--spec-n-max", "--draft-max", type=int, default=16, help="most drafted tokens per step (default 16)")
+    p.add_argument("--spec-n-min", "--draft-min", type=int, default=0, help="shorter drafts are not verified (default 0)")
+    p.add_argument("--spec-p-min", "--draft-p-min", type=float, default=0.75,
+                   help="draft model: stop drafting below this probability (default 0.75)")
+
+
+def _speculative(a):
+    """The Speculative of the flags, or None. Raises ValueError for inconsistent flags."""
+    from llamax.speculative import Speculative
+
+    if a.spec_type == "none":
+        if a.model_draft is not None:
+            raise ValueError("-md needs --spec-type draft")
+        return None
+    if a.spec_type == "draft" and a.model_draft is None:
+        raise ValueError("--spec-type draft needs a draft model: -md MODEL")
+    if a.spec_type == "ngram" and a.model_draft is not None:
+        raise ValueError("-md goes with --spec-type draft, not ngram")
+    return Speculative(kind=a.spec_type, n_max=a.spec_n_max, n_min=a.spec_n_min, model=a.model_draft,
+                       p_min=a.spec_p_min)
+
+
 def _run_parser(sub) -> None:
     p = sub.add_parser("run", help="generate text with a model (default: smollm2-135m, fetched on first use)",
                        description="Generate text after a prompt. Only the generated text goes to stdout; the KV "
@@ -53,6 +81,7 @@ def _run_parser(sub) -> None:
     p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per sequence")
     p.add_argument("--swa-full", action="store_true",
                    help="full-size cache for sliding-window layers (default: the window plus one ubatch)")
+    _spec_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log what llama.cpp would log")
 
 
@@ -76,7 +105,16 @@ def cmd_run(a) -> int:
         return Sampler(a.temp, a.top_k, a.top_p, a.min_p, a.repeat_penalty, seed)
 
     sampler(0)  # bad sampler settings fail before the model loads
+    try:
+        spec = _speculative(a)
+    except ValueError as e:
+        print(f"llamax run: {e}", file=sys.stderr)
+        return 2
     model = Model.load(a.model or models.DEFAULT, n_threads=a.threads)
+    if spec is not None and spec.kind == "draft":
+        from dataclasses import replace
+
+        spec = replace(spec, model=Model.load(spec.model, n_threads=a.threads))
     prompts = a.prompt or [DEFAULT_PROMPT]
     prompts = [prompts[i % len(prompts)] for i in range(a.parallel)]
     if a.chat:
@@ -95,7 +133,7 @@ def cmd_run(a) -> int:
         print("llamax run: this KV cache cannot shift positions; context shift is off", file=sys.stderr)
 
 
-    opts = dict(n_keep=a.keep, context_shift=not a.no_context_shift)
+    opts = dict(n_keep=a.keep, context_shift=not a.no_context_shift, speculative=spec)
     if a.parallel == 1:
         gen = generate(ctx, prompts[0], max_tokens=a.n_predict, sampler=sampler(0), **opts)
         for piece in gen:
@@ -115,7 +153,8 @@ def cmd_run(a) -> int:
     st = pgen.stats
     print(f"llamax: prompts: {st.prompt_tokens} tokens in {st.prompt_s:.3f} s ({st.prompt_tps:.1f} t/s), "
           f"generation: {st.gen_tokens} tokens over {a.parallel} sequences in {st.gen_s:.3f} s "
-          f"({st.gen_tps:.1f} t/s), stop: {st.stop}, context shifts: {st.n_shift}", file=sys.stderr)
+          f"({st.gen_tps:.1f} t/s), stop: {st.stop}, context shifts: {st.n_shift}"
+          + (f", drafts: {st.n_accepted}/{st.n_drafted} accepted" if st.n_drafted else ""), file=sys.stderr)
     return 0
 
 
@@ -228,6 +267,7 @@ def _bench_parser(sub) -> None:
                    help="the constrained-decoding test instead: greedy tg of -n tokens (default 128) with and "
                    "without a grammar, alternating, on each -m model; SPEC: 'schema' (a list-of-records JSON "
                    "schema), 'json' (any JSON), or a file: .json (a JSON schema), .gbnf, .lark")
+    _spec_args(p, bench=True)
     p.add_argument("--requests", type=int, default=32, help="requests of the --serving test (default 32)")
     p.add_argument("--question", type=int, default=32, help="question tokens of the --serving test (default 32)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="n_ctx of the --serving test (default 4096)")
@@ -252,6 +292,8 @@ def cmd_bench(a) -> int:
         return _bench_serving(a, flat)
     if a.grammar is not None:
         return _bench_grammar(a, flat)
+    if a.spec_type != "none":
+        return _bench_spec(a, flat)
     tests = bench.make_tests(flat(a.n_prompt, [512]), flat(a.n_gen, [128]), flat(a.n_depth, [0]), flat(a.pg, []),
                              flat(a.parallel, []), flat(a.npp, [128]), flat(a.ntg, [128]))
     if (a.npp or a.ntg) and not a.parallel:
@@ -314,6 +356,32 @@ def _bench_grammar(a, flat) -> int:
     for r in rows:
         print(f"| {r['model']} | {r['n_vocab']} | {a.grammar} | {r['tg_free_ts']:.1f} | {r['tg_grammar_ts']:.1f} | "
               f"{r['ratio']:.3f} | {r['grammar_tokens']} |")
+    return 0
+
+
+def _bench_spec(a, flat) -> int:
+    import json
+
+    from llamax import Model, bench, models
+
+    try:
+        spec = _speculative(a)
+    except ValueError as e:
+        print(f"llamax bench: {e}", file=sys.stderr)
+        return 2
+    rows = []
+    for name in flat(a.model, [models.DEFAULT]):
+        model = Model.load(name, n_threads=flat(a.threads, [None])[0])
+        rows += bench.run_speculative(model, spec, flat(a.n_gen, [256])[0], a.repetitions,
+                                      progress=lambda line: print(f"llamax bench: {line}", file=sys.stderr, flush=True))
+    if a.output == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    print("| model | task | spec | tg t/s | tg t/s with drafts | ratio | accepted / drafted | same output |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        print(f"| {r['model']} | {r['task']} | {r['spec']} | {r['tg_ts']:.1f} | {r['tg_spec_ts']:.1f} | {r['ratio']:.2f} | "
+              f"{r['n_accepted']} / {r['n_drafted']} ({100 * r['acceptance']:.1f}%) | {r['same']} |")
     return 0
 
 
@@ -393,6 +461,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--routing", choices=["prefix", "round_robin"], default="prefix",
                    help="with --replicas: send a request to the replica holding the longest prefix of its prompt "
                    "(within a load bound; default), or take the replicas in turn")
+    _spec_args(p)
     p.add_argument("-v", "--verbose", action="store_true", help="log the engine's decisions too")
 
 
@@ -416,9 +485,14 @@ def cmd_serve(a) -> int:
         print(f"llamax serve: --port {a.port}: 0..65535", file=sys.stderr)
         return 2
     logging.getLogger("llamax.server").setLevel(logging.INFO)
+    try:
+        spec = _speculative(a)
+    except ValueError as e:
+        print(f"llamax serve: {e}", file=sys.stderr)
+        return 2
     name = a.model or models.DEFAULT
     if a.replicas is not None:
-        return _serve_replicas(a, name)
+        return _serve_replicas(a, name, spec)
     if a.ray_address is not None or a.routing != "prefix":
         print("llamax serve: --ray-address and --routing need --replicas N", file=sys.stderr)
         return 2
@@ -427,7 +501,7 @@ def cmd_serve(a) -> int:
                     type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
                     kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
                     max_queue=a.max_queue, n_threads=a.threads, slot_save_path=a.slot_save_path,
-                    context_shift=not a.no_context_shift, n_ctx_slot=a.ctx_slot)
+                    context_shift=not a.no_context_shift, n_ctx_slot=a.ctx_slot, speculative=spec)
     if a.slot_save_path is not None:
         os.makedirs(a.slot_save_path, exist_ok=True)
     alias = a.alias or (name if name in models.available() else model.path.name)
@@ -440,7 +514,7 @@ def cmd_serve(a) -> int:
                  ready=lambda url: print(f"llamax serve: listening on {url}", file=sys.stderr, flush=True))
 
 
-def _serve_replicas(a, name: str) -> int:
+def _serve_replicas(a, name: str, spec=None) -> int:
     """`llamax serve --replicas N`: the same endpoint over N Engine replicas on Ray Serve."""
     import os
 
@@ -468,7 +542,7 @@ def _serve_replicas(a, name: str) -> int:
                      type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
                      kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
                      max_queue=a.max_queue, slot_save_path=slot_dir, context_shift=not a.no_context_shift,
-                     n_ctx_slot=a.ctx_slot)
+                     n_ctx_slot=a.ctx_slot, speculative=spec)
     server_kw = dict(model_name=alias, max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
                      cors_origins=a.cors_origin,
                      api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None)

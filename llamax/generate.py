@@ -39,6 +39,7 @@ from llamax.batch import Batch
 from llamax.errors import NoKVSlotError
 from llamax.sampling import Sampler
 from llamax.sequence import N_KEEP_MARGIN, SeqDecoder, bos_offset, context_shift, keep_length, needs_room, prompt_tokens
+from llamax.speculative import Speculative, Speculator, cut_tail, resolve, verify
 
 if TYPE_CHECKING:
     from llamax.context import Context
@@ -68,6 +69,8 @@ class GenerationStats:
     stop: str = ""        # "eog", "stop", "length" or "context" ("" while running; several: comma-separated)
     n_shift: int = 0      # context shifts
     n_discarded: int = 0  # tokens those shifts discarded
+    n_drafted: int = 0    # speculative decoding: drafted tokens verified
+    n_accepted: int = 0   # of them, the tokens the target sampled too
 
     @property
     def prompt_tps(self) -> float:
@@ -83,6 +86,9 @@ class GenerationStats:
              f"stop: {self.stop}")
         if self.n_shift:
             s += f", context shifts: {self.n_shift} ({self.n_discarded} tokens discarded)"
+        if self.n_drafted:
+            s += (f", drafts: {self.n_accepted}/{self.n_drafted} accepted "
+                  f"({100.0 * self.n_accepted / self.n_drafted:.1f}%)")
         return s
 
 
@@ -112,8 +118,17 @@ class _Sequence:
         self.tokens: list[int] = []     # the tokens this generation has in the cache, in position order
         self.pos0 = 0                   # position of tokens[0]
         self.keep_end = 0               # positions below this are never discarded
-        self.logits: np.ndarray | None = None  # logits row for the next sample
+        self.logits: np.ndarray | None = None  # logits row for the next sample (no draft)
+        self.row0 = -1                  # after a verification decode: the batch row of its first token
+        self.draft: list[int] = []      # the drafted tokens that decode verified
         self.done = False
+
+    def row(self, i: int, ctx: Context) -> np.ndarray:
+        """Logits row i of the last decode for this sequence (0: after its next token)."""
+        if self.row0 < 0:
+            assert i == 0 and self.logits is not None
+            return self.logits
+        return ctx.get_logits_ith(self.row0 + i)
 
     @property
     def sampler(self) -> Sampler:
@@ -155,6 +170,10 @@ class ParallelGeneration:
         n_discard: tokens each shift forgets after the kept ones; 0 = half of the rest (llama.cpp).
         context_shift: False stops a sequence with "context" when its context is full.
         stop: strings that end a sequence's text with "stop" (not included), as the Engine's.
+        speculative: None (off), True / "ngram", or a llamax.Speculative: each step drafts tokens
+            for the sequences (llamax.speculative) and verifies them in the same decode; the output
+            is the same, token for token, as without. A recurrent or hybrid memory is asked to keep
+            the per-token states of the draft window (Memory.reserve_rollback).
 
     Attributes (after or during iteration):
         stats: GenerationStats summed over the sequences (gen_s is the wall time of the steps).
@@ -169,7 +188,8 @@ class ParallelGeneration:
 
     def __init__(self, ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None,
                  *, seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
-                 context_shift: bool = True, stop: str | Sequence[str] = ()) -> None:
+                 context_shift: bool = True, stop: str | Sequence[str] = (),
+                 speculative: Speculative | bool | str | None = None) -> None:
         self.ctx, self.model = ctx, ctx.model
         if isinstance(prompts, (str, bytes)) or not len(prompts):
             raise ValueError("prompts must be a non-empty list of prompts")
@@ -211,6 +231,12 @@ class ParallelGeneration:
             s.keep_end = start + keep_length(n_keep, held, n_bos, self.n_ctx_seq)
             self.seqs.append(s)
         self.stats = GenerationStats()
+        spec = resolve(speculative)
+        self.spec: Speculator | None = None
+        if spec is not None:
+            mem.reserve_rollback(spec.n_max + 1)
+            self.spec = Speculator(spec, self.model, n_seq_max=n_seq_max, n_ctx=ctx.params.n_ctx,
+                                   n_threads=ctx.params.n_threads)
         self._it = self._run()
 
     # ---- views ---------------------------------------------------------------------------------
@@ -251,31 +277,74 @@ class ParallelGeneration:
                 yield from self._stop(s, "length")
             else:
                 live.append(s)
-        while live:
-            step: list[tuple[_Sequence, int]] = []
-            for s in live:
-                assert s.logits is not None  # a live sequence holds the logits of its last decode
-                out = s.decoder.step(s.logits)  # sample, accept, end of generation, stop strings, max_tokens
-                if out.stop != "eog":
-                    s.stats.gen_tokens += 1
-                if out.text:
-                    yield s.index, out.text
-                if out.stop is not None:
-                    yield from self._stop(s, out.stop)
-                elif not self._make_room(s):
+        try:
+            while live:
+                step: list[tuple[_Sequence, int]] = []
+                for s in live:
+                    out = None
+                    for out in self._sample(s):  # sample, accept, end of generation, stop strings, max_tokens
+                        if out.stop != "eog":
+                            s.stats.gen_tokens += 1
+                        if out.text:
+                            yield s.index, out.text
+                    assert out is not None
+                    if out.stop is not None:
+                        yield from self._stop(s, out.stop)
+                    elif not self._make_room(s):
+                        yield from self._stop(s, "context")
+                    else:
+                        step.append((s, out.token))
+                for s in self._decode(step, self._drafts(step)):
                     yield from self._stop(s, "context")
-                else:
-                    step.append((s, out.token))
-            for s in self._decode(step):
-                yield from self._stop(s, "context")
-            live = [s for s, _ in step if not s.done]
+                live = [s for s, _ in step if not s.done]
+        finally:
+            if self.spec is not None:
+                self.spec.close()
         st.gen_s = time.perf_counter() - self._t0
         st.gen_tokens = sum(s.stats.gen_tokens for s in self.seqs)
         st.n_shift = sum(s.stats.n_shift for s in self.seqs)
         st.n_discarded = sum(s.stats.n_discarded for s in self.seqs)
+        st.n_drafted = sum(s.stats.n_drafted for s in self.seqs)
+        st.n_accepted = sum(s.stats.n_accepted for s in self.seqs)
         st.stop = ",".join(s.stats.stop for s in self.seqs)
 
+    def _sample(self, s: _Sequence) -> list:
+        """The sequence's sampling steps on its last decode's rows: one without a draft; with one,
+        sample-and-accept (llamax.speculative.verify), the rejected drafts cut from the memory."""
+        draft, s.draft = s.draft, []
+        outs, n_acc = verify(s.decoder, lambda i: s.row(i, self.ctx), draft)
+        s.logits, s.row0 = None, -1
+        if draft:
+            n_rej = len(draft) + 1 - len(outs)
+            if n_rej:
+                cut_tail(self.ctx.memory, s.seq_id, self.ctx.memory.seq_pos_max(s.seq_id) + 1 - n_rej)
+                del s.tokens[len(s.tokens) - n_rej:]
+            s.stats.n_drafted += len(draft)
+            s.stats.n_accepted += n_acc
+            assert self.spec is not None
+            self.spec.outcome(s.seq_id, len(draft), n_acc)
+        elif self.spec is not None:
+            self.spec.outcome(s.seq_id, 0, 0)
+        return outs
+
+    def _drafts(self, step: list[tuple[_Sequence, int]]) -> list[list[int]]:
+        """Each stepping sequence's drafted tokens (none without speculation), within its room: the
+        positions left below n_ctx_seq - 1 and the tokens left of max_tokens."""
+        if self.spec is None or not step:
+            return [[] for _ in step]
+        mem, asks = self.ctx.memory, []
+        for s, tok in step:
+            n_past = mem.seq_pos_max(s.seq_id) + 1
+            cap = self.n_ctx_seq - 2 - n_past
+            d = s.decoder
+            if d.max_tokens >= 0:
+                cap = min(cap, d.max_tokens - len(d.generated) - 1)
+            asks.append((s.seq_id, s.tokens + [tok], cap))
+        return self.spec.plan(asks)
+
     def _stop(self, s: _Sequence, why: str) -> Iterator[tuple[int, str]]:
+        if self.spec is not None:
+            self.spec.release(s.seq_id)
         s.done, s.stats.stop, s.logits = True, why, None
         s.stats.gen_s = time.perf_counter() - self._t0
         tail = s.decoder.finish(why)
@@ -290,6 +359,8 @@ class ParallelGeneration:
         n, _ = context_shift(mem, s.seq_id, s.keep_end, self.n_discard)
         if n == 0:
             return False
+        if self.spec is not None:
+            self.spec.release(s.seq_id)  # its tokens no longer extend what the drafter holds
         s.discard(s.keep_end, s.keep_end + n)
         s.stats.n_shift += 1
         s.stats.n_discarded += n
@@ -301,25 +372,37 @@ class ParallelGeneration:
         n_past = self.ctx.memory.seq_pos_max(s.seq_id) + 1
         return not needs_room(n_past, self.n_ctx_seq) or self._shift(s)
 
-    def _decode(self, step: list[tuple[_Sequence, int]]) -> list[_Sequence]:
-        """Decode the step's tokens in one batch. When the memory has no slot (a unified cache is
-        full), shift the sequence holding the most positions (else the next one that can) and retry;
-        when none can, the largest is stopped and left out. Returns the sequences stopped that way."""
+    def _decode(self, step: list[tuple[_Sequence, int]], drafts: list[list[int]]) -> list[_Sequence]:
+        """Decode the step's tokens (each followed by its drafted tokens) in one batch, logits on every
+        row. When the memory has no slot (a unified cache is full), the drafts are dropped first; then
+        the sequence holding the most positions (else the next one that can) is shifted and the batch
+        retried; when none can, the largest is stopped and left out. Returns the sequences stopped
+        that way."""
         mem, stopped = self.ctx.memory, []
-        while step:
+        work = [(s, [t] + d, d) for (s, t), d in zip(step, drafts)]
+        while work:
+            toks = [t for _, ts, _ in work for t in ts]
             try:
-                self.ctx.decode(Batch([t for _, t in step], seq_ids=[s.seq_id for s, _ in step],
-                                      logits=[True] * len(step)))
+                t0 = time.perf_counter()
+                self.ctx.decode(Batch(toks, seq_ids=[s.seq_id for s, ts, _ in work for _ in ts],
+                                      logits=[True] * len(toks)))
+                if self.spec is not None:
+                    self.spec.observe(len(toks), time.perf_counter() - t0)
                 break
             except NoKVSlotError:
-                order = sorted((s for s, _ in step),  # most positions first
+                if any(d for _, _, d in work):
+                    work = [(s, ts[:1], []) for s, ts, _ in work]
+                    continue
+                order = sorted((s for s, _, _ in work),  # most positions first
                                key=lambda s: mem.seq_pos_min(s.seq_id) - mem.seq_pos_max(s.seq_id))
                 if not any(self._shift(s) for s in order):  # any() stops at the first shift
                     stopped.append(order[0])
-                    step = [(s, t) for s, t in step if s is not order[0]]
-        for j, (s, t) in enumerate(step):
-            s.logits = self.ctx.get_logits_ith(j)
-            s.tokens.append(t)
+                    work = [w for w in work if w[0] is not order[0]]
+        j = 0
+        for s, ts, d in work:
+            s.row0, s.draft = j, d
+            s.tokens += ts
+            j += len(ts)
         return stopped
 
 
@@ -334,7 +417,8 @@ class Generation:
     """
 
     def __init__(self, ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
-                 n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = ()) -> None:
+                 n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = (),
+                 speculative: Speculative | bool | str | None = None) -> None:
         prompts: list[str] | list[list[int]]
         if isinstance(prompt, str):
             prompts = [prompt]
@@ -346,7 +430,8 @@ class Generation:
         self.max_tokens = checks.integer(max_tokens, "max_tokens")
         self.sampler = sampler if sampler is not None else Sampler()
         self._par = ParallelGeneration(ctx, prompts, max_tokens, [self.sampler], seq_ids=[seq_id], n_keep=n_keep,
-                                       n_discard=n_discard, context_shift=context_shift, stop=stop)
+                                       n_discard=n_discard, context_shift=context_shift, stop=stop,
+                                       speculative=speculative)
         self._seq = self._par.seqs[0]
 
     @property
@@ -378,17 +463,20 @@ class Generation:
 
 
 def generate(ctx: Context, prompt: str | Sequence[int], max_tokens: int = 128, sampler: Sampler | None = None, seq_id: int = 0, *,
-             n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = ()) -> Generation:
+             n_keep: int = 0, n_discard: int = 0, context_shift: bool = True, stop: str | Sequence[str] = (),
+             speculative: Speculative | bool | str | None = None) -> Generation:
     """Stream the text generated after `prompt` on sequence seq_id, shifting the context when it is
-    full (see ParallelGeneration for the options)."""
+    full (see ParallelGeneration for the options, speculative decoding among them)."""
     return Generation(ctx, prompt, max_tokens, sampler, seq_id, n_keep=n_keep, n_discard=n_discard,
-                      context_shift=context_shift, stop=stop)
+                      context_shift=context_shift, stop=stop, speculative=speculative)
 
 
 def generate_parallel(ctx: Context, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128, samplers: Sequence[Sampler] | None = None, *,
                       seq_ids: Sequence[int] | None = None, n_keep: int = 0, n_discard: int = 0,
-                      context_shift: bool = True, stop: str | Sequence[str] = ()) -> ParallelGeneration:
+                      context_shift: bool = True, stop: str | Sequence[str] = (),
+                      speculative: Speculative | bool | str | None = None) -> ParallelGeneration:
     """Generate after each prompt on its own sequence of ctx, all decoded together; iterate for
     (prompt index, text piece). See ParallelGeneration."""
     return ParallelGeneration(ctx, prompts, max_tokens, samplers, seq_ids=seq_ids, n_keep=n_keep,
-                              n_discard=n_discard, context_shift=context_shift, stop=stop)
+                              n_discard=n_discard, context_shift=context_shift, stop=stop,
+                              speculative=speculative)

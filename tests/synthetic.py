@@ -5,7 +5,8 @@ a dense SwiGLU FFN) write a model from a seed with gguf's GGUFWriter, the same t
 the tokenizer is copied from a real GGUF. Keys, tensor names and shapes are the ones llama.cpp's loader
 reads (src/models/mamba.cpp, jamba.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
 are in tests/data/recurrent/ (made by its record.py). `content_hash` names a model's weights and
-hyperparameters independently of the file layout.
+hyperparameters independently of the file layout. `write_truncated` copies a real GGUF with only its first
+blocks (a smaller model of the same vocabulary, e.g. a draft model for speculative decoding).
 """
 import hashlib
 import mmap
@@ -253,6 +254,50 @@ def write_jamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: in
         w.add_head_count_kv([N_HEAD_KV if il in JAMBA_ATTN_LAYERS else 0 for il in range(N_LAYER)])
 
     return _write(path, "jamba", tokenizer, tensors, hparams)
+
+
+_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}
+
+
+def write_truncated(path: str | os.PathLike, source_gguf: str | os.PathLike, n_layer: int, *,
+                    token_texts: dict[int, str] | None = None) -> Path:
+    """source_gguf with only its first n_layer blocks: every metadata key and tensor of the source (tensor
+    data copied byte for byte, quantized or not) but the blk.{i}.* tensors of i >= n_layer; {arch}.block_count
+    set to n_layer and the per-layer arrays of {arch}.* cut to n_layer entries. The vocabulary is the
+    source's, but for token_texts (id -> text), which replaces those tokens' texts (a vocabulary that differs
+    in one token, for the vocabulary checks)."""
+    meta, tensors = _read_gguf(source_gguf)
+    arch = meta["general.architecture"][2]
+    n_src = meta[f"{arch}.block_count"][2]
+    assert 0 < n_layer <= n_src, (n_layer, n_src)
+    writer = gguf.GGUFWriter(Path(path), arch)
+    for key, (vtype, sub, value) in meta.items():
+        if key in ("general.architecture", "general.alignment"):
+            continue  # the writer writes these itself
+        if key == f"{arch}.block_count":
+            value = n_layer
+        elif key.startswith(arch + ".") and vtype == gguf.GGUFValueType.ARRAY and len(value) == n_src:
+            value = value[:n_layer]
+        elif key == "tokenizer.ggml.tokens" and token_texts:
+            value = list(value)
+            for i, text in token_texts.items():
+                value[i] = text
+        writer.add_key_value(key, value, vtype, sub)
+    for name, ttype, shape, data in tensors:
+        if name.startswith("blk.") and int(name.split(".")[1]) >= n_layer:
+            continue
+        np_shape = tuple(reversed(shape))
+        if ttype in _FLOAT_TYPES:
+            raw = np.frombuffer(data, _FLOAT_TYPES[ttype]).reshape(np_shape)
+        else:  # quantized: the writer takes rows of bytes
+            block, size = gguf.GGML_QUANT_SIZES[ttype]
+            raw = np.frombuffer(data, np.uint8).reshape(*np_shape[:-1], np_shape[-1] // block * size)
+        writer.add_tensor(name, raw, raw_dtype=ttype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return Path(path)
 
 
 def content_hash(path: str | os.PathLike) -> str:

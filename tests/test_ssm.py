@@ -49,7 +49,8 @@ def _case(rng, n_cells=5, cells=(3, 0, 4), n_t=6, d=24, d_conv=4, d_state=16):
         xz=rng.standard_normal((n, 2 * d)).astype(f),
         w=rng.standard_normal((d, d_conv)).astype(f) * f(0.5), b=rng.standard_normal(d).astype(f),
         dt=(rng.standard_normal((n, d)) * 3).astype(f), A=-np.exp(rng.standard_normal((d, d_state))).astype(f),
-        BC=rng.standard_normal((n, 2 * d_state)).astype(f), D=rng.standard_normal(d).astype(f), n_t=n_t)
+        BC=rng.standard_normal((n, 2 * d_state)).astype(f), D=rng.standard_normal(d).astype(f), n_t=n_t, d=d,
+        d_state=d_state)
 
 
 def test_conv_matches_ggml_reference_and_updates_only_its_cells():
@@ -144,3 +145,78 @@ def test_the_scan_gives_the_same_bits_at_every_simd_level():
             cpu.set_simd_level(-1)
         for y, st in outs[1:]:
             assert np.array_equal(y, outs[0][0]) and np.array_equal(st, outs[0][1])
+
+
+def _steps(c, n_t, hist_rows=None, nt=1, r0=None):
+    """Conv then scan of the case's first n_t tokens per sequence (from its states), with histories of
+    hist_rows rows (None: none) starting at rows r0; returns (out, y, conv state, ssm state, conv hist,
+    ssm hist)."""
+    cells, d, ds = c["cells"], c["d"], c["d_state"]
+    rows = np.concatenate([np.arange(s * c["n_t"], s * c["n_t"] + n_t) for s in range(len(cells))])
+    x, z = np.ascontiguousarray(c["xz"][rows, :d]), np.ascontiguousarray(c["xz"][rows, d:])
+    B, C = np.ascontiguousarray(c["BC"][rows, :ds]), np.ascontiguousarray(c["BC"][rows, ds:])
+    cs, ss = c["conv_state"].copy(), c["ssm_state"].copy()
+    ch = sh = None
+    if hist_rows is not None:
+        ch = np.full((cs.shape[0], hist_rows) + cs.shape[1:], np.nan, np.float32)
+        sh = np.full((ss.shape[0], hist_rows) + ss.shape[1:], np.nan, np.float32)
+    o = ssm.conv(cs, cells, x, c["w"], c["b"], n_t, n_threads=nt, hist=ch, hist_row=r0)
+    y = ssm.scan(ss, cells, o, c["dt"][rows], c["A"], B, C, c["D"], z, n_t, n_threads=nt, hist=sh, hist_row=r0)
+    return o, y, cs, ss, ch, sh
+
+
+@pytest.mark.parametrize("n_threads, d, d_state", [(1, 24, 16), (2, 24, 13), (2, 512, 16)])
+def test_history_rows_are_the_states_after_each_of_the_last_tokens_at_every_simd_level(n_threads, d, d_state):
+    """Row (r0 + j) % n_hist of a cell's history is, bit for bit, the state a ubatch of its first
+    n_t - m + j + 1 tokens leaves (m = min(n_t, n_hist); r0 the sequence's start row, 0 without
+    hist_row); the other rows and cells outside the ubatch are left; the outputs and states are those of
+    the run without history, on every SIMD level and thread count (d = 512: both kernels above their
+    OpenMP threshold)."""
+    from llamax._native import cpu
+
+    c = _case(np.random.default_rng(5), n_t=7, d=d, d_state=d_state)
+    try:
+        for level in cpu.levels():
+            cpu.set_simd_level(level)
+            plain = _steps(c, 7, nt=n_threads)
+            for n_hist, r0 in ((3, None), (7, None), (9, None), (4, [2, 0, 3]), (9, [8, 5, 0])):
+                got = _steps(c, 7, n_hist, nt=n_threads, r0=None if r0 is None else np.array(r0, np.int32))
+                for a, b in zip(plain[:4], got[:4]):
+                    assert np.array_equal(a, b)
+                m = min(7, n_hist)
+                ch, sh = got[4], got[5]
+                written = np.zeros(ch.shape[:2], bool)
+                for j in range(m):
+                    _, _, cs, ss, _, _ = _steps(c, 7 - m + j + 1, nt=n_threads)
+                    for k, cell in enumerate(c["cells"]):
+                        row = ((r0[k] if r0 else 0) + j) % n_hist
+                        written[cell, row] = True
+                        assert np.array_equal(ch[cell, row], cs[cell]), (level, n_hist, j)
+                        assert np.array_equal(sh[cell, row], ss[cell]), (level, n_hist, j)
+                assert np.isnan(ch[~written]).all() and np.isnan(sh[~written]).all()
+    finally:
+        cpu.set_simd_level(-1)
+
+
+def test_a_bad_history_is_refused():
+    c = _case(np.random.default_rng(6))
+    x = c["xz"][:, :24]
+    for bad, match in ((np.zeros((5, 2, 24, 3), np.float64), "float32"), (np.zeros((4, 2, 24, 3), np.float32), "shape"),
+                       (np.zeros((5, 2, 24, 3), np.float32)[:, ::-1], "C-contiguous"),
+                       (np.zeros((5, 2, 24), np.float32), "4-D")):
+        st = c["conv_state"].copy()
+        with pytest.raises(ValueError, match=match):
+            ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], hist=bad)
+        assert np.array_equal(st, c["conv_state"])
+    hist = np.zeros((5, 2, 24, 3), np.float32)
+    for row, match in ((np.array([0, 2, 1], np.int32), "hist_row must lie"), (np.array([0, -1, 1], np.int32), "hist_row must lie"),
+                       (np.array([0, 1], np.int32), "n_seqs"), (np.array([0, 1, 1], np.int64), "int32")):
+        with pytest.raises(ValueError, match=match):
+            ssm.conv(c["conv_state"].copy(), c["cells"], x, c["w"], c["b"], c["n_t"], hist=hist, hist_row=row)
+    with pytest.raises(ValueError, match="without hist"):
+        ssm.conv(c["conv_state"].copy(), c["cells"], x, c["w"], c["b"], c["n_t"], hist_row=np.zeros(3, np.int32))
+    ro = np.zeros((5, 2, 24, 16), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        ssm.scan(c["ssm_state"].copy(), c["cells"], np.ascontiguousarray(x), c["dt"], c["A"], c["BC"][:, :16],
+                 c["BC"][:, 16:], c["D"], c["xz"][:, 24:], c["n_t"], hist=ro)

@@ -3,7 +3,9 @@
 each reading and updating the per-sequence states of a recurrent memory in place.
 
 A ubatch is n_seqs sequences of n_t tokens (llama.cpp's equal split); cells[s] is the state row of
-sequence s. Thin wrappers: validate with the GIL, run the C kernel with the GIL released.
+sequence s. Either step can also write the state after each of a sequence's last min(n_t, n_hist)
+tokens into a history buffer [n_cells, n_hist, *state row], a ring per cell starting at hist_row[s]
+(csrc/ssm.h), what a recurrent memory restores to remove a rejected draft's tokens. Thin wrappers: validate with the GIL, run the C kernel with the GIL released.
 """
 import numpy as np
 
@@ -55,7 +57,37 @@ def _shape(a, tuple want, str name):
         raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
 
 
-def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
+cdef float *_hist(hist, hist_row, state, Py_ssize_t n_seqs, int64_t *n_hist, const int32_t **row) except? NULL:
+    """The history buffer's data (NULL for None) after its checks: float32 [n_cells, n_hist, *state row],
+    C-contiguous and writeable, not overlapping the state; n_hist set (0 for None); row set to the data
+    of hist_row (int32 [n_seqs] in [0, n_hist)) or NULL."""
+    n_hist[0] = 0
+    row[0] = NULL
+    if hist is None:
+        if hist_row is not None:
+            raise ValueError("hist_row without hist")
+        return NULL
+    _f32(hist, "hist", 4, writeable=True)
+    _shape(hist, (state.shape[0], hist.shape[1]) + tuple(state.shape[1:]), "hist")
+    if np.may_share_memory(hist, state):
+        raise ValueError("hist must not overlap the state")
+    n_hist[0] = hist.shape[1]
+    if hist_row is not None:
+        if not isinstance(hist_row, np.ndarray) or hist_row.dtype != np.int32 or hist_row.ndim != 1 \
+                or not hist_row.flags.c_contiguous or hist_row.shape[0] != n_seqs:
+            raise ValueError(f"hist_row must be a C-contiguous int32 numpy array [n_seqs = {n_seqs}]")
+        lo, hi = (int(hist_row[0]), int(hist_row[0])) if n_seqs == 1 else \
+            ((int(hist_row.min()), int(hist_row.max())) if n_seqs else (0, 0))
+        if lo < 0 or hi >= max(n_hist[0], 1):
+            raise ValueError(f"hist_row must lie in [0, n_hist = {n_hist[0]}), got {hist_row.tolist()}")
+        if n_seqs:
+            row[0] = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
+    if hist.size == 0:
+        return NULL
+    return <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+
+
+def conv(state, cells, x, w, b, int64_t n_t, n_threads=None, hist=None, hist_row=None):
     """The causal depthwise convolution of one Mamba layer with its bias and SiLU (lx_ssm_conv).
 
     Args:
@@ -64,6 +96,10 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
         x: float32 [n_seqs * n_t, d] with contiguous rows (a column slice of the in-projection).
         w: float32 [d, d_conv]; b: float32 [d] or None.
         n_t: tokens per sequence.
+        hist: float32 [n_cells, n_hist, d, d_conv - 1] or None, a ring per cell: row (r0 + j) % n_hist of
+            cells[s] gets the state after token n_t - m + j of sequence s, m = min(n_t, n_hist), r0 =
+            hist_row[s] (the other rows are left).  # OUT
+        hist_row: int32 [n_seqs] in [0, n_hist), or None (every r0 = 0).
 
     Returns:
         float32 [n_seqs * n_t, d].
@@ -84,6 +120,9 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
     if b is not None:
         _f32(b, "b", 1)
         _shape(b, (d,), "b")
+    cdef int64_t n_hist
+    cdef const int32_t *hr
+    cdef float *hp = _hist(hist, hist_row, state, n_seqs, &n_hist, &hr)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n_seqs * n_t, d), dtype=np.float32)
     if out.size == 0:
@@ -102,11 +141,11 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None):
     cdef int64_t ldx = x.strides[0] // 4 if x.shape[0] > 1 else d
     cdef float *sp = &sv[0, 0, 0] if d_conv > 1 else <float *> cnp.PyArray_DATA(<cnp.ndarray> state)
     with nogil:
-        lx_ssm_conv(sp, &cv[0], n_seqs, n_t, d, d_conv, xp, ldx, &wv[0, 0], bp, &ov[0, 0], nt)
+        lx_ssm_conv(sp, &cv[0], n_seqs, n_t, d, d_conv, xp, ldx, &wv[0, 0], bp, &ov[0, 0], hp, n_hist, hr, nt)
     return out
 
 
-def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
+def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=None, hist_row=None):
     """The selective scan of one Mamba-1 layer with its skip (x * D) and gate (silu(z)) (lx_ssm_scan).
 
     Args:
@@ -117,6 +156,10 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
         B, C: float32 [n_seqs * n_t, d_state] with contiguous rows and one row stride.
         z: float32 [n_seqs * n_t, d] with contiguous rows.
         n_t: tokens per sequence.
+        hist: float32 [n_cells, n_hist, d, d_state] or None, a ring per cell: row (r0 + j) % n_hist of
+            cells[s] gets h after token n_t - m + j of sequence s, m = min(n_t, n_hist), r0 = hist_row[s]
+            (the other rows are left).  # OUT
+        hist_row: int32 [n_seqs] in [0, n_hist), or None (every r0 = 0).
 
     Returns:
         float32 [n_seqs * n_t, d]: (y + x * D) * silu(z).
@@ -141,6 +184,9 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
     _shape(A, (d, d_state), "A")
     _f32(D, "D", 1)
     _shape(D, (d,), "D")
+    cdef int64_t n_hist
+    cdef const int32_t *hr
+    cdef float *hp = _hist(hist, hist_row, state, n_seqs, &n_hist, &hr)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, d), dtype=np.float32)
     if n == 0 or d == 0:
@@ -159,5 +205,5 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None):
     cdef float[:, ::1] ov = out  # OUT
     with nogil:
         lx_ssm_scan(&sv[0, 0, 0], &cv[0], n_seqs, n_t, d, d_state, &xv[0, 0], &dtv[0, 0], &av[0, 0],
-                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], nt)
+                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], hp, n_hist, hr, nt)
     return out

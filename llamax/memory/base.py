@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Concatenate, Iterator, NamedTup
 import numpy as np
 
 from llamax.batch import Batch, BatchAllocator, UBatch
-from llamax.checks import positive
+from llamax.checks import integer, positive
 from llamax.errors import BatchError, StalePlanError
 
 if TYPE_CHECKING:
@@ -143,6 +143,22 @@ class Memory(abc.ABC):
     @abc.abstractmethod
     def can_shift(self) -> bool:
         """True if seq_add / seq_div may change positions (K can be rotated)."""
+
+    @locked
+    def reserve_rollback(self, n: int) -> None:
+        """Keep what is needed so that, after a decode, seq_rm(seq, p, -1) can remove up to the last
+        n - 1 positions of a sequence's last ubatch (n: the positions of a verification ubatch per
+        sequence, n_draft + 1; speculative decoding). Idempotent; a larger n grows what is kept, a
+        smaller one keeps it. The default does nothing: a KV cache can always cut a tail (a recurrent
+        memory keeps per-token states, RecurrentMemory.reserve_rollback).
+
+        Raises:
+            ValueError: n < 0.
+            TypeError: n is not an integer.
+        """
+        n = integer(n, "n")
+        if n < 0:
+            raise ValueError(f"reserve_rollback({n}): n must be >= 0")
 
     @locked
     def exact_shift_limit(self, seq_id: int, keep_end: int) -> int | None:

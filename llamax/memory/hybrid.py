@@ -3,7 +3,8 @@ recurrent memory for the others, side by side (Jamba, Granite 4, Qwen3-Next).
 
 Every sequence operation goes to both, and both agree or neither changes:
     - seq_rm asks the recurrent memory first, which may refuse a partial removal (False); only when
-      it agreed is the KV cache cut too, so a refusal leaves both as they were.
+      it agreed (it removed the state, or rolled it back to p0 - 1 after reserve_rollback) is the KV
+      cache cut too, so a refusal leaves both as they were.
     - seq_cp, seq_keep, seq_add, seq_div: both (a shift needs both to shift: can_shift is the KV
       cache's, as a recurrent state's pos always moves).
     - seq_pos_min / seq_pos_max: the range both hold (the larger minimum, the smaller maximum).
@@ -64,6 +65,11 @@ class HybridMemory(Memory):
         if not self.recr.seq_rm(seq_id, p0, p1):
             return False
         return self.attn.seq_rm(seq_id, p0, p1)
+
+    @locked
+    def reserve_rollback(self, n: int) -> None:
+        """The recurrent memory's (its per-token states); the KV cache can always cut a tail."""
+        self.recr.reserve_rollback(n)
 
     @locked
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:

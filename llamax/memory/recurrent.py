@@ -11,10 +11,28 @@ a row per cell:
 
 float32 always: a state feeds back into itself every token, so quantization error would compound.
 
+Rollback (speculative decoding, llama.cpp's per-token states): after reserve_rollback(n), two more
+buffers per layer keep, for every cell, the state after each of its sequence's last n positions (at
+most; the layers' kernels write them as they fold the tokens in, csrc/ssm.h), a ring of n rows:
+
+    conv_hist [mem_size, n, *r_shape]    the conv state after position p in row
+                                         (hist_row0 + p - hist_pos0) % n, hist_pos0 <= p <= pos
+    ssm_hist  [mem_size, n, *s_shape]    likewise the ssm state
+
+The window [hist_pos0, pos] holds hist_n <= n positions: a ubatch of n_t tokens extends it by n_t (the
+oldest rows overwritten), so a sequence's last ubatch is always in it, and so are the ubatches of one
+batch that a split cut a sequence into. seq_rm(seq, p0, -1) with hist_pos0 <= p0 - 1 < pos puts the row
+of p0 - 1 back: the state a decode of the tokens up to p0 - 1 alone would have left, bit for bit (the
+rows are copies of the state), and the window then ends at p0 - 1. The window is each cell's own: a
+ubatch without the cell's sequence leaves it; any other change of the cell (seq_cp to it, seq_div, a
+restore, clear, a failed batch, freeing it) drops it, seq_add moves it with the pos. A state file does
+not carry it.
+
 What follows from one state per sequence, as in llama.cpp:
     - seq_rm cannot cut a state: it removes a sequence's state whole or not at all, and returns False
       (changing nothing) for a range that covers only part of it. A state holds every position up to
-      its pos, so [p0, p1) must reach from 0 (or before) to past pos, or lie entirely after pos.
+      its pos, so [p0, p1) must reach from 0 (or before) to past pos, or lie entirely after pos. The
+      one exception is a tail [p0, past pos) whose p0 - 1 the rollback window holds (above).
     - seq_cp gives the destination a copy of the source's state (its own cell, the bytes copied), so
       the two continue independently; the whole state is copied whatever [p0, p1).
     - seq_add / seq_div move the pos of the state only (there is no K to rotate); can_shift is True.
@@ -67,6 +85,10 @@ class RecurrentView(NamedTuple):
     conv: np.ndarray     # float32 [mem_size, *r_shape]
     ssm: np.ndarray      # float32 [mem_size, *s_shape]
     cells: np.ndarray    # int32 [n_seqs]: sequence s of the ubatch (tokens s*n_t .. s*n_t+n_t-1) is in cells[s]
+    conv_hist: np.ndarray | None = None   # float32 [mem_size, n, *r_shape]: the rollback rows (None: not reserved)
+    ssm_hist: np.ndarray | None = None    # float32 [mem_size, n, *s_shape]
+    hist_row: np.ndarray | None = None    # int32 [n_seqs]: the ring row of the state after sequence s's token
+                                          # n_t - min(n_t, n) (the kernels' hist_row)
 
 
 @dataclass
@@ -127,7 +149,13 @@ class RecurrentMemory(Memory):
         self._pos = np.full(self.mem_size, -1, np.int32)      # last position folded into the cell
         self._owner = np.full(self.mem_size, -1, np.int32)    # the sequence holding the cell, -1: free
         self._tail = np.full(self._n_seq_max, -1, np.int32)   # each sequence's cell, -1: none
-        self._active: tuple[UBatch, np.ndarray, int] | None = None
+        self.n_rollback = 0                                     # history rows per cell (reserve_rollback)
+        self.conv_hist: list[np.ndarray] = []                   # per layer [mem_size, n_rollback, *r_shape]
+        self.ssm_hist: list[np.ndarray] = []                    # per layer [mem_size, n_rollback, *s_shape]
+        self._hist_pos0 = np.zeros(self.mem_size, np.int32)     # first position of each cell's window
+        self._hist_row0 = np.zeros(self.mem_size, np.int32)     # the ring row of that position
+        self._hist_n = np.zeros(self.mem_size, np.int32)        # positions in the window, ending at pos (0: none)
+        self._active: tuple[UBatch, np.ndarray, int, np.ndarray | None] | None = None
         self._undo: _Undo | None = None
 
     # ---- shape ----------------------------------------------------------------------------------
@@ -158,7 +186,10 @@ class RecurrentMemory(Memory):
         return 4 * len(self.layer_ids) * (int(np.prod(self.r_shape)) + int(np.prod(self.s_shape)))
 
     def breakdown(self) -> dict[str, int]:
-        return {"r": sum(a.nbytes for a in self.conv), "s": sum(a.nbytes for a in self.ssm)}
+        """Bytes of the conv states ("r"), the ssm states ("s") and their rollback rows ("rollback",
+        mem_size * n * (r + s) bytes per layer after reserve_rollback(n), else 0)."""
+        return {"r": sum(a.nbytes for a in self.conv), "s": sum(a.nbytes for a in self.ssm),
+                "rollback": sum(a.nbytes for a in self.conv_hist + self.ssm_hist)}
 
     @locked
     def cells(self) -> list[tuple[int, frozenset[int]]]:
@@ -185,6 +216,7 @@ class RecurrentMemory(Memory):
             self._tail[s] = -1
         self._owner[c] = -1
         self._pos[c] = -1
+        self._hist_n[c] = 0
 
     @staticmethod
     def _find_free(owner: np.ndarray) -> int:
@@ -198,26 +230,82 @@ class RecurrentMemory(Memory):
         for a in self.conv + self.ssm:
             a[c] = 0
 
+    # ---- rollback -------------------------------------------------------------------------------
+    @locked
+    def reserve_rollback(self, n: int) -> None:
+        """Keep, from the next ubatch on, the state after each of the last n tokens of every
+        sequence's ubatch, so that seq_rm(seq, p, -1) can take back up to n - 1 of them.
+
+        Allocates conv_hist and ssm_hist (mem_size * n * (r + s) float32 per layer, breakdown's
+        "rollback"). Idempotent; a larger n grows the buffers (the windows kept, and a plan made before
+        refuses to apply: StalePlanError), a smaller one keeps them; n = 1 keeps nothing.
+
+        Raises:
+            ValueError: n < 0.
+            TypeError: n is not an integer.
+        """
+        n = checks.integer(n, "n")
+        if n < 0:
+            raise ValueError(f"reserve_rollback({n}): n must be >= 0")
+        if n <= max(self.n_rollback, 1):      # one position per ubatch: nothing to take back, nothing kept
+            return
+        conv = [np.zeros((self.mem_size, n) + self.r_shape, np.float32) for _ in self.layer_ids]
+        ssm = [np.zeros((self.mem_size, n) + self.s_shape, np.float32) for _ in self.layer_ids]
+        for c in np.flatnonzero(self._hist_n > 0).tolist():     # each window unrolled to rows 0 ..
+            rows = self._ring_row(c, int(self._hist_pos0[c]) + np.arange(int(self._hist_n[c])))
+            for new, old in zip(conv + ssm, self.conv_hist + self.ssm_hist):
+                new[c, :rows.size] = old[c, rows]
+            self._hist_row0[c] = 0
+        self.conv_hist, self.ssm_hist, self.n_rollback = conv, ssm, n
+        self._changed()
+
+    @locked
+    def rollback_window(self, seq_id: int) -> tuple[int, int]:
+        """(first, last): the positions whose state seq_id can go back to, (-1, -1) when none;
+        seq_rm(seq_id, p0, -1) rolls back for first + 1 <= p0 <= last + 1 (p0 - 1: the position kept last)."""
+        c = int(self._tail[self._seq(seq_id)])
+        if c < 0 or self._hist_n[c] < 2:
+            return -1, -1
+        return int(self._hist_pos0[c]), int(self._pos[c]) - 1
+
+    def _ring_row(self, c: int, p):
+        """The ring row of cell c's state after position p (an int or an array of them)."""
+        return (int(self._hist_row0[c]) + p - int(self._hist_pos0[c])) % self.n_rollback
+
+    def _roll_back(self, c: int, keep: int) -> None:
+        """Put cell c's state back to the one after position keep (inside its window)."""
+        j = keep - int(self._hist_pos0[c])
+        assert 0 <= j < int(self._hist_n[c]) - 1, "keep lies inside the cell's window, before its pos"
+        row = self._ring_row(c, keep)
+        for a, h in zip(self.conv + self.ssm, self.conv_hist + self.ssm_hist):
+            a[c] = h[c, row]
+        self._pos[c] = keep
+        self._hist_n[c] = j + 1
+
     # ---- sequences ------------------------------------------------------------------------------
     @locked
     def clear(self, data: bool = True) -> None:
         self._pos.fill(-1)
         self._owner.fill(-1)
         self._tail.fill(-1)
+        self._hist_n.fill(0)
         self._active = None
         self._undo = None
         if data:
-            for a in self.conv + self.ssm:
+            for a in self.conv + self.ssm + self.conv_hist + self.ssm_hist:
                 a.fill(0)
         self._changed()
 
     @locked
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
-        """Remove seq_id's state (every state if seq_id is -1) if [p0, p1) covers all of it.
+        """Remove seq_id's state (every state if seq_id is -1) if [p0, p1) covers all of it, or roll
+        it back when [p0, p1) is a tail whose p0 - 1 the cell's rollback window holds.
 
-        Returns False, changing nothing, when the range covers only part of a state (a state cannot
-        lose tokens): for one sequence, p0 in (0, pos] or p1 in (0, pos]; for every sequence, any
-        range but everything or nothing. True otherwise (also when the range misses the state)."""
+        Returns False, changing nothing, when the range covers only part of a state and cannot be
+        rolled back: for one sequence, p0 in (0, pos] or p1 in (0, pos], unless p1 is past pos and
+        p0 - 1 >= the window's first position (the state after p0 - 1 is put back, pos becomes
+        p0 - 1 and the window ends there); for every sequence, any range but everything or nothing.
+        True otherwise (also when the range misses the state)."""
         seq_id = self._seq(seq_id, every=True)
         p0, p1 = checks.pos_bound(p0, "p0"), checks.pos_bound(p1, "p1")
         lo, hi = max(p0, 0), (p1 if p1 >= 0 else POS_MAX)
@@ -226,6 +314,10 @@ class RecurrentMemory(Memory):
             if c < 0:
                 return True
             pos = int(self._pos[c])
+            if 0 < lo <= pos and hi > pos and self._hist_n[c] > 1 and lo - 1 >= self._hist_pos0[c]:
+                self._roll_back(c, lo - 1)
+                self._changed()
+                return True
             if 0 < lo <= pos or 0 < hi <= pos:
                 return False
             if lo <= pos < hi:
@@ -259,6 +351,7 @@ class RecurrentMemory(Memory):
             self._owner[cd] = dst
             self._pos[cd] = self._pos[cs]
             self._tail[dst] = cd
+            self._hist_n[cd] = 0     # the copy starts without a rollback window
         self._changed()
 
     @locked
@@ -268,12 +361,25 @@ class RecurrentMemory(Memory):
             self._free(int(c))
         self._changed()
 
-    def _move(self, seq_id: int, p0: int, p1: int, f: Callable[[int], int]) -> None:
+    def _move(self, seq_id: int, p0: int, p1: int, f: Callable[[int], int], shift: int | None) -> None:
+        """Move the pos of seq_id's state by f if it lies in [p0, p1). The cell's rollback window
+        moves with it by shift when the whole window lies in the range and stays at positions >= 0;
+        when the range takes only part of it, or f is not a shift (shift None), it is dropped."""
         c = int(self._tail[seq_id])
         if c < 0:
             return
         pos = int(self._pos[c])
-        if max(p0, 0) <= pos and (p1 < 0 or pos < p1):
+        lo, hi = max(p0, 0), (p1 if p1 >= 0 else POS_MAX)
+        if self._hist_n[c]:
+            h0 = int(self._hist_pos0[c])
+            assert h0 + int(self._hist_n[c]) - 1 == pos, "a cell's window ends at its pos"
+            if h0 < hi and pos >= lo:      # the range reaches into the window
+                if shift is not None and lo <= h0 and pos < hi and h0 + shift >= 0:
+                    self._hist_pos0[c] = h0 + shift
+                else:
+                    self._hist_n[c] = 0
+                    self._changed()
+        if lo <= pos < hi:
             new = f(pos)
             if new < 0:      # shifted before the start, as a KV cache drops such cells
                 self._free(c)
@@ -293,7 +399,7 @@ class RecurrentMemory(Memory):
             raise ValueError(f"seq_add({seq_id}, {p0}, {p1}, {shift}) would move position {int(self._pos[c])} "
                              f"beyond the largest position {POS_MAX - 1}")
         if shift:
-            self._move(seq_id, p0, p1, lambda p: p + int(shift))
+            self._move(seq_id, p0, p1, lambda p: p + int(shift), int(shift))
 
     @locked
     def seq_div(self, seq_id: int, p0: int, p1: int, d: int) -> None:
@@ -304,7 +410,7 @@ class RecurrentMemory(Memory):
         if d <= 0:
             raise ValueError(f"seq_div by {d}: the divisor must be positive")
         if d != 1:
-            self._move(seq_id, p0, p1, lambda p: p // d)
+            self._move(seq_id, p0, p1, lambda p: p // d, None)
 
     @locked
     def seq_pos_min(self, seq_id: int) -> int:
@@ -378,20 +484,37 @@ class RecurrentMemory(Memory):
     def apply_ubatch(self, ubatch: UBatch, slot: _Slot) -> None:
         """Give each sequence of the ubatch its cell (a new one starts from zero states) and set the
         cells' pos to each sequence's last position in the ubatch; the states themselves are written
-        by the layers (recurrent_view)."""
+        by the layers (recurrent_view). With rollback reserved, each cell's window takes in the
+        ubatch's positions (its last n_rollback positions, the earlier ones of a cell that had a
+        window kept up to n_rollback in all); the layers write their rows."""
         if slot.first:
             rows = [(a[slot.touched].copy(), b[slot.touched].copy()) for a, b in zip(self.conv, self.ssm)]
             self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, rows)
-        n_t = ubatch.n_seq_tokens
+        n_t, n = ubatch.n_seq_tokens, self.n_rollback
         seqs = ubatch.seq_id[::n_t]
+        hist_row = np.zeros(ubatch.n_seqs, np.int32) if n else None
         for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):
             if slot.fresh[j]:
                 self._zero(c)
                 self._owner[c] = s
                 self._tail[s] = c
-            self._pos[c] = ubatch.pos[j * n_t + n_t - 1]
+                self._hist_n[c] = 0
+            last = int(ubatch.pos[j * n_t + n_t - 1])
+            self._pos[c] = last
+            if hist_row is not None:
+                # a sequence's positions are consecutive (the batch checks Y = X + 1 and no holes), so
+                # the ubatch continues the cell's window right after its end
+                first_row = last - min(n_t, n) + 1          # the first position the layers write
+                if self._hist_n[c]:
+                    hist_row[j] = self._ring_row(c, first_row)
+                    k = min(n, int(self._hist_n[c]) + n_t)
+                    self._hist_row0[c] = self._ring_row(c, last - k + 1)
+                else:
+                    k = min(n, n_t)
+                    self._hist_row0[c] = 0
+                self._hist_pos0[c], self._hist_n[c] = last - k + 1, k
         self._changed()
-        self._active = (ubatch, slot.cells, self._generation)
+        self._active = (ubatch, slot.cells, self._generation, hist_row)
         if self._undo is not None:
             self._undo.generation = self._generation
 
@@ -403,15 +526,18 @@ class RecurrentMemory(Memory):
     @locked
     def forget_batch(self, balloc: BatchAllocator) -> None:
         """Put back the cells and states as they were before the batch (saved at its first ubatch),
-        if nothing else changed them since its last ubatch was applied."""
+        if nothing else changed them since its last ubatch was applied; the rollback windows of the
+        cells it touched are dropped either way."""
         u, self._undo = self._undo, None
         self._active = None
-        if u is None or u.generation != self._generation:
+        if u is None:
             return
-        self._pos[:], self._owner[:], self._tail[:] = u.pos, u.owner, u.tail
-        for (r, s), a, b in zip(u.rows, self.conv, self.ssm):
-            a[u.touched] = r
-            b[u.touched] = s
+        if u.generation == self._generation:
+            self._pos[:], self._owner[:], self._tail[:] = u.pos, u.owner, u.tail
+            for (r, s), a, b in zip(u.rows, self.conv, self.ssm):
+                a[u.touched] = r
+                b[u.touched] = s
+        self._hist_n[u.touched] = 0     # the batch's layers wrote over these cells' windows
         self._changed()
 
     @locked
@@ -431,6 +557,8 @@ class RecurrentMemory(Memory):
         i = self._layer.get(il)
         if i is None:
             raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
+        if act[3] is not None:
+            return RecurrentView(self.conv[i], self.ssm[i], act[1], self.conv_hist[i], self.ssm_hist[i], act[3])
         return RecurrentView(self.conv[i], self.ssm[i], act[1])
 
     # ---- state ----------------------------------------------------------------------------------
@@ -440,7 +568,8 @@ class RecurrentMemory(Memory):
         seq_id's cell alone, written as that sequence.
 
         Section: tag, header (_RS_HEAD), the layer ids, r_shape and s_shape, n_cells, the cells
-        (CELL_DTYPE); data: per layer the conv rows of the cells, then per layer their ssm rows."""
+        (CELL_DTYPE); data: per layer the conv rows of the cells, then per layer their ssm rows (not
+        the rollback windows)."""
         write_tag(w, TAG_RECURRENT)
         w.pack(_RS_HEAD, len(self.layer_ids), self.mem_size, self._n_seq_max, seq_id,
                len(self.r_shape), len(self.s_shape))
@@ -532,6 +661,7 @@ class RecurrentMemory(Memory):
                 self._pos[c] = pos[0]
                 self._owner[c] = seq_id
                 self._tail[seq_id] = c
+                self._hist_n[c] = 0
                 for a, b, x, y in zip(self.conv, self.ssm, rs, ss):
                     a[c] = x[0]
                     b[c] = y[0]

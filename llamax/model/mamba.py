@@ -6,7 +6,9 @@ Falcon-Mamba's dt_b_c_rms) -> dt-projection + bias -> selective scan over the se
 + x * D, gated by SiLU(z) (native) -> out-projection -> residual. Then RMSNorm and the output (tied to
 the token embedding when the GGUF has no output.weight). The states live in the memory
 (llamax/memory/recurrent.py); the ubatch comes split equally (n_seqs sequences of n_t tokens), so the
-native steps run each sequence's tokens in order through its own state.
+native steps run each sequence's tokens in order through its own state. When the memory keeps
+rollback rows (reserve_rollback), the view carries them and the same steps write the state after each
+of a sequence's last tokens into them.
 
 The products' bits do not depend on the rest of the batch: the GEMM for the quantized types it has,
 the ordered float product (matmul.mul_mat_f32_ordered) for the weights GGUFs keep unquantized (ssm_x,
@@ -67,10 +69,12 @@ class MambaMixer:
 
 def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
     """One Mamba-1 mixer (llama.cpp's build_mamba_layer) on the normed hidden states h [n, n_embd] of an
-    equally split ubatch, its states read and updated in view; returns [n, n_embd] (before the residual)."""
+    equally split ubatch, its states read and updated in view (and the rollback rows written when the view has
+    them); returns [n, n_embd] (before the residual)."""
     di, ds, dr = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_dt_rank
     xz = L.ssm_in(h)                                                        # [n, 2 * d_inner]
-    x = _ssm.conv(view.conv, view.cells, xz[:, :di], L.conv_w, L.conv_b, n_t, n_threads)
+    x = _ssm.conv(view.conv, view.cells, xz[:, :di], L.conv_w, L.conv_b, n_t, n_threads,
+                  hist=view.conv_hist, hist_row=view.hist_row)
     xdb = L.ssm_x(x)                                                        # [n, dt_rank + 2 * d_state]
     dt, B, C = xdb[:, :dr], xdb[:, dr:dr + ds], xdb[:, dr + ds:]
     if hp.ssm_dt_b_c_rms:   # Falcon-Mamba: each RMS-normed, without a weight
@@ -79,7 +83,8 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
         dt, B, C = (rms_norm(a, w, hp.rms_eps) for a, w in ((dt, L.dt_norm), (B, L.b_norm), (C, L.c_norm)))
     dt = L.ssm_dt(np.ascontiguousarray(dt))
     dt += L.dt_b
-    y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads)
+    y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads,
+                  hist=view.ssm_hist, hist_row=view.hist_row)
     return L.ssm_out(y)
 
 

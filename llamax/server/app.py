@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import logging
@@ -148,6 +149,9 @@ class Server:
             raise APIError(400, "response_format (json_schema, grammar) with tools: the tools' own format constrains "
                            "the output; give one of them", "response_format")
         kw = {**body.engine_kwargs(self._max_tokens(max_tokens, field)), "grammar": grammar, **extra}
+        spec = self._speculative(body)
+        if spec is not None:
+            kw["speculative"] = spec
         reqs = []
         try:
             for prompt in prompts:
@@ -161,6 +165,22 @@ class Server:
                 await self._exceeds(prompt)
             raise self._engine_error(e, body) from None
         return reqs
+
+    def _speculative(self, body: Sampling):
+        """llama-server's per-request speculative.n_max / n_min / p_min over the server's --spec-type
+        setting (None: the server's as it is; ignored without one, as llama-server does)."""
+        base = getattr(self.engine, "speculative", None)
+        extra = body.model_extra or {}
+        vals = {k: extra[f"speculative.{k}"] for k in ("n_max", "n_min", "p_min") if extra.get(f"speculative.{k}") is not None}
+        if base is None or not vals:
+            return None
+        for k, v in vals.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or k != "p_min" and not isinstance(v, int):
+                raise APIError(400, f"speculative.{k}: a number, not {v!r}", f"speculative.{k}")
+        try:
+            return dataclasses.replace(base, **vals)
+        except (ValueError, TypeError) as e:
+            raise APIError(400, f"speculative: {e}", "speculative.n_max") from None
 
     async def _exceeds(self, prompt) -> None:
         """Raise llama-server's exceed_context_size_error when prompt does not fit a slot (the Engine
@@ -205,6 +225,7 @@ class Server:
         prompt_ms); before: None."""
         if hasattr(req, "t_first"):  # a llamax.serving.Request: its clock readings
             n_prompt, n_cached, n_gen = len(req.prompt), req.n_cached, len(req.generated)
+            drafts = req.n_drafted, req.n_accepted
             t_start = req.t_start if req.t_start is not None else req.t_submit
             t_first, t_last = req.t_first, req.t_last
             prompt_ms = (t_first - t_start) * 1e3 if t_first is not None else 0.0
@@ -213,12 +234,14 @@ class Server:
         elif req.done:
             r = req.result()
             n_prompt, n_cached, n_gen = r.n_prompt, r.n_cached, r.n_generated
+            drafts = r.n_drafted, r.n_accepted
             prompt_ms = ttft_ms = r.ttft_s * 1e3
             predicted_ms = (n_gen - 1) / r.gen_tps * 1e3 if r.gen_tps > 0 else 0.0
         else:
             return None
         prompt_n = n_prompt - n_cached
-        return {"cache_n": n_cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+        spec = {"draft_n": drafts[0], "draft_n_accepted": drafts[1]} if drafts[0] else {}
+        return {**spec, "cache_n": n_cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
                 "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
                 "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
                 "predicted_n": n_gen, "predicted_ms": predicted_ms,

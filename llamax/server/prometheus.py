@@ -27,6 +27,8 @@ COUNTERS = {
     "tokens_reused": "prompt tokens taken from the prefix cache",
     "steps": "scheduler steps (one decode each)",
     "busy_s": "seconds spent in steps",
+    "spec_drafted": "speculative decoding: drafted tokens verified",
+    "spec_accepted": "speculative decoding: drafted tokens the model sampled too",
     # llamax serve --replicas: conversations moved between replicas with their cached prefix
     "handovers_in": "cached prefixes fetched from another replica",
     "handovers_tokens_in": "prompt tokens fetched from another replica's cache",

@@ -64,8 +64,8 @@ def _any(v, body) -> bool:
 # Fields of llama-server's /completion and /v1/chat/completions (server-task.cpp's params_from_json_cmpl,
 # utils' oaicompat_chat_params_parse) and of OpenAI's API that this server does not implement: each with
 # what makes its value a no-op (None: absent). Any other value answers 400 naming the field. Not here:
-# speculative.n_min / n_max / p_min, which tune a draft model this server does not run (llama-server
-# without one ignores them too), and OpenAI's hints (user, store, metadata, service_tier, prediction).
+# speculative.n_min / n_max / p_min, which tune the server's speculative decoding (--spec-type; ignored
+# without it, as llama-server does), and OpenAI's hints (user, store, metadata, service_tier, prediction).
 NOOP: dict[str, Callable[[Any, Any], bool]] = {
     # constrained output and probabilities
     "grammar_lazy": _off(False), "grammar_triggers": _falsy, "preserved_tokens": _falsy,

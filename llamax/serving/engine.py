@@ -23,6 +23,14 @@ Each step is one decode of at most n_batch tokens (update_slots):
     finished requests       their cells go to the prefix cache (prompt and generated tokens), the
                             slot is free at once
 
+Speculative decoding (Engine(speculative=...) for every request, submit(speculative=...) per request):
+a generating slot's token is followed in the batch by the tokens its drafter proposes, as many as the
+policy finds worth their cost (llamax.speculative.SpecPolicy: each request's acceptance rate against a
+cost model of the step fitted to the steps seen, so that with many busy slots, where the decode is
+compute-bound, little or nothing is drafted); its logits rows are sampled in order by the request's
+own decoder (sample-and-accept), and the rejected drafts leave the memory by seq_rm before anything
+else runs. Drafts never suspend or evict anything: a batch that does not fit drops them first.
+
 Sequence ids: slot i decodes on sequence i. How prefixes are reused is the reuse's (reuse.py: one
 protocol, the Engine never asks which): with kv_unified and prefix_cache the ids from n_parallel up
 to 256 belong to the prefix cache's leaves (one cached prompt each). With one stream per slot
@@ -57,6 +65,7 @@ from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, TokenLogprob, bos_offset
                              needs_room, prompt_tokens, shift_discard)
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
 from llamax.serving.reuse import PrefixReuse, PrefixState, reuse_class
+from llamax.speculative import Speculative, Speculator, cut_tail, resolve, verify
 
 log = logging.getLogger("llamax")
 
@@ -74,6 +83,7 @@ class SeqState:
     feed: list[int] = dataclasses.field(default_factory=list)    # tokens to prefill
     fed: int = 0                     # how many of feed are in the cache
     pending: int | None = None       # the sampled token decoded next
+    draft: list[int] = dataclasses.field(default_factory=list)  # drafted tokens decoded after it this step
     shifted: bool = False            # a context shift moved it (its tokens are no longer a prefix)
 
 
@@ -135,6 +145,9 @@ class Engine:
             llama-server does.
         suspend_bytes: RAM for suspended requests' saved states; beyond it a suspended request's
             tokens are computed again when it resumes.
+        speculative: speculative decoding for every request (None: off unless a request asks for
+            "ngram"; True / "ngram" / a llamax.Speculative; kind "draft" loads its draft model here and
+            checks its vocabulary: ModelError). Output is the same with and without it.
 
     `with Engine(...) as engine:` runs the steps in a background thread; without it the caller
     drives them with step() (or by waiting on a request, which steps for it).
@@ -144,7 +157,8 @@ class Engine:
                  type_k: str = "f16", type_v: str = "f16", flash_attn: bool = True, kv_unified: bool = True,
                  swa_full: bool = False, prefix_cache: bool = True, max_queue: int = 256,
                  n_threads: int | None = None, slot_save_path: str | os.PathLike | None = None,
-                 context_shift: bool = True, n_ctx_slot: int = 0, suspend_bytes: int = SUSPEND_BYTES) -> None:
+                 context_shift: bool = True, n_ctx_slot: int = 0, suspend_bytes: int = SUSPEND_BYTES,
+                 speculative: Speculative | bool | str | None = None) -> None:
         from llamax.model import Model
 
         if isinstance(model, (str, os.PathLike)):
@@ -192,11 +206,33 @@ class Engine:
         self._closing = False
         self._error: BaseException | None = None
         self._m = dict(prompt_tokens=0, gen_tokens=0, requests_finished=0, requests_cancelled=0, requests_failed=0,
-                       requests_suspended=0, steps=0, busy_s=0.0)
+                       requests_suspended=0, steps=0, busy_s=0.0, spec_drafted=0, spec_accepted=0)
+        self.speculative = resolve(speculative)
+        self._spec: dict[str, Speculator] = {}   # one per kind in use, created on first use
+        if self.speculative is not None:
+            self._speculator(self.speculative)
 
     def __repr__(self) -> str:
         return (f"Engine(n_parallel={self.n_parallel}, n_ctx={self.params.n_ctx}, n_ctx_seq={self.n_ctx_seq}, "
                 f"prefix_cache={self.reuse.name})")
+
+    def _speculator(self, spec: Speculative) -> Speculator:
+        """The engine's speculator of spec's kind (made on first use; the draft model's only with the
+        engine's own Speculative), the memory asked to keep spec's rollback window (between steps).
+
+        Raises:
+            ValueError: kind "draft" when the engine has no draft model."""
+        with self._lock:
+            sp = self._spec.get(spec.kind)
+            if sp is None:
+                if spec.kind == "draft" and (self.speculative is None or self.speculative.kind != "draft"):
+                    raise ValueError("speculative kind 'draft' per request needs the engine's draft model: "
+                                     "Engine(speculative=Speculative(kind='draft', model=...))")
+                sp = self._spec[spec.kind] = Speculator(spec if spec.kind == "ngram" else self.speculative, self.model,
+                                                        n_seq_max=self.n_parallel, n_ctx=self.params.n_ctx,
+                                                        n_threads=self.params.n_threads)
+            self.memory.reserve_rollback(spec.n_max + 1)
+            return sp
 
     # ---- the background loop ---------------------------------------------------------------------
     def __enter__(self) -> Engine:
@@ -293,7 +329,8 @@ class Engine:
                seed: int | None = None, stop: str | Sequence[str] | None = None, n_keep: int = 0,
                ignore_eos: bool = False, logprobs: int | None = None, prompt_logprobs: bool = False,
                tools: Sequence[Mapping] | None = None, tool_choice: str | Mapping = "auto",
-               parallel_tool_calls: bool = True, cache_prompt: bool = True, slot: int = -1) -> Request:
+               parallel_tool_calls: bool = True, cache_prompt: bool = True, slot: int = -1,
+               speculative: Speculative | bool | str | None = None) -> Request:
         """Queue a request; returns its Request at once. Thread-safe.
 
         prompt: a str (tokenized with special tokens), a list of token ids, or chat messages
@@ -312,7 +349,10 @@ class Engine:
         call for "required" or a named function) and parsed into Result.tool_calls; earlier tool calls
         and results in the messages render through the same layer, with or without tools. cache_prompt:
         False computes the whole prompt and keeps nothing of it for later requests. slot: run on
-        this slot (-1: any; the request waits for it).
+        this slot (-1: any; the request waits for it). speculative: None (the engine's setting), False
+        (off), True (the engine's, else "ngram"), "ngram" or a llamax.Speculative (its n_max / n_min;
+        kind "draft" uses the engine's draft model): Result.n_drafted / n_accepted count the drafts;
+        the output is the same.
 
         Raises:
             BatchError: an empty prompt, a token outside the vocabulary, or a prompt that does not
@@ -345,6 +385,9 @@ class Engine:
         slot = checks.integer(slot, "slot")
         if not -1 <= slot < self.n_parallel:
             raise ValueError(f"slot = {slot}: -1 (any) or a slot in [0, {self.n_parallel})")
+        spec = self.speculative if speculative is None else resolve(speculative, self.speculative)
+        if spec is not None:
+            self._speculator(spec)  # ValueError for a draft model the engine lacks
         stops = [stop] if isinstance(stop, str) else list(stop or [])
         if not all(isinstance(s, str) for s in stops):
             raise TypeError("stop: a string or a list of strings")
@@ -372,7 +415,7 @@ class Engine:
                                       f"{self.n_parallel} slots (max_queue={self.max_queue})")
             req = Request(self, self._next_id, toks, decoder=decoder, n_keep=keep, n_truncated=n_trunc,
                           tools=plan, prompt_logprobs=bool(prompt_logprobs), cache_prompt=bool(cache_prompt),
-                          slot=slot)
+                          slot=slot, speculative=spec)
             self._next_id += 1
             self._queue.append(req)
             self._wake.notify_all()
@@ -549,6 +592,7 @@ class Engine:
             assert tok is not None  # a generating slot holds its next token
             out.append((s, [tok], True))
             budget -= 1
+        budget -= self._draft(out, budget)
         for s in self._slots:
             if s.req is None or s.req.state != PREFILL or budget == 0:
                 continue
@@ -558,20 +602,72 @@ class Engine:
             budget -= len(chunk)
         return out
 
+    def _draft(self, gen: list[tuple[Slot, list[int], bool]], budget: int) -> int:
+        """Append the drafted tokens to the generating slots' entries of the batch (in place), within
+        the batch's budget, the first ubatch (every verification in one ubatch, so that an SWA cache
+        only reuses cells masked before the drafts) and the free cells; returns how many."""
+        groups: dict[str, list[int]] = {}
+        for i, (s, _, _) in enumerate(gen):
+            s.seq_state.draft = []
+            spec = s.running.speculative
+            if spec is not None:
+                groups.setdefault(spec.kind, []).append(i)
+        if not groups:
+            return 0
+        room = min(budget, self.params.n_ubatch - len(gen), self._free_cells() - len(gen) - GROWTH)
+        n = 0
+        for kind, idx in groups.items():
+            asks, specs = [], []
+            for i in idx:
+                s, chunk, _ = gen[i]
+                req, st = s.running, s.seq_state
+                cap = self.n_ctx_seq - 2 - len(st.tokens)
+                if req.max_tokens >= 0:
+                    cap = min(cap, req.max_tokens - len(req.generated) - 1)
+                asks.append((s.seq, st.tokens + chunk, cap))
+                specs.append(req.speculative)
+            for i, d in zip(idx, self._spec[kind].plan(asks, n_fixed=len(gen), specs=specs)):
+                d = d[:max(room - n, 0)]
+                if d:
+                    s, chunk, want = gen[i]
+                    s.seq_state.draft = d
+                    gen[i] = (s, chunk + d, want)
+                    n += len(d)
+        return n
+
+    @staticmethod
+    def _undraft(batch: list[tuple[Slot, list[int], bool]]) -> list[tuple[Slot, list[int], bool]]:
+        """The batch without its drafted tokens."""
+        out = []
+        for s, chunk, want in batch:
+            n = len(s.seq_state.draft)
+            s.seq_state.draft = []
+            out.append((s, chunk[:len(chunk) - n], want))
+        return out
+
     def _decode(self, batch: list[tuple[Slot, list[int], bool]]) -> int:
         while batch:
             toks, seqs, logits = [], [], []
             for s, chunk, want in batch:
                 toks += chunk
                 seqs += [s.seq] * len(chunk)
-                logits += [True] * len(chunk) if self._all_rows(s) else [False] * (len(chunk) - 1) + [want]
+                all_rows = self._all_rows(s) or bool(s.seq_state.draft)
+                logits += [True] * len(chunk) if all_rows else [False] * (len(chunk) - 1) + [want]
             try:
+                t0 = time.perf_counter()
                 self.ctx.decode(Batch(toks, seq_ids=seqs, logits=logits))
             except NoKVSlotError:
+                if any(s.seq_state.draft for s, _, _ in batch):  # drafts never make room: drop them first
+                    batch = self._undraft(batch)
+                    continue
                 batch = self._make_room(batch, len(toks))
                 continue
             except Exception as e:  # a failed forward pass: the context took the batch's tokens back out
-                return self._isolate(batch, e)
+                return self._isolate(self._undraft(batch), e)
+            if self._spec and all(s.req is not None and s.req.state == GENERATING for s, _, _ in batch):
+                dt = time.perf_counter() - t0
+                for sp in self._spec.values():
+                    sp.observe(len(toks), dt)
             self._after(batch)
             return len(toks)
         return 0
@@ -619,6 +715,9 @@ class Engine:
             if self._all_rows(s):
                 self._prompt_logprobs(req, st.fed, j - len(chunk), len(chunk))
             st.tokens += chunk
+            if req.state == GENERATING:
+                self._verify(s, j - len(chunk))
+                continue
             if req.state == PREFILL:
                 st.fed += len(chunk)
                 req.n_fed = st.fed
@@ -635,8 +734,6 @@ class Engine:
                 if req.decoder.exhausted:
                     self._finish(s, "length")
                     continue
-            else:
-                self._m["gen_tokens"] += 1
             if want:
                 self._sample(s, self.ctx.get_logits_ith(j - 1))
 
@@ -663,16 +760,42 @@ class Engine:
             out.append(TokenLogprob(t, piece(t).decode("utf-8", "replace"), float(lp[r]),
                                     list(zip(ids[r].tolist(), lps[r].tolist()))))
 
-    def _sample(self, s: Slot, row) -> None:
-        """The request's sampling step (SeqDecoder.step) on its logits row: its piece to the caller,
-        then its token decoded next or its end."""
-        req = s.running
-        out = req.decoder.step(row)
+    def _verify(self, s: Slot, row0: int) -> None:
+        """A generating slot after its decode (batch rows row0 ..: its token, then its drafts): the
+        request's sampling steps on the rows (sample-and-accept, llamax.speculative.verify), the
+        rejected drafts cut from the memory, the pieces delivered, then its next token or its end."""
+        req, st = s.running, s.seq_state
+        draft, st.draft = st.draft, []
+        outs, n_acc = verify(req.decoder, lambda i: self.ctx.get_logits_ith(row0 + i), draft)
+        n_rej = len(draft) + 1 - len(outs)
+        if n_rej:
+            del st.tokens[len(st.tokens) - n_rej:]
+            cut_tail(self.memory, s.seq, len(st.tokens))
+        self._m["gen_tokens"] += len(outs)
+        if req.speculative is not None:
+            self._spec[req.speculative.kind].outcome(s.seq, len(draft), n_acc)
+            req.n_drafted += len(draft)
+            req.n_accepted += n_acc
+            self._m["spec_drafted"] += len(draft)
+            self._m["spec_accepted"] += n_acc
+        for out in outs[:-1]:
+            self._deliver(req, out.text)
+        self._sample(s, None, outs[-1])
+
+    def _deliver(self, req: Request, text: str) -> None:
         now = time.perf_counter()
         if req.t_first is None:
             req.t_first = now
         req.t_last = now
-        req.deliver(out.text)
+        req.deliver(text)
+
+    def _sample(self, s: Slot, row, out=None) -> None:
+        """The request's sampling step (SeqDecoder.step) on its logits row (or its result `out`): its
+        piece to the caller, then its token decoded next or its end."""
+        req = s.running
+        if out is None:
+            out = req.decoder.step(row)
+        self._deliver(req, out.text)
         if out.stop is not None:
             self._finish(s, out.stop)
             return
@@ -683,10 +806,16 @@ class Engine:
         slot is free. error: the request failed (stop "error"; its result() raises RequestError)."""
         req = s.req
         assert req is not None
+        self._forget_drafts(s)
         self.reuse.release(s.seq, s.seq_state.tokens, cache=cache and req.cache_prompt, shifted=s.seq_state.shifted)  # the cells are the reuse's now
         s.seq_state.tokens = []
         s.req, s.seq_state.pending, s.seq_state.feed, s.seq_state.fed = None, None, [], 0
         self._end(req, stop, error)
+
+    def _forget_drafts(self, s: Slot) -> None:
+        """The slot's sequence ends or changes other than by growing: its drafters forget it."""
+        for sp in self._spec.values():
+            sp.release(s.seq)
 
     def _count(self, stop: str) -> None:
         self._m[{"cancelled": "requests_cancelled", "error": "requests_failed"}.get(stop, "requests_finished")] += 1
@@ -715,6 +844,7 @@ class Engine:
         else:
             return False
         done, _ = context_shift(mem, s.seq, keep, n)
+        self._forget_drafts(s)
         del st.tokens[keep:keep + done]
         st.shifted = True
         req.n_shift += 1
@@ -724,6 +854,7 @@ class Engine:
         """Save the slot's sequence to RAM (or keep only its tokens beyond the byte budget), free the
         slot and put its request first in line to resume."""
         req = s.running
+        self._forget_drafts(s)
         blob = None
         if s.seq_state.tokens:
             blob = self.ctx.state_seq_get_data(s.seq)
@@ -909,7 +1040,8 @@ class Engine:
                 gen_tokens_per_s=m["gen_tokens"] / busy if busy else 0.0, busy_s=busy, steps=m["steps"],
                 requests_finished=m["requests_finished"], requests_cancelled=m["requests_cancelled"],
                 requests_failed=m["requests_failed"],
-                requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes)
+                requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes,
+                spec_drafted=m["spec_drafted"], spec_accepted=m["spec_accepted"])
 
 
     # ---- embeddings ------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from llamax.sampling import Sampler
 from llamax.sequence import SeqDecoder, TokenLogprob
 
 if TYPE_CHECKING:
+    from llamax.speculative import Speculative
     from llamax.tools import ToolCall, ToolPlan
 
 QUEUED, PREFILL, GENERATING, SUSPENDED, DONE = "queued", "prefill", "generating", "suspended", "done"
@@ -44,7 +45,8 @@ class Result:
     prompt_logprobs: each prompt token's (the first is None: nothing precedes it), with
     submit(prompt_logprobs=True), else None; tool_calls: the tool calls the output made (submit's
     tools), else None (text is then the output's reply part, often empty; calls cut by max_tokens
-    come with stop "length" and their arguments as far as they got).
+    come with stop "length" and their arguments as far as they got); n_drafted / n_accepted:
+    speculative decoding's drafted tokens verified, and of them the tokens the target sampled too.
     """
 
     text: str
@@ -59,6 +61,8 @@ class Result:
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     tool_calls: list[ToolCall] | None = None
+    n_drafted: int = 0
+    n_accepted: int = 0
 
 
 class Driver(Protocol):
@@ -88,11 +92,12 @@ class Request:
             alternatives each) in prompt_logprobs as it computes them.
         cache_prompt: False: reuse no cached prefix and leave nothing cached.
         slot: the slot it must run on (-1: any).
+        speculative: its speculative decoding settings (llamax.Speculative), or None.
     """
 
     def __init__(self, driver: Driver, rid: int, prompt: list[int], *, decoder: SeqDecoder, n_keep: int,
                  n_truncated: int = 0, tools: ToolPlan | None = None, prompt_logprobs: bool = False,
-                 cache_prompt: bool = True, slot: int = -1) -> None:
+                 cache_prompt: bool = True, slot: int = -1, speculative: Speculative | None = None) -> None:
         self._driver = driver
         self.id = rid
         self.prompt = prompt
@@ -109,6 +114,8 @@ class Request:
         self.n_shift = 0
         self.tools = tools
         self.cache_prompt, self.slot = cache_prompt, slot
+        self.speculative = speculative
+        self.n_drafted = self.n_accepted = 0
         # position i's TokenLogprob (None for position 0), filled by the driver during prefill
         self.prompt_logprobs: list[TokenLogprob | None] | None = [None] if prompt_logprobs else None
         self.error: BaseException | None = None  # why it failed (stop "error")
@@ -286,7 +293,7 @@ class Request:
                      gen_tps=(n - 1) / span if n > 1 and span > 0 else 0.0, n_shift=self.n_shift,
                      logprobs=None if self.decoder.logprobs is None else list(self.decoder.logprobs),
                      prompt_logprobs=None if self.prompt_logprobs is None else list(self.prompt_logprobs),
-                     tool_calls=calls)
+                     tool_calls=calls, n_drafted=self.n_drafted, n_accepted=self.n_accepted)
         with self._cond:
             if tail:
                 self._pieces.append(tail)
