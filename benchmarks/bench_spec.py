@@ -67,17 +67,20 @@ TARGETS = {"grounded_vs_llamax": 2.5, "grounded_vs_llama_server": 3.0, "free_vs_
 @dataclass(frozen=True)
 class Config:
     """A server configuration: `name` (as the table shows it), `server` ("llamax" or "llama-server"),
-    `spec` (the --spec-type value, None: no speculation) and the full command (`port` None: the
-    server picks one and prints it)."""
+    `spec` (the --spec-type value, None: no speculation) and the command without its port."""
 
     name: str
     server: str
     spec: str | None
     cmd: tuple[str, ...]
-    port: int | None
 
     def start(self) -> Proc:
-        return Proc(list(self.cmd), self.port)
+        """Start the server on a free loopback port (llamax picks it and prints it); return once /health
+        answers 200."""
+        if self.server == "llamax":
+            return Proc([*self.cmd, "--port", "0"], None)
+        port = free_port()
+        return Proc([*self.cmd, "--host", "127.0.0.1", "--port", str(port)], port)
 
 
 # ---- the servers' flags -------------------------------------------------------------------------------
@@ -103,8 +106,8 @@ def llama_server_ngram_types(binary: str) -> list[str]:
 def configs(a, name: str, gguf: Path, template: list[str], llamax_specs: list[str],
             ls_types: list[str]) -> list[Config]:
     common = ["-np", str(a.concurrent), "-c", str(a.ctx_size), "-t", str(a.threads), "-fa", a.fa]
-    lx = [sys.executable, "-m", "llamax", "serve", "-m", name, "--port", "0", *common]
-    out = [Config(LLAMAX, "llamax", None, tuple(lx), None)]
+    lx = [sys.executable, "-m", "llamax", "serve", "-m", name, *common]
+    out = [Config(LLAMAX, "llamax", None, tuple(lx))]
     knobs = []
     if a.spec_n_max is not None:
         knobs += ["--spec-n-max", str(a.spec_n_max)]
@@ -112,15 +115,14 @@ def configs(a, name: str, gguf: Path, template: list[str], llamax_specs: list[st
         knobs += ["--spec-n-min", str(a.spec_n_min)]
     for spec in llamax_specs:
         draft = ["-md", a.model_draft] if spec == "draft" else []
-        out.append(Config(f"llamax {spec}", "llamax", spec, (*lx, "--spec-type", spec, *knobs, *draft), None))
+        out.append(Config(f"llamax {spec}", "llamax", spec, (*lx, "--spec-type", spec, *knobs, *draft)))
     if a.llama_server:
         for spec in [None, *ls_types]:
-            port = free_port()
-            cmd = [a.llama_server, "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), *common, "-cb",
+            cmd = [a.llama_server, "-m", str(gguf), *common, "-cb",
                    "--cache-prompt", *template, *shlex.split(a.llama_server_args)]
             if spec is not None:
                 cmd += ["--spec-type", spec]
-            out.append(Config("llama-server" + (f" {spec}" if spec else ""), "llama-server", spec, tuple(cmd), port))
+            out.append(Config("llama-server" + (f" {spec}" if spec else ""), "llama-server", spec, tuple(cmd)))
     return out
 
 
@@ -302,8 +304,9 @@ def print_table(rows: list[dict]) -> None:
     for r in rows:
         acc = "-"
         if r["drafted"] is not None:
-            rate = r["accepted"] / r["drafted"] if r["drafted"] else math.nan
-            acc = f"{fmt(rate * 100, '.0f')}% ({r['accepted']:.0f}/{r['drafted']:.0f})"
+            acc = f"{r['accepted']:.0f}/{r['drafted']:.0f}"
+            if r["drafted"]:
+                acc = f"{100 * r['accepted'] / r['drafted']:.0f}% ({acc})"
         print(f"| {r['model']} | {r['kind']} | {r['config']} | {fmt(r['gen_tps'])} | {fmt(r['server_tps'])} "
               f"| {fmt(r['vs_llamax'], '.2f')} | {fmt(r['vs_llama_server_best'], '.2f')} | {acc} |")
 
@@ -326,10 +329,13 @@ def compare_texts(records: list[dict]) -> list[dict]:
                       "name": name, "at": at, "reference_text": ref[max(0, at - 40):at + 40],
                       "text": text[max(0, at - 40):at + 40], "bug": ref_cfg == LLAMAX})
     for m in found:
-        head = "MISMATCH (greedy llamax output changed by speculation)" if m["bug"] else "note: llama-server"
-        print(f"{head}: {m['model']} {m['config']} vs {m['reference']}, round {m['round']} {m['phase']} "
-              f"{m['name']}, first difference at char {m['at']}:\n    {m['reference']}: {m['reference_text']!r}\n"
-              f"    {m['config']}: {m['text']!r}", file=sys.stderr if not m["bug"] else sys.stdout, flush=True)
+        where = f"{m['model']} {m['config']} vs {m['reference']}, round {m['round']} {m['phase']} {m['name']}"
+        if m["bug"]:
+            print(f"MISMATCH (speculation changed llamax's greedy output): {where}, first difference at char "
+                  f"{m['at']}:\n    {m['reference']}: {m['reference_text']!r}\n    {m['config']}: {m['text']!r}",
+                  flush=True)
+        else:
+            print(f"note: llama-server's greedy output differs: {where}, at char {m['at']}", file=sys.stderr)
     return found
 
 
