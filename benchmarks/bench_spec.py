@@ -34,6 +34,7 @@ as a MISMATCH (a bug). llama-server's spec types are checked against its own pla
 
     python benchmarks/bench_spec.py --models smollm2-135m,gemma3-270m --rounds 3 \\
         --llama-server "$(bash ../shared/tools/build-llama-cpp.sh)/llama-server" --json spec.json
+    python benchmarks/bench_spec.py --models smollm2-135m --rounds 1 --max-tokens 48   # a quick check
 """
 from __future__ import annotations
 
@@ -290,7 +291,7 @@ def report(records: list[dict], rounds: int, model_names: list[str], cfg_names: 
 
 def _check(model: str, kind: str, what: str, value: float, target: float) -> str:
     verdict = "n/a" if math.isnan(value) else ("met" if value >= target else "NOT MET")
-    return f"{model} {kind}: llamax ngram {what} = {value:.2f}x (target >= {target}x): {verdict}"
+    return f"{model} {kind}: llamax ngram {what} = {value:.3f}x (target >= {target}x): {verdict}"
 
 
 def fmt(x, spec=".1f") -> str:
