@@ -383,7 +383,10 @@ def main() -> int:
         p.error(f"--concurrent {a.concurrent}: between 1 and {len(CONCURRENT)}")
     model_names = [m for m in a.models.split(",") if m]
     for m in model_names:
-        models.spec(m)  # an unknown name raises, listing the registry's
+        try:
+            models.spec(m)
+        except models.UnknownModelError as e:
+            p.error(str(e))
     llamax_specs = [s for s in a.llamax_spec_types.split(",") if s and s != "none"]
     if "draft" in llamax_specs and not a.model_draft:
         p.error("--llamax-spec-types draft needs --model-draft")
