@@ -314,6 +314,20 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def _table(a, rows: list[dict], head: str, rule: str, line) -> int:
+    """A bench's rows on stdout: JSON with --json, else a markdown table (head, rule, line(row) each)."""
+    import json
+
+    if a.output == "json":
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(head)
+    print(rule)
+    for r in rows:
+        print(line(r))
+    return 0
+
+
 def _grammar_of_spec(spec: str):
     import json
     import pathlib
@@ -333,8 +347,6 @@ def _grammar_of_spec(spec: str):
 
 
 def _bench_grammar(a, flat) -> int:
-    import json
-
     from llamax import Model, bench, models
 
     try:
@@ -348,20 +360,13 @@ def _bench_grammar(a, flat) -> int:
         rows.append(bench.run_constrained(model, grammar, flat(a.n_gen, [128])[0], a.repetitions,
                                           progress=lambda line: print(f"llamax bench: {line}", file=sys.stderr,
                                                                       flush=True)))
-    if a.output == "json":
-        print(json.dumps(rows, indent=2))
-        return 0
-    print("| model | n_vocab | grammar | tg t/s | tg t/s with the grammar | ratio | tokens |")
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(f"| {r['model']} | {r['n_vocab']} | {a.grammar} | {r['tg_free_ts']:.1f} | {r['tg_grammar_ts']:.1f} | "
-              f"{r['ratio']:.3f} | {r['grammar_tokens']} |")
-    return 0
+    return _table(a, rows, "| model | n_vocab | grammar | tg t/s | tg t/s with the grammar | ratio | tokens |",
+                  "| --- | ---: | --- | ---: | ---: | ---: | ---: |",
+                  lambda r: f"| {r['model']} | {r['n_vocab']} | {a.grammar} | {r['tg_free_ts']:.1f} | "
+                            f"{r['tg_grammar_ts']:.1f} | {r['ratio']:.3f} | {r['grammar_tokens']} |")
 
 
 def _bench_spec(a, flat) -> int:
-    import json
-
     from llamax import Model, bench, models
 
     try:
@@ -374,19 +379,14 @@ def _bench_spec(a, flat) -> int:
         model = Model.load(name, n_threads=flat(a.threads, [None])[0])
         rows += bench.run_speculative(model, spec, flat(a.n_gen, [256])[0], a.repetitions,
                                       progress=lambda line: print(f"llamax bench: {line}", file=sys.stderr, flush=True))
-    if a.output == "json":
-        print(json.dumps(rows, indent=2))
-        return 0
-    print("| model | task | spec | tg t/s | tg t/s with drafts | ratio | accepted / drafted | same output |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | --- |")
-    for r in rows:
-        print(f"| {r['model']} | {r['task']} | {r['spec']} | {r['tg_ts']:.1f} | {r['tg_spec_ts']:.1f} | {r['ratio']:.2f} | "
-              f"{r['n_accepted']} / {r['n_drafted']} ({100 * r['acceptance']:.1f}%) | {r['same']} |")
-    return 0
+    return _table(a, rows, "| model | task | spec | tg t/s | tg t/s with drafts | ratio | accepted / drafted | same output |",
+                  "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+                  lambda r: f"| {r['model']} | {r['task']} | {r['spec']} | {r['tg_ts']:.1f} | {r['tg_spec_ts']:.1f} | "
+                            f"{r['ratio']:.2f} | {r['n_accepted']} / {r['n_drafted']} ({100 * r['acceptance']:.1f}%) | "
+                            f"{r['same']} |")
 
 
 def _bench_serving(a, flat) -> int:
-    import json
     import statistics
 
     from llamax import Model, bench, models
@@ -401,15 +401,11 @@ def _bench_serving(a, flat) -> int:
                                   flash_attn=flat(a.flash_attn, [True])[0]) for _ in range(a.repetitions)]
         row = {k: statistics.median(r[k] for r in reps) for k in reps[0] if k != "engine"}
         runs.append(dict(model=name, reps=a.repetitions, **row))
-    if a.output == "json":
-        print(json.dumps(runs, indent=2))
-        return 0
-    print("| model | requests | gen t/s | TTFT p50 s | TTFT p95 s | prompt computed / submitted | prefix hit |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for r in runs:
-        print(f"| {r['model']} | {a.requests} | {r['gen_tps']:.1f} | {r['ttft_p50_s']:.3f} | {r['ttft_p95_s']:.3f} | "
-              f"{r['prompt_computed']:.0f} / {r['prompt_submitted']:.0f} | {100 * r['prefix_hit_rate']:.1f}% |")
-    return 0
+    return _table(a, runs, "| model | requests | gen t/s | TTFT p50 s | TTFT p95 s | prompt computed / submitted | prefix hit |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+                  lambda r: f"| {r['model']} | {a.requests} | {r['gen_tps']:.1f} | {r['ttft_p50_s']:.3f} | "
+                            f"{r['ttft_p95_s']:.3f} | {r['prompt_computed']:.0f} / {r['prompt_submitted']:.0f} | "
+                            f"{100 * r['prefix_hit_rate']:.1f}% |")
 
 
 def _serve_parser(sub) -> None:

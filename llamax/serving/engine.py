@@ -225,10 +225,11 @@ class Engine:
         with self._lock:
             sp = self._spec.get(spec.kind)
             if sp is None:
-                if spec.kind == "draft" and (self.speculative is None or self.speculative.kind != "draft"):
+                own = spec if spec.kind == "ngram" else self.speculative  # a draft model only as the engine's
+                if own is None or own.kind != spec.kind:
                     raise ValueError("speculative kind 'draft' per request needs the engine's draft model: "
                                      "Engine(speculative=Speculative(kind='draft', model=...))")
-                sp = self._spec[spec.kind] = Speculator(spec if spec.kind == "ngram" else self.speculative, self.model,
+                sp = self._spec[spec.kind] = Speculator(own, self.model,
                                                         n_seq_max=self.n_parallel, n_ctx=self.params.n_ctx,
                                                         n_threads=self.params.n_threads)
             self.memory.reserve_rollback(spec.n_max + 1)
@@ -624,6 +625,7 @@ class Engine:
             for i in idx:
                 s, chunk, _ = gen[i]
                 req, st = s.running, s.seq_state
+                assert req.speculative is not None
                 cap = self.n_ctx_seq - 2 - len(st.tokens)
                 if req.max_tokens >= 0:
                     cap = min(cap, req.max_tokens - len(req.generated) - 1)
