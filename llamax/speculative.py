@@ -23,6 +23,7 @@ per-token states it keeps for the window (Memory.reserve_rollback). Nothing else
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -199,29 +200,46 @@ class NgramDrafter:
 # ---- the policy ------------------------------------------------------------------------------------
 
 class DecodeCost:
-    """The time of a decode of n tokens, t(n) = a + b * n, fitted by least squares to the decodes
-    observed (each older one weighs `decay` times less), with a ridge pull of b towards a / 16 (the
-    premise of speculation: one weight read costs about as much as 16 tokens of arithmetic) that the
-    data outweighs as soon as it spans several batch sizes. O(1) per observation."""
+    """The time t(n) of a decode of n tokens, learnt from the decodes observed.
 
-    PRIOR_TOKENS = 16.0    # b's prior: a / PRIOR_TOKENS
+    A CPU's decode time is not linear in n: the weight products change kernels with the batch
+    (gemm.h: up to 8 tokens the rows go in the vector lanes, beyond that the tokens), so a 9th
+    token can cost far more than the 8th. Each batch size seen keeps its own running mean
+    (`alpha` weight for the newest); a size not seen yet is interpolated between its nearest seen
+    neighbours, or extrapolated from the nearest one with the slope of a least-squares line over
+    all observations (each older one weighing `decay` times less, the slope pulled towards
+    t / 16 per token, the premise of speculation, until the data spans several sizes). So an
+    unseen size may look cheap once, is tried, and is then known; sizes are explored by doubling
+    (explore_limit), so one wrong guess costs at most one step of twice the largest size seen.
+    O(1) per observation, O(log sizes) per query."""
+
+    PRIOR_TOKENS = 16.0    # the slope's prior: (a + b n) / (PRIOR_TOKENS + n)
     RIDGE = 4.0            # the prior's weight, as a spread of n
 
-    def __init__(self, decay: float = 0.97) -> None:
-        self.decay = decay
+    def __init__(self, decay: float = 0.97, alpha: float = 0.3) -> None:
+        self.decay, self.alpha = decay, alpha
         self._s = np.zeros(5)  # weighted sums: w, w n, w t, w n^2, w n t
+        self._t: dict[int, float] = {}   # batch size -> running mean time
+        self._sizes: list[int] = []      # the sizes seen, sorted
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         n, t = float(n_tokens), float(seconds)
         self._s *= self.decay
         self._s += (1.0, n, t, n * n, n * t)
+        k = int(n_tokens)
+        if k in self._t:
+            self._t[k] += self.alpha * (t - self._t[k])
+        else:
+            self._t[k] = t
+            bisect.insort(self._sizes, k)
 
     @property
     def known(self) -> bool:
         return self._s[0] > 0
 
     def coef(self) -> tuple[float, float]:
-        """(a, b) in seconds; (1, 1 / PRIOR_TOKENS) before any observation (only their ratio matters)."""
+        """(a, b) of the least-squares line, in seconds; (1, 1 / PRIOR_TOKENS) before any
+        observation (only their ratio matters then)."""
         w, sn, st, snn, snt = self._s
         if w <= 0:
             return 1.0, 1.0 / self.PRIOR_TOKENS
@@ -231,6 +249,30 @@ class DecodeCost:
         b = max((s_nt + self.RIDGE * b0) / (max(s_nn, 0.0) + self.RIDGE), 0.0)
         a = max(t_bar - b * n_bar, 0.05 * t_bar)
         return a, b
+
+    def explore_limit(self, n0: int) -> int:
+        """The largest batch a step may try: twice the largest size seen (at least n0 + 1), so the
+        sizes are explored by doubling and one step's wrong guess costs at most one such step."""
+        return max(2 * max(self._sizes[-1] if self._sizes else n0, n0), n0 + 1)
+
+    def time(self, n: int) -> float:
+        """t(n): the running mean of size n, else interpolated or extrapolated (see the class)."""
+        t = self._t.get(n)
+        if t is not None:
+            return t
+        a, b = self.coef()
+        sizes = self._sizes
+        i = bisect.bisect_left(sizes, n)
+        lo = sizes[i - 1] if i > 0 else None
+        hi = sizes[i] if i < len(sizes) else None
+        if lo is not None and hi is not None:
+            f = (n - lo) / (hi - lo)
+            return self._t[lo] + f * (self._t[hi] - self._t[lo])
+        if lo is not None:
+            return self._t[lo] + b * (n - lo)
+        if hi is not None:
+            return max(self._t[hi] - b * (hi - n), 0.0)
+        return a + b * n
 
 
 class _Acceptance:
@@ -279,27 +321,31 @@ class SpecPolicy:
 
     def budget(self, keys: Sequence[int], caps: Sequence[int], n_fixed: int | None = None) -> list[int]:
         """Drafted tokens per sequence (at most caps[i]) for a step decoding one token for each of
-        keys (n_fixed: the step's tokens without drafts, default len(keys))."""
+        keys (n_fixed: the step's tokens without drafts, default len(keys)): the drafted tokens in
+        decreasing expected yield r^j, as many of them as give the most expected tokens per second
+        P(m) / (t(n_fixed + m) + m * the drafter's time per token)."""
         n0 = len(keys) if n_fixed is None else n_fixed
-        a, b = self.cost.coef()
-        unit = b + self.draft_s_per_token
-        T, P = a + b * n0, float(len(keys))
         out = [0] * len(keys)
-        if unit <= 0:
-            return [int(c) for c in caps]
         heap = [(-self.rate(k), i, self.rate(k)) for i, k in enumerate(keys) if caps[i] > 0]
         heapq.heapify(heap)
-        while heap:
-            neg_g, i, r = heap[0]
-            g = -neg_g
-            if g * T <= unit * P:
-                break
-            heapq.heappop(heap)
+        order: list[int] = []          # the sequence of each drafted token, in decreasing yield
+        taken = [0] * len(keys)
+        P = float(len(keys))
+        best, best_m = P / max(self.cost.time(n0), 1e-12), 0
+        limit = self.cost.explore_limit(n0) - n0
+        while heap and len(order) < limit:
+            neg_g, i, r = heapq.heappop(heap)
+            order.append(i)
+            taken[i] += 1
+            P -= neg_g
+            m = len(order)
+            rate = P / max(self.cost.time(n0 + m) + m * self.draft_s_per_token, 1e-12)
+            if rate > best:
+                best, best_m = rate, m
+            if taken[i] < caps[i]:
+                heapq.heappush(heap, (neg_g * r, i, r))
+        for i in order[:best_m]:
             out[i] += 1
-            P += g
-            T += unit
-            if out[i] < caps[i]:
-                heapq.heappush(heap, (-(g * r), i, r))
         return out
 
     def outcome(self, key: int, n_drafted: int, n_accepted: int) -> None:

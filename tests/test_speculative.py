@@ -103,6 +103,14 @@ def test_policy_drafts_while_it_pays():
         for _ in range(20):
             q.outcome(key, 4, 2)                          # half of the drafts accepted
     assert q.budget(list(range(8)), [16] * 8) == [0] * 8
+    # a step in the cost (another kernel beyond 8 tokens): a long draft is never worth crossing it
+    r = SpecPolicy()
+    for n in range(1, 20):
+        r.cost.observe(n, 0.010 + 0.0005 * n if n <= 8 else 0.040)
+    for _ in range(20):
+        r.outcome(0, 16, 16)
+    assert r.budget([0], [16]) == [7]
+    assert r.cost.time(30) > r.cost.time(19) and r.cost.time(5) == pytest.approx(0.0125)
     # an idle sequence's rate drifts back to the prior, so it drafts again later
     for _ in range(200):
         p.outcome(1, 0, 0)
