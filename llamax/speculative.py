@@ -221,12 +221,16 @@ class DecodeCost:
         self._s = np.zeros(5)  # weighted sums: w, w n, w t, w n^2, w n t
         self._t: dict[int, float] = {}   # batch size -> running mean time
         self._sizes: list[int] = []      # the sizes seen, sorted
+        self._when: dict[int, int] = {}  # batch size -> the observation that last updated it
+        self._count = 0
 
     def observe(self, n_tokens: int, seconds: float) -> None:
         n, t = float(n_tokens), float(seconds)
         self._s *= self.decay
         self._s += (1.0, n, t, n * n, n * t)
         k = int(n_tokens)
+        self._count += 1
+        self._when[k] = self._count
         if k in self._t:
             self._t[k] += self.alpha * (t - self._t[k])
         else:
@@ -249,6 +253,11 @@ class DecodeCost:
         b = max((s_nt + self.RIDGE * b0) / (max(s_nn, 0.0) + self.RIDGE), 0.0)
         a = max(t_bar - b * n_bar, 0.05 * t_bar)
         return a, b
+
+    def stale(self, n: int, horizon: int = 64) -> bool:
+        """Size n was not seen in the last `horizon` observations (or never): a step without drafts
+        measures it, so the cost of drafting is always weighed against a measured step without."""
+        return self._count - self._when.get(n, -horizon) >= horizon
 
     def explore_limit(self, n0: int) -> int:
         """The largest batch a step may try: twice the largest size seen (at least n0 + 1), so the
@@ -323,9 +332,12 @@ class SpecPolicy:
         """Drafted tokens per sequence (at most caps[i]) for a step decoding one token for each of
         keys (n_fixed: the step's tokens without drafts, default len(keys)): the drafted tokens in
         decreasing expected yield r^j, as many of them as give the most expected tokens per second
-        P(m) / (t(n_fixed + m) + m * the drafter's time per token)."""
+        P(m) / (t(n_fixed + m) + m * the drafter's time per token). None while the step without
+        drafts has no recent measurement."""
         n0 = len(keys) if n_fixed is None else n_fixed
         out = [0] * len(keys)
+        if self.cost.stale(n0):  # measure the step without drafts first (see DecodeCost.stale)
+            return out
         heap = [(-self.rate(k), i, self.rate(k)) for i, k in enumerate(keys) if caps[i] > 0]
         heapq.heapify(heap)
         order: list[int] = []          # the sequence of each drafted token, in decreasing yield

@@ -72,6 +72,7 @@ def test_ngram_drafter_reindexes_a_sequence_that_changed():
 
 def test_decode_cost_fits_a_line_and_keeps_a_prior_without_spread():
     c = DecodeCost(decay=1.0)
+    assert c.stale(1)
     a, b = c.coef()
     assert b / a == pytest.approx(1 / DecodeCost.PRIOR_TOKENS)
     for _ in range(3):
@@ -97,6 +98,7 @@ def test_policy_drafts_while_it_pays():
     assert p.budget([0], [5]) == [5]                      # caps hold
     # compute-bound with 8 busy slots: a drafted token costs as much as a sequence's step
     q = SpecPolicy()
+    assert q.budget([0], [4]) == [0]                      # nothing measured yet: a step without drafts first
     for n in (8, 16, 24, 40) * 10:
         q.cost.observe(n, 0.002 * n)
     for key in range(8):
@@ -107,6 +109,7 @@ def test_policy_drafts_while_it_pays():
     r = SpecPolicy()
     for n in range(1, 20):
         r.cost.observe(n, 0.010 + 0.0005 * n if n <= 8 else 0.040)
+    assert r.cost.stale(30) and not r.cost.stale(1)
     for _ in range(20):
         r.outcome(0, 16, 16)
     assert r.budget([0], [16]) == [7]
