@@ -270,9 +270,9 @@ def test_parallel_sequences_with_drafts_match_each_alone(model):
 
 
 def test_drafts_across_context_shifts_give_the_same_output(model):
-    prompt = model.tokenize(CODE, add_special=True)   # the model goes on writing code: 2 shifts of 256 cells
-    g0, _, _ = run(model, prompt, 400, None, n_ctx=256)
-    g1, _, _ = run(model, prompt, 400, True, n_ctx=256)
+    prompt = model.tokenize(CODE, add_special=True)   # the model goes on writing code: shifts of 256 cells
+    g0, _, _ = run(model, prompt, 300, None, n_ctx=256)
+    g1, _, _ = run(model, prompt, 300, True, n_ctx=256)
     assert g0.stats.n_shift > 0
     assert g1.generated == g0.generated and g1.stats.n_shift == g0.stats.n_shift
 
@@ -290,15 +290,15 @@ def small_draft(tmp_path_factory, smollm2_gguf):
 
 def test_a_draft_model_gives_the_same_greedy_output(model, small_draft):
     prompt = model.tokenize("The history of the printing press begins", add_special=True)
-    g0, t0, _ = run(model, prompt, 64, None)
-    g1, t1, ctx = run(model, prompt, 64, Speculative(kind="draft", model=small_draft, n_max=6, p_min=0.0, adaptive=False))
+    g0, t0, _ = run(model, prompt, 40, None)
+    g1, t1, ctx = run(model, prompt, 40, Speculative(kind="draft", model=small_draft, n_max=6, p_min=0.0, adaptive=False))
     assert g1.generated == g0.generated and t1 == t0
     assert 0 < g1.stats.n_accepted < g1.stats.n_drafted   # a weaker model: partial acceptance
     held = len(prompt) + len(g1.generated) - (g1.stats.stop == "length")
     assert ctx.memory.seq_pos_max(0) + 1 == held
     # the registry model as its own draft: every greedy draft is accepted
-    g2, _, _ = run(model, prompt, 32, Speculative(kind="draft", model=model, n_max=4, p_min=0.0))
-    assert g2.generated == g0.generated[:32] and g2.stats.n_accepted == g2.stats.n_drafted > 0
+    g2, _, _ = run(model, prompt, 24, Speculative(kind="draft", model=model, n_max=4, p_min=0.0))
+    assert g2.generated == g0.generated[:24] and g2.stats.n_accepted == g2.stats.n_drafted > 0
 
 
 def test_a_draft_model_of_another_vocabulary_is_refused(model, gemma):
@@ -309,7 +309,7 @@ def test_a_draft_model_of_another_vocabulary_is_refused(model, gemma):
 # ---- the Engine -------------------------------------------------------------------------------------
 
 def engine_results(eng, prompts, **kw):
-    reqs = [eng.submit(p, max_tokens=kw.pop("max_tokens", 64), temperature=0.0, **kw) for p in prompts]
+    reqs = [eng.submit(p, max_tokens=kw.pop("max_tokens", 48), temperature=0.0, **kw) for p in prompts]
     return [r.result() for r in reqs]
 
 
@@ -355,10 +355,10 @@ def test_engine_wide_setting_and_per_request_override(model):
 def test_engine_with_a_draft_model(model, small_draft):
     prompt = model.tokenize("The history of the printing press begins", add_special=True)
     with llamax.Engine(model, n_ctx=2048, n_parallel=2) as eng:
-        ref = engine_results(eng, [prompt, prompt[:-1]], max_tokens=48)
+        ref = engine_results(eng, [prompt, prompt[:-1]], max_tokens=24)
     spec = Speculative(kind="draft", model=small_draft, n_max=4, p_min=0.0, adaptive=False)
     with llamax.Engine(model, n_ctx=2048, n_parallel=2, speculative=spec) as eng:
-        got = engine_results(eng, [prompt, prompt[:-1]], max_tokens=48)
+        got = engine_results(eng, [prompt, prompt[:-1]], max_tokens=24)
         assert [r.tokens for r in got] == [r.tokens for r in ref]
         assert eng.metrics()["spec_accepted"] > 0
 
@@ -382,13 +382,16 @@ def test_cli_run_with_ngram_drafts_prints_the_same_text(model):
     assert p.returncode == 2 and "-md" in p.stderr
 
 
-def test_cli_bench_reports_tg_with_and_without_drafts(model):
+def test_cli_bench_reports_tg_with_and_without_drafts(tmp_path, smollm2_gguf):
     import json
     import subprocess
     import sys
 
+    from tests.synthetic import write_truncated
+
+    small = write_truncated(tmp_path / "smollm2-2.gguf", smollm2_gguf, 2)   # the same flow, 15x less work
     p = subprocess.run([sys.executable, "-m", "llamax", "bench", "--spec-type", "ngram", "-n", "32", "-r", "1",
-                        "-t", "2", "--json"], capture_output=True, text=True, timeout=600)
+                        "-t", "2", "-m", str(small), "--json"], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)
     assert [r["task"] for r in rows] == ["rewrite", "free"]
