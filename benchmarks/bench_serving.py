@@ -7,7 +7,7 @@ llama-cpp-python's interpreter) decodes the system prompt once and seq_cp's it i
 examples/parallel does. The two alternate, rep by rep; the table gives medians and the ratio.
 
     python benchmarks/bench_serving.py --model smollm2-135m --reps 3 \\
-        --llama-python /work/lcpp-venv/bin/python
+        --llama-python PY
 """
 from __future__ import annotations
 

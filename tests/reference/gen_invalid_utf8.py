@@ -17,7 +17,7 @@ recorded with ids = null ("llama.cpp aborts"); llamax raises ValueError for them
 
 Usage (from the repository root, with the project venv):
 
-    .venv/bin/python tests/reference/gen_invalid_utf8.py [--oracle-python /work/lcpp-venv/bin/python]
+    .venv/bin/python tests/reference/gen_invalid_utf8.py [--oracle-python PY]
 
 Output: {"generator": ..., "oracle": ..., "models": {registry name: {"gguf": file name,
 "cases": [[hex, add_special, parse_special, ids or null], ...]}}}.
@@ -156,8 +156,9 @@ def version(python: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--oracle-python", default=os.environ.get("LLAMAX_LCPP_PYTHON", "/work/lcpp-venv/bin/python"),
-                    help="a Python with llama-cpp-python installed")
+    ap.add_argument("--oracle-python", default=os.environ.get("LLAMAX_LCPP_PYTHON"),
+                    required="LLAMAX_LCPP_PYTHON" not in os.environ,
+                    help="a Python with llama-cpp-python installed (default: $LLAMAX_LCPP_PYTHON)")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
 
