@@ -2,7 +2,7 @@
 
 Hand-checked scenarios (each expected value worked out from llama.cpp's rules), small
 property checks, and replays of llama.cpp's own recorded runs in
-/work/shared/reference/*/memory_ops.json: every recorded step must match.
+../shared/reference/*/memory_ops.json: every recorded step must match.
 """
 
 from __future__ import annotations
