@@ -341,8 +341,8 @@ class ParallelGeneration:
             d = s.decoder
             if d.max_tokens >= 0:
                 cap = min(cap, d.max_tokens - len(d.generated) - 1)
-            asks.append((s.seq_id, s.tokens + [tok], cap))
-        drafts = self.spec.plan(asks)
+            asks.append((s.seq_id, cap))
+        drafts = self.spec.plan(asks, lambda i: step[i][0].tokens + [step[i][1]])
         return equalize(drafts) if equal else drafts
 
     def _stop(self, s: _Sequence, why: str) -> Iterator[tuple[int, str]]:

@@ -423,19 +423,20 @@ class Speculator:
         self.n_drafted = 0
         self.n_accepted = 0
 
-    def plan(self, seqs: Sequence[tuple[int, Sequence[int], int]], n_fixed: int | None = None,
-             specs: Sequence[Speculative] | None = None) -> list[list[int]]:
-        """Drafts for (key, tokens, cap) (cap: most drafted tokens the caller has room for) under the
-        policy; n_fixed: the step's tokens without drafts. specs: per sequence settings (n_max, n_min),
-        else this one's."""
+    def plan(self, seqs: Sequence[tuple[int, int]], tokens: Callable[[int], Sequence[int]],
+             n_fixed: int | None = None, specs: Sequence[Speculative] | None = None) -> list[list[int]]:
+        """Drafts for (key, cap) (cap: most drafted tokens the caller has room for) under the policy.
+        tokens(i): sequence i's tokens in position order, its next token last (asked only of the
+        sequences the policy lets draft: with many busy slots, none). n_fixed: the step's tokens
+        without drafts. specs: per sequence settings (n_max, n_min), else this one's."""
         if not seqs:
             return []
         specs = specs if specs is not None else [self.spec] * len(seqs)
-        caps = [max(0, min(int(c), sp.n_max)) for (_, _, c), sp in zip(seqs, specs)]
-        want = self.policy.budget([k for k, _, _ in seqs], caps, n_fixed)
+        caps = [max(0, min(int(c), sp.n_max)) for (_, c), sp in zip(seqs, specs)]
+        want = self.policy.budget([k for k, _ in seqs], caps, n_fixed)
         want = [w if sp.adaptive else c for w, c, sp in zip(want, caps, specs)]
-        asks = [(k, toks, w) for (k, toks, _), w in zip(seqs, want)]
         live = [i for i, w in enumerate(want) if w > 0]
+        asks = {i: (seqs[i][0], tokens(i), want[i]) for i in live}
         drafts: list[list[int]] = [[] for _ in seqs]
         if live:
             st = getattr(self.drafter, "stats", None)  # a draft model's: the time of its drafting rounds

@@ -623,7 +623,7 @@ class Engine:
         for kind, idx in groups.items():
             asks, specs = [], []
             for i in idx:
-                s, chunk, _ = gen[i]
+                s, _, _ = gen[i]
                 req, st = s.running, s.seq_state
                 assert req.speculative is not None
                 cap = self.n_ctx_seq - 2 - len(st.tokens)
@@ -631,9 +631,14 @@ class Engine:
                     cap = min(cap, req.max_tokens - len(req.generated) - 1)
                 if equal:
                     cap = min(cap, self.params.n_ubatch // len(gen) - 1)
-                asks.append((s.seq, st.tokens + chunk, cap))
+                asks.append((s.seq, cap))
                 specs.append(req.speculative)
-            got.update(zip(idx, self._spec[kind].plan(asks, n_fixed=len(gen), specs=specs)))
+
+            def tokens(j: int, idx=idx) -> list[int]:  # the slot's sequence and its next token
+                s, chunk, _ = gen[idx[j]]
+                return s.seq_state.tokens + chunk
+
+            got.update(zip(idx, self._spec[kind].plan(asks, tokens, n_fixed=len(gen), specs=specs)))
         if equal:
             got = dict(zip(got, equalize(list(got.values()))))
             if sum(map(len, got.values())) > room:  # cut unequally they would spread over ubatches
