@@ -322,7 +322,8 @@ def test_engine_requests_are_identical_with_drafts_beside_each_other(model):
         ref = engine_results(eng, prompts)
         used0 = eng.memory.n_used
         eng.clear_cache()
-        got = engine_results(eng, prompts, speculative=True)
+        fixed = Speculative(n_max=4, adaptive=False)   # drafts every step, whatever the policy measured
+        got = engine_results(eng, prompts, speculative=fixed)
         m = eng.metrics()
         assert [r.tokens for r in got] == [r.tokens for r in ref]
         assert [r.text for r in got] == [r.text for r in ref]
@@ -333,7 +334,7 @@ def test_engine_requests_are_identical_with_drafts_beside_each_other(model):
         assert eng.memory.n_used == used0
         # a request beside others, some with drafts and some without, with stops and logprobs
         mixed = [eng.submit(code, max_tokens=64, temperature=0.0, speculative=s, logprobs=2, stop=["perimeter"])
-                 for s in (True, False, Speculative(n_max=3), None)]
+                 for s in (fixed, False, Speculative(n_max=3, adaptive=False), None)]
         res = [r.result() for r in mixed]
         assert len({tuple(r.tokens) for r in res}) == 1 and res[0].stop == res[1].stop
         assert res[0].logprobs == res[1].logprobs
