@@ -72,10 +72,11 @@ static int valid(const lx_layer_params *p, const lx_layer_weights *w, const lx_k
     if (n < 1 || p->n_embd < 1 || p->n_head < 1 || p->n_head_kv < 1 || p->n_head % p->n_head_kv ||
         p->n_ff < 1 || p->d_k < 1 || p->d_v < 1 || !(p->eps >= 0.0f))
         return 0;
-    if (p->rope.n_rot < 2 || p->rope.n_rot % 2 || p->rope.n_rot > p->d_k || p->rope.n_rot > LX_ROPE_MAX_ROT)
+    if (p->rope.n_rot && (p->rope.n_rot < 2 || p->rope.n_rot % 2 || p->rope.n_rot > p->d_k ||
+                          p->rope.n_rot > LX_ROPE_MAX_ROT))
         return 0;
     if (p->act == LX_ACT_GELU_TABLE ? !p->gelu_table : p->act != LX_ACT_SILU) return 0;
-    if (!w->attn_norm || !w->ffn_norm) return 0;
+    if (!(p->residual_scale == p->residual_scale)) return 0;   /* NaN */
     const int64_t nqkv = p->n_head * p->d_k + p->n_head_kv * (p->d_k + p->d_v);
     if (!linear_ok(&w->wqkv, p->n_embd, nqkv) || !linear_ok(&w->wo, p->n_head * p->d_v, p->n_embd) ||
         !linear_ok(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !linear_ok(&w->w_down, p->n_ff, p->n_embd))
@@ -143,6 +144,19 @@ void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64
 
 static void add_rows(float *x, const float *d, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += d[i];
+}
+
+/* y = rms_norm(x) * g, or a copy of x when the layer has no such norm (g NULL) */
+static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
+    if (g) lx_rms_norm(x, g, y, n_rows, n, eps, nt);
+    else memcpy(y, x, (size_t) (n_rows * n) * sizeof(float));
+}
+
+/* a block's output o [count] into the residual x: o times the residual scale (ggml_scale), then added */
+static void add_block(float *x, float *o, int64_t count, float scale) {
+    if (scale != 1.0f)
+        for (int64_t i = 0; i < count; ++i) o[i] *= scale;
+    add_rows(x, o, count);
 }
 
 /* silu(g) = g / (1 + e^-g), e^-g from vexp.h (lane and scalar twin: the same bits); where -g passes
@@ -242,6 +256,12 @@ static void product(const lx_linear *l, const float *x, float *y, int64_t n, flo
     }
 }
 
+/* qkv [n][cols] += b per row (ggml_add of the bias) */
+static void add_bias(float *qkv, const float *b, int64_t n, int64_t cols) {
+    for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < cols; ++c) qkv[t * cols + c] += b[c];
+}
+
 /* rows [n][n_head][d] of src (row stride ld) into a dense [n][n_head * d] */
 static void take_cols(const float *src, int64_t ld, int64_t c0, int64_t cols, float *dst, int64_t n) {
     for (int64_t t = 0; t < n; ++t) memcpy(dst + t * cols, src + t * ld + c0, (size_t) cols * sizeof(float));
@@ -298,15 +318,23 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
     const int64_t E = p->n_embd;
 
     /* attention block */
-    lx_rms_norm(x, w->attn_norm, h, n, E, p->eps, nt);
+    norm_or_copy(x, w->attn_norm, h, n, E, p->eps, nt);
     product(&w->wqkv, h, qkv, n, tmp, gw, nt);
+    if (w->bqkv) add_bias(qkv, w->bqkv, n, L.nqkv);
     take_cols(qkv, L.nqkv, 0, L.nq, q, n);
     take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
     take_cols(qkv, L.nqkv, L.nq + L.nk, L.nv, v, n);
-    if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n * p->n_head, p->d_k, p->eps, nt);
-    if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n * p->n_head_kv, p->d_k, p->eps, nt);
-    lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, nt);
-    lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, nt);
+    if (p->qk_norm_full) {
+        if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n, L.nq, p->eps, nt);
+        if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n, L.nk, p->eps, nt);
+    } else {
+        if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n * p->n_head, p->d_k, p->eps, nt);
+        if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n * p->n_head_kv, p->d_k, p->eps, nt);
+    }
+    if (p->rope.n_rot) {
+        lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, nt);
+        lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, nt);
+    }
     if (p->q_scale != 1.0f)
         for (int64_t i = 0; i < n * L.nq; ++i) q[i] *= p->q_scale;
 
@@ -343,14 +371,14 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
 
     product(&w->wo, a, o, m, tmp, gw, nt);
     if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, nt);
-    add_rows(x, o, m * E);
+    add_block(x, o, m * E, p->residual_scale);
 
     /* feed-forward block */
-    lx_rms_norm(x, w->ffn_norm, h, m, E, p->eps, nt);
+    norm_or_copy(x, w->ffn_norm, h, m, E, p->eps, nt);
     product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
     lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
     product(&w->w_down, act, o, m, tmp, gw, nt);
     if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, nt);
-    add_rows(x, o, m * E);
+    add_block(x, o, m * E, p->residual_scale);
     return LX_OK;
 }

@@ -10,7 +10,10 @@
  *                                   └─ + [post_ffw_norm] ───────────────────────────────┘ = x'
  *
  * [..] only where the layer has the weight (Gemma 3: q_norm, k_norm, post norms; GELU gate from
- * ggml's f16 table); llama: SiLU gate. Every weight product is lx_product (product.h): the GEMM
+ * ggml's f16 table); llama: SiLU gate. The families of llamax/model/family.py add: a Q/K/V bias after
+ * W_qkv (Qwen 2), Q/K norms over the whole projection (OLMo 2), no pre-norms (OLMo 2: attn_norm and
+ * ffn_norm NULL), no RoPE in a layer (SmolLM3's NoPE layers: rope.n_rot 0), RoPE frequency factors and
+ * YaRN (rope.h), and each block's output scaled before its residual add (Granite). Every weight product is lx_product (product.h): the GEMM
  * (gemm.h) for the integer types, so a row's result does not depend on the other rows, the number
  * of rows or n_threads; the float product (matmul.h) for f32, f16, bf16, q2_K and q3_K weights,
  * whose rows do not depend on those either but whose sums differ between SIMD levels. Every
@@ -54,18 +57,22 @@ typedef enum { LX_ACT_SILU = 0, LX_ACT_GELU_TABLE = 1 } lx_layer_act;
 typedef struct {
     int64_t n_embd, n_head, n_head_kv, d_k, d_v, n_ff;
     float eps;
-    lx_rope_params rope;
+    lx_rope_params rope;      /* rope.n_rot 0: the layer applies no RoPE (a NoPE layer) */
     float q_scale;            /* q times this after RoPE (1: nothing) */
     float kq_scale;           /* attention score scale */
     float softcap;            /* attention logit softcap, 0 = off */
     lx_layer_act act;
     const float *gelu_table;  /* LX_ACT_GELU_TABLE: [65536] float, by f16 bits */
+    int qk_norm_full;         /* q_norm / k_norm over each token's whole Q / K row (OLMo 2), not per head */
+    float residual_scale;     /* each block's output times this before the residual add (1: nothing) */
 } lx_layer_params;
 
 typedef struct {
-    const float *attn_norm, *ffn_norm;                                /* [n_embd] */
-    const float *q_norm, *k_norm;                                     /* [d_k] or NULL */
+    const float *attn_norm, *ffn_norm;                                /* [n_embd], or NULL: no pre-norm */
+    const float *q_norm, *k_norm;                                     /* [d_k] ([n_head d_k], [n_head_kv d_k]
+                                                                         when qk_norm_full) or NULL */
     const float *post_attn_norm, *post_ffw_norm;                      /* [n_embd] or NULL */
+    const float *bqkv;     /* [n_out of wqkv] added after the product, or NULL */
     lx_linear wqkv;        /* n_out = n_head d_k + n_head_kv (d_k + d_v) */
     lx_linear wo;          /* [n_embd, n_head d_v] */
     lx_linear w_gate_up;   /* [2 n_ff, n_embd]: gate rows, then up rows */

@@ -189,7 +189,8 @@ KEY_CASES = {
     "head_count_not_int": ("llama", {"attention.head_count": 4.0}, ["llama.attention.head_count"]),
     "swa_pattern_array_length": ("gemma3", {"attention.sliding_window_pattern": [True, False]},
                                  ["gemma3.attention.sliding_window_pattern", "2 values", "block_count 6"]),
-    "rope_scaling_yarn": ("llama", {"rope.scaling.type": "yarn"}, ["llama.rope.scaling.type", "yarn"]),
+    "rope_scaling_unknown": ("llama", {"rope.scaling.type": "su"}, ["llama.rope.scaling.type", "'su'"]),
+    "llama_with_experts": ("llama", {"expert_count": 4}, ["llama.expert_count 4", "mixture of experts"]),
 }
 
 
@@ -323,9 +324,10 @@ def test_block_count_above_the_layers_present(tmp_path):
     _raises(write_model(tmp_path / "m.gguf", keys={"block_count": 3}), "tensor 'blk.2.attn_norm.weight' is missing")
 
 
-@pytest.mark.parametrize("name", ["blk.0.attn_q.bias", "rope_freqs.weight", "blk.1.attn_qkv.weight"])
+@pytest.mark.parametrize("name", ["blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.1.attn_qkv.weight"])
 def test_unexpected_tensor(tmp_path, name):
-    """A tensor llamax would not use (llama.cpp's optional biases, RoPE factors, fused QKV) is not ignored."""
+    """A tensor llamax would not use (llama.cpp's optional output / FFN biases, a fused QKV where the arch has
+    none) is not ignored."""
     _raises(write_model(tmp_path / "m.gguf", shapes={name: (N_EMBD,)}), f"unexpected tensor '{name}'")
 
 

@@ -36,6 +36,8 @@ cdef extern from "layer.h" nogil:
         float softcap
         lx_layer_act act
         const float *gelu_table
+        int qk_norm_full
+        float residual_scale
 
     ctypedef struct lx_layer_weights:
         const float *attn_norm
@@ -44,6 +46,7 @@ cdef extern from "layer.h" nogil:
         const float *k_norm
         const float *post_attn_norm
         const float *post_ffw_norm
+        const float *bqkv
         lx_linear wqkv
         lx_linear wo
         lx_linear w_gate_up

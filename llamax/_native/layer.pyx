@@ -20,7 +20,7 @@ from libc.stdlib cimport calloc, free
 
 from llamax._native.product cimport LX_PRODUCT_NONE, lx_product_kind_of
 from llamax._native.quants cimport lx_row_bytes, lx_type
-from llamax._native.rope cimport LX_ROPE_NEOX, LX_ROPE_NORM, lx_pos, lx_rope_kind
+from llamax._native.rope cimport LX_ROPE_NEOX, LX_ROPE_NORM, lx_pos, lx_rope_kind, lx_rope_params
 
 cnp.import_array()
 
@@ -122,6 +122,29 @@ cdef int _linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str wh
     return 0
 
 
+cdef int _rope_params(lx_rope_params *rp, object r, int il, list keep) except -1:
+    """rp from a llamax.rope.RoPE, None (a layer without RoPE: n_rot 0), or (n_rot, freq_base, freq_scale,
+    kind) for a plain RoPE."""
+    rp.n_rot, rp.freq_base, rp.freq_scale, rp.kind = 0, 10000.0, 1.0, LX_ROPE_NORM
+    rp.freq_factors, rp.ext_factor, rp.attn_factor = NULL, 0.0, 1.0
+    rp.corr_dims[0], rp.corr_dims[1] = 0.0, 0.0
+    if r is None:
+        return 0
+    if isinstance(r, tuple):
+        n_rot, base, scale, kind = r
+    else:
+        n_rot, base, scale, kind = r.n_rot, r.freq_base, r.freq_scale, r.mode
+        rp.ext_factor, rp.attn_factor = r.ext_factor, r.attn_factor
+        rp.corr_dims[0], rp.corr_dims[1] = r.corr_dims
+        if r.factors is not None:
+            rp.freq_factors = _f32(r.factors, n_rot // 2, "rope freq_factors", keep)
+    if kind not in (0, 2):
+        raise ValueError(f"layer {il}: RoPE kind {kind} (0 norm, 2 neox)")
+    rp.n_rot, rp.freq_base, rp.freq_scale = n_rot, base, scale
+    rp.kind = LX_ROPE_NEOX if kind == 2 else LX_ROPE_NORM
+    return 0
+
+
 cdef class Stack:
     """A model's decoder layers for the native step (one C call per layer, GIL released)."""
 
@@ -143,9 +166,11 @@ cdef class Stack:
     def __init__(self, list layers):
         """layers: one dict per layer with
             n_embd, n_head, n_head_kv, d_k, d_v, n_ff, eps,
-            rope: (n_rot, freq_base, freq_scale, kind 0 norm / 2 neox),
+            rope: a llamax.rope.RoPE, None (no RoPE in the layer), or (n_rot, freq_base, freq_scale,
+                kind 0 norm / 2 neox),
             q_scale, kq_scale, softcap, act ("silu" | "gelu_table"), gelu_table (float32 [65536] or None),
             attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffw_norm (float32 or None),
+            qk_norm_full (q_norm / k_norm over whole rows), residual_scale (1.0), bqkv (float32 or None),
             wqkv, wo, w_gate_up, w_down: lists of parts, (raw uint8 [rows, row_bytes], ggml type)
                 or (packed r8 uint8, ggml type, rows, True)."""
         self.n_layer = len(layers)
@@ -163,12 +188,10 @@ cdef class Stack:
             p, w = &self.params[il], &self.weights[il]
             p.n_embd, p.n_head, p.n_head_kv = d["n_embd"], d["n_head"], d["n_head_kv"]
             p.d_k, p.d_v, p.n_ff, p.eps = d["d_k"], d["d_v"], d["n_ff"], d["eps"]
-            n_rot, base, scale, kind = d["rope"]
-            if kind not in (0, 2):
-                raise ValueError(f"layer {il}: RoPE kind {kind} (0 norm, 2 neox)")
-            p.rope.n_rot, p.rope.freq_base, p.rope.freq_scale = n_rot, base, scale
-            p.rope.kind = LX_ROPE_NEOX if kind == 2 else LX_ROPE_NORM
+            _rope_params(&p.rope, d["rope"], il, self._keep)
             p.q_scale, p.kq_scale, p.softcap = d["q_scale"], d["kq_scale"], d["softcap"]
+            p.qk_norm_full = 1 if d.get("qk_norm_full") else 0
+            p.residual_scale = d.get("residual_scale", 1.0)
             if d["act"] not in ACTS:
                 raise ValueError(f"layer {il}: activation {d['act']!r}, known: {sorted(ACTS)}")
             p.act = ACTS[d["act"]]
@@ -176,10 +199,12 @@ cdef class Stack:
             if p.act == LX_ACT_GELU_TABLE and p.gelu_table == NULL:
                 raise ValueError(f"layer {il}: gelu_table activation without its table")
             E, nq = p.n_embd, p.n_head * p.d_k
-            w.attn_norm = _f32(d["attn_norm"], E, "attn_norm", self._keep)
-            w.ffn_norm = _f32(d["ffn_norm"], E, "ffn_norm", self._keep)
-            w.q_norm = _f32(d.get("q_norm"), p.d_k, "q_norm", self._keep)
-            w.k_norm = _f32(d.get("k_norm"), p.d_k, "k_norm", self._keep)
+            w.attn_norm = _f32(d.get("attn_norm"), E, "attn_norm", self._keep)
+            w.ffn_norm = _f32(d.get("ffn_norm"), E, "ffn_norm", self._keep)
+            w.q_norm = _f32(d.get("q_norm"), nq if p.qk_norm_full else p.d_k, "q_norm", self._keep)
+            w.k_norm = _f32(d.get("k_norm"), p.n_head_kv * p.d_k if p.qk_norm_full else p.d_k, "k_norm",
+                            self._keep)
+            w.bqkv = _f32(d.get("bqkv"), nq + p.n_head_kv * (p.d_k + p.d_v), "bqkv", self._keep)
             w.post_attn_norm = _f32(d.get("post_attn_norm"), E, "post_attn_norm", self._keep)
             w.post_ffw_norm = _f32(d.get("post_ffw_norm"), E, "post_ffw_norm", self._keep)
             _linear(&w.wqkv, d["wqkv"], E, nq + p.n_head_kv * (p.d_k + p.d_v), "wqkv", self._keep)

@@ -20,8 +20,12 @@ from llamax._native import quants
 from llamax.errors import ModelError
 from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
-#: architectures with a forward pass, each a Model subclass in llamax/model/<arch>.py
-ARCHS = ("llama", "gemma3", "mamba", "jamba")
+#: the recurrent architectures, each a Model subclass in llamax/model/<arch>.py; the transformer families
+#: are described by data (llamax/model/family.py) and run by llamax/model/decoder.py
+RECURRENT_ARCHS = ("mamba", "jamba")
+DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "olmo2")
+#: every architecture with a forward pass
+ARCHS = DENSE_ARCHS + RECURRENT_ARCHS
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,21 @@ class HParams:
     # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
     # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
     attn_scale: float = field(default=0.0, compare=False)
+    # the transformer families' extras (llamax/model/family.py), each at a default that means "as llama":
+    # RoPE scaling (YaRN's extrapolation mix and attention factor, the original context of YaRN / LongRoPE,
+    # 0: n_ctx_train), the kq scale ({arch}.attention.scale, 0: 1/sqrt(n_embd_head_k)), Granite's scales
+    # (0: none), the layers without RoPE, and a mixture of experts' sizes (0: a dense FFN)
+    rope_ext_factor: float = field(default=0.0, metadata={"omit_default": True})
+    rope_attn_factor: float = field(default=1.0, metadata={"omit_default": True})
+    n_ctx_orig: int = field(default=0, metadata={"omit_default": True})
+    kq_scale: float = field(default=0.0, metadata={"omit_default": True})
+    embd_scale: float = field(default=0.0, metadata={"omit_default": True})
+    residual_scale: float = field(default=0.0, metadata={"omit_default": True})
+    logit_scale: float = field(default=0.0, metadata={"omit_default": True})
+    nope_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
+    n_expert: int = field(default=0, metadata={"omit_default": True})
+    n_expert_used: int = field(default=0, metadata={"omit_default": True})
+    n_ff_exp: int = field(default=0, metadata={"omit_default": True})
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -216,104 +235,22 @@ class _Keys:
 
 def read_hparams(g: GGUFFile) -> HParams:
     """llama_model::load_hparams for the supported architectures, with every value checked before it
-    is used (no division by a zero head count, no head size that does not divide out).
-
-    Checks (each a ModelError naming the key and the values): block_count, embedding_length,
-    head_count, head_count_kv, feed_forward_length, context_length, key/value_length positive
-    integers; head_count, head_count_kv and feed_forward_length one value or one per layer, all
-    equal; head_count_kv dividing head_count; embedding_length a multiple of head_count when the
-    head size is not given; key_length == value_length; rope.dimension_count even and at most the
-    head size (equal to it for llama, as llama.cpp's "invalid n_rot"); no SWA-specific head size or
-    RoPE dimensions; RoPE scaling none or linear; a vocabulary (n_vocab is its token count, as
-    llama.cpp's vocab.n_tokens()); gemma3's sliding-window pattern a period or one bool per layer.
-    The tensors are checked against these by check_tensors.
+    is used (no division by a zero head count, no head size that does not divide out): the transformer
+    families' in llamax.model.family.read_dense, the recurrent ones' in _read_ssm. The tensors are
+    checked against these by check_tensors.
 
     Raises:
-        ModelError: unknown architecture, a missing required key, or a value failing a check above.
+        ModelError: unknown architecture, a missing required key, or a value failing a check.
     """
     arch = g.arch
     if arch not in ARCHS:
         raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
-    f, k = g.path.name, _Keys(g, arch)
-    if arch in ("mamba", "jamba"):
+    k = _Keys(g, arch)
+    if arch in RECURRENT_ARCHS:
         return _read_ssm(g, k)
-    n_layer = k.integer("block_count")
-    n_embd = k.integer("embedding_length")
-    n_head = k.per_layer("attention.head_count", n_layer)
-    n_head_kv = k.per_layer("attention.head_count_kv", n_layer, n_head)
-    if n_head % n_head_kv:
-        raise ModelError(f"{f}: {k.key('attention.head_count_kv')} {n_head_kv} does not divide "
-                         f"{k.key('attention.head_count')} {n_head} (each KV head serves a whole group of heads)")
-    n_ff = k.per_layer("feed_forward_length", n_layer)
-    heads = {}
-    for what in ("key_length", "value_length"):
-        if k.has(f"attention.{what}"):
-            heads[what] = k.integer(f"attention.{what}")
-        elif n_embd % n_head:
-            raise ModelError(f"{f}: {k.key('embedding_length')} {n_embd} is not a multiple of "
-                             f"{k.key('attention.head_count')} {n_head} (the head size, as "
-                             f"{k.key('attention.' + what)} is not given)")
-        else:
-            heads[what] = n_embd // n_head
-    head_k, head_v = heads["key_length"], heads["value_length"]
-    if head_v != head_k:
-        raise ModelError(f"{f}: {k.key('attention.value_length')} {head_v} differs from "
-                         f"{k.key('attention.key_length')} {head_k}; llamax's {arch} takes one head size")
-    n_rot = k.integer("rope.dimension_count", head_k)
-    if n_rot % 2 or n_rot > head_k or (arch == "llama" and n_rot != head_k):
-        need = "equal to" if arch == "llama" else "even and at most"
-        raise ModelError(f"{f}: {k.key('rope.dimension_count')} {n_rot} must be {need} the head size "
-                         f"n_embd_head_k {head_k}")
-    for swa_key, full in (("attention.key_length_swa", head_k), ("attention.value_length_swa", head_v),
-                          ("rope.dimension_count_swa", n_rot)):
-        if k.has(swa_key) and k.integer(swa_key) != full:
-            raise ModelError(f"{f}: {k.key(swa_key)} {k.integer(swa_key)} differs from the full layers' {full}; "
-                             f"llamax does not support another head size for sliding-window layers")
-    scaling = g.get(k.key("rope.scaling.type"), "linear")
-    if scaling not in ("none", "linear"):
-        raise ModelError(f"{f}: {k.key('rope.scaling.type')} {scaling!r} is not supported (none, linear)")
-    common: dict[str, Any] = dict(
-        arch=arch,
-        n_layer=n_layer,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_head_kv=n_head_kv,
-        n_embd_head_k=head_k,
-        n_embd_head_v=head_v,
-        n_ff=n_ff,
-        n_ctx_train=k.integer("context_length"),
-        n_vocab=_n_vocab(g),
-        rms_eps=k.number("attention.layer_norm_rms_epsilon"),
-        n_rot=n_rot,
-        rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True),
-        rope_freq_scale=1.0 / (k.number("rope.scaling.factor", 1.0) or 1.0),   # 0: none, as llama.cpp
-        tied_output="output.weight" not in g.tensors,
-    )
-    if arch == "llama":
-        return HParams(rope_kind="norm", **common)
-    # gemma3 (llama.cpp's LLM_ARCH_GEMMA3): with a sliding window, the layers of the pattern slide over
-    # n_swa tokens with their own RoPE (base 10000, scale 1); the global layers take gemma3.rope.freq_base
-    # and the GGUF's rope scaling. The pattern (load_swa_pattern(6)) is attention.sliding_window_pattern:
-    # one bool per layer, or a period n (layer il slides iff il % n < n - 1; 0: every layer slides), 6 when
-    # absent: every sixth layer is global. Without a window, every layer is global and the final logits
-    # are soft-capped (llm_build_gemma3<false>).
-    # Q is scaled by 1/sqrt(n_embd_head_k), by 1/sqrt(n_embd / n_head) for the 27B (62 layers).
-    attn_scale = 1.0 / math.sqrt(n_embd // n_head if n_layer == 62 else head_k)
-    n_swa = k.integer("attention.sliding_window", 0, minimum=0)
-    if n_swa == 0:
-        softcap = k.number("final_logit_softcapping", 0.0)
-        return HParams(rope_kind="neox", final_logit_softcap=softcap, attn_scale=attn_scale, **common)
-    pattern = g.get(k.key("attention.sliding_window_pattern"), 6)
-    if isinstance(pattern, list):
-        if len(pattern) != n_layer:
-            raise ModelError(f"{f}: {k.key('attention.sliding_window_pattern')} has {len(pattern)} values, "
-                             f"expected one per layer (block_count {n_layer})")
-        swa_layers = tuple(il for il, s in enumerate(pattern) if s)
-    else:
-        n = k.integer("attention.sliding_window_pattern", value=pattern, minimum=0)
-        swa_layers = tuple(il for il in range(n_layer) if n == 0 or il % n < n - 1)
-    return HParams(rope_kind="neox", n_swa=n_swa, swa_type="standard", swa_layers=swa_layers,
-                   rope_freq_base_swa=10000.0, rope_freq_scale_swa=1.0, attn_scale=attn_scale, **common)
+    from llamax.model.family import read_dense
+
+    return read_dense(g, k)
 
 
 def _n_vocab(g: GGUFFile) -> int:
@@ -486,6 +423,13 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
                                            f"n_embd_head_k {k}"),
         "n_embd_v_gqa": (hp.n_head_kv * v, f"n_embd_v_gqa {hp.n_head_kv * v} = n_head_kv {hp.n_head_kv} * "
                                            f"n_embd_head_v {v}"),
+        "n_embd_qkv": (hp.n_head * k + 2 * hp.n_head_kv * v,
+                       f"n_embd_qkv {hp.n_head * k + 2 * hp.n_head_kv * v} = (n_head {hp.n_head} + 2 n_head_kv "
+                       f"{hp.n_head_kv}) * n_embd_head_k {k}"),
+        "2*n_ff": (2 * hp.n_ff, f"2 * n_ff {hp.n_ff} from {a}.feed_forward_length"),
+        "n_rot/2": (hp.n_rot // 2, f"n_rot / 2 = {hp.n_rot // 2} from {a}.rope.dimension_count"),
+        "n_expert": (hp.n_expert, f"n_expert {hp.n_expert} from {a}.expert_count"),
+        "n_ff_exp": (hp.n_ff_exp, f"n_ff_exp {hp.n_ff_exp} from {a}.expert_feed_forward_length"),
         **ssm,
     }
 
@@ -542,5 +486,5 @@ def check_tensors(g: GGUFFile, hp: HParams, table: TensorTable) -> None:
         if m and int(m.group(1)) >= hp.n_layer:
             raise ModelError(f"{f}: tensor {name!r} is for layer {m.group(1)}, but {hp.arch}.block_count is "
                              f"{hp.n_layer}")
-        raise ModelError(f"{f}: unexpected tensor {name!r}: llamax's {hp.arch} does not use it (llama.cpp's "
-                         f"optional biases, RoPE factors and fused QKV are not supported)")
+        raise ModelError(f"{f}: unexpected tensor {name!r}: llamax's {hp.arch} does not use it (nor does "
+                         f"llama.cpp's {hp.arch}, or it is an optional part llamax does not support)")

@@ -17,7 +17,7 @@ import numpy as np
 from llamax.batch import UBatch
 from llamax.errors import ModelError
 from llamax.memory import HybridMemory, KVCache, KVCacheISWA, KVMemory, Memory, RecurrentMemory, swa_cache_size
-from llamax.model.gguf import ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
+from llamax.model.gguf import ARCHS, DENSE_ARCHS, GGUFFile, HParams, TensorTable, check_tensors, read_hparams
 from llamax.model.linear import Embedding, Linear, rms_norm
 from llamax.params import ContextParams, resolve_n_threads
 from llamax.rope import RoPE
@@ -134,42 +134,49 @@ class ModelInfo:
 class Model(ModelInfo):
     """A loaded model (llama_model): hyperparameters, tokenizer, weights and the forward pass.
 
-    Model.load(name_or_path) returns an instance of the architecture's own subclass (Llama, Gemma3),
-    which loads its weights and implements forward(); create_memory() is shared (llama_model's
-    create_memory: a KV cache, the interleaved SWA cache when the model has sliding-window layers, a
-    recurrent memory for a Mamba, a hybrid memory for a Jamba).
-    A subclass names its architecture in its class statement: `class Llama(Model, arch="llama")`,
-    and lists its tensors in TENSORS (their shapes from the hyperparameters, as llama.cpp's
-    load_arch_tensors), which __init__ checks against the file before any weight is read.
+    Model.load(name_or_path) returns an instance of the architecture's own subclass (Decoder for every
+    transformer family of llamax/model/family.py, Mamba, Jamba), which loads its weights and implements
+    forward(); create_memory() is shared (llama_model's create_memory: a KV cache, the interleaved SWA
+    cache when the model has sliding-window layers, a recurrent memory for a Mamba, a hybrid memory for
+    a Jamba).
+    A subclass names its architectures in its class statement: `class Mamba(Model, arch="mamba")`,
+    and lists its tensors in TENSORS or tensor_table() (their shapes from the hyperparameters, as
+    llama.cpp's load_arch_tensors), which __init__ checks against the file before any weight is read.
     """
 
     _by_arch: dict[str, type["Model"]] = {}
     TENSORS: TensorTable
-    stack: Stack  # the subclass's decoder layers (_native_stack), built in its __init__
 
-    def __init_subclass__(cls, arch: str, **kw) -> None:
+    def __init_subclass__(cls, arch: str | tuple[str, ...], **kw) -> None:
         super().__init_subclass__(**kw)
-        Model._by_arch[arch] = cls
+        for a in (arch,) if isinstance(arch, str) else arch:
+            Model._by_arch[a] = cls
 
     @classmethod
     def _architecture(cls, arch: str, g: GGUFFile) -> type["Model"]:
-        """The Model subclass of an architecture of gguf.ARCHS, defined in llamax/model/<arch>.py
-        (imported on first use)."""
+        """The Model subclass of an architecture of gguf.ARCHS: llamax/model/decoder.py for the
+        transformer families, llamax/model/<arch>.py for the others (imported on first use)."""
         if arch not in ARCHS:
             raise ModelError(f"{g.path.name}: no forward pass for architecture {arch!r}")
-        importlib.import_module(f"llamax.model.{arch}")
+        importlib.import_module("llamax.model.decoder" if arch in DENSE_ARCHS else f"llamax.model.{arch}")
         return cls._by_arch[arch]
 
+    def tensor_table(self, g: GGUFFile, hp: HParams) -> TensorTable:
+        """The tensors this architecture's file must hold (check_tensors): TENSORS by default."""
+        return type(self).TENSORS
+
     def __init__(self, g: GGUFFile, hparams: HParams, n_threads: int) -> None:
-        check_tensors(g, hparams, type(self).TENSORS)   # ModelError naming the tensor and both shapes
+        check_tensors(g, hparams, self.tensor_table(g, hparams))   # ModelError naming the tensor and both shapes
         super().__init__(g, hparams)
         self.n_threads = n_threads
 
     # ---- llama_model's two jobs for a context ----------------------------------------------------
-    def create_memory(self, params: ContextParams) -> Memory:
+    def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
         """The memory a context of these (derived) parameters gets (llama_model::create_memory): a
         recurrent memory when every layer keeps a state (Mamba), a hybrid memory when some do (Jamba),
-        else a KV cache (the interleaved SWA cache when the model has sliding-window layers)."""
+        else a KV cache (the interleaved SWA cache when the model has sliding-window layers). ropes:
+        each layer's RoPE for the cache's K-shift (None in a list: a layer without RoPE); None: the
+        hyperparameters' one RoPE for every layer (its sliding layers' for those)."""
         hp = self.hparams
         common: dict[str, Any] = dict(
             head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
@@ -183,9 +190,13 @@ class Model(ModelInfo):
             attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
                            **common)   # no RoPE in these models' attention (Jamba): positions only mask
             return HybridMemory(attn, recr)
-        rope = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        rope: Any = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        rope_swa: Any = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
+        if ropes is not None:   # per layer: the base cache's layers, then the sliding ones'
+            swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
+            rope = [ropes[il] for il in range(hp.n_layer) if il not in swa] if len(swa) < hp.n_layer else ropes
+            rope_swa = [ropes[il] for il in range(hp.n_layer) if il in swa]
         if hp.n_swa > 0 and hp.swa_layers:
-            rope_swa = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
             if len(hp.swa_layers) == hp.n_layer:  # every layer slides: llama.cpp's iSWA cache minus its empty base
                 size = swa_cache_size(params.n_ctx_seq, hp.n_swa, params.n_seq_max, params.kv_unified,
                                       params.n_ubatch, params.swa_full)
@@ -225,35 +236,6 @@ class Model(ModelInfo):
     def _logits(self, xo: np.ndarray) -> np.ndarray:
         """The output layer over normed hidden states xo [n, n_embd]: logits [n, n_vocab]."""
         return self.output.logits(xo) if isinstance(self.output, Embedding) else self.output(xo)
-
-    def _native_stack(self, layers, ropes: list[RoPE], *, kq_scale: float, q_scale: float = 1.0,
-                      softcap: float = 0.0, act: str = "silu", gelu_table: np.ndarray | None = None) -> Stack:
-        """The layers as one native stack (llamax._native.layer.Stack): each layer object has
-        attn_norm, ffn_norm, wqkv, wo, w_gate_up, w_down and may have q_norm, k_norm,
-        post_attn_norm, post_ffw_norm; ropes[il] is layer il's RoPE."""
-        from llamax._native.layer import Stack
-
-        hp = self.hparams
-        dicts = []
-        for L, r in zip(layers, ropes):
-            dicts.append(dict(
-                n_embd=hp.n_embd, n_head=hp.n_head, n_head_kv=hp.n_head_kv, d_k=hp.n_embd_head_k,
-                d_v=hp.n_embd_head_v, n_ff=hp.n_ff, eps=hp.rms_eps,
-                rope=(r.n_rot, r.freq_base, r.freq_scale, r.mode), q_scale=q_scale, kq_scale=kq_scale,
-                softcap=softcap, act=act, gelu_table=gelu_table,
-                attn_norm=L.attn_norm, ffn_norm=L.ffn_norm,
-                **{k: getattr(L, k, None) for k in ("q_norm", "k_norm", "post_attn_norm", "post_ffw_norm")},
-                **{k: getattr(L, k).parts for k in ("wqkv", "wo", "w_gate_up", "w_down")}))
-        return Stack(dicts)
-
-    def _run_stack(self, memory: KVMemory, ubatch: UBatch, x: np.ndarray) -> np.ndarray:
-        """Every layer over the ubatch in the native stack: the hidden states [n_outputs, n_embd]
-        of the rows that want logits (ubatch order), K/V stored into the memory's cells."""
-        rows = np.flatnonzero(ubatch.output)
-        with memory.lock:   # the cells stay as the views show them until the stack is done
-            by_layer = memory.layer_views(ubatch)
-            views = [by_layer[il] for il in range(self.hparams.n_layer)]
-            return self.stack.forward(x, ubatch.pos, views, out_rows=rows, n_threads=self.n_threads)
 
     def forward(self, memory: Memory, ubatch: UBatch, embd: bool = False) -> np.ndarray:
         """Run the model on one ubatch whose cells were just applied: K/V written into the memory,
