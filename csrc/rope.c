@@ -6,7 +6,9 @@
  * (chosen at run time), keeps the cache of the last position per thread (K-shift: consecutive
  * cells usually share one shift), and spreads tokens / cells over OpenMP threads. Every product
  * and sum is the same IEEE operation in both, and the translation unit is built without FMA
- * contraction (ISO C mode for GCC; the pragma below for clang), so the bits agree.
+ * contraction (ISO C mode for GCC; the pragma below for clang), so the bits agree. Both take
+ * their cos/sin from lx_rope_cache, the one place that knows frequency factors, YaRN and the
+ * attention factor: the scaling kinds change the cache, never the rotation loops.
  */
 #include "rope.h"
 #include "cpu.h"
@@ -34,16 +36,52 @@ static void rope_check(const lx_rope_params *rp, int64_t n_head, int64_t head_di
     assert(rp->n_rot >= 2 && rp->n_rot % 2 == 0);
     assert(rp->n_rot <= head_dim && rp->n_rot <= LX_ROPE_MAX_ROT);
     assert(rp->kind == LX_ROPE_NORM || rp->kind == LX_ROPE_NEOX);
+    assert(rp->ext_factor == 0.0f || rp->freq_scale > 0.0f);
     assert(n_head >= 0);
+}
+
+/* ggml's MAX / MIN, NaN and all (the ramp below must round as ggml's does) */
+#define ROPE_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ROPE_MIN(a, b) ((a) < (b) ? (a) : (b))
+
+#define ROPE_PI 3.14159265358979323846   /* M_PI, which ISO C leaves undefined */
+
+/* the dim whose pair turns n_rot times over n_ctx_orig positions (ggml_rope_yarn_corr_dim) */
+static float rope_yarn_corr_dim(int n_dims, int n_ctx_orig, float n_rot, float base) {
+    return n_dims * logf(n_ctx_orig / (n_rot * 2 * (float) ROPE_PI)) / (2 * logf(base));
+}
+
+void lx_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                            float dims[2]) {
+    const float start = floorf(rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_fast, freq_base));
+    const float end   =  ceilf(rope_yarn_corr_dim(n_dims, n_ctx_orig, beta_slow, freq_base));
+    dims[0] = ROPE_MAX(0, start);
+    dims[1] = ROPE_MIN(n_dims - 1, end);
+}
+
+/* YaRN's share of the extrapolated angle for the pair starting at dim i0: 1 below low, 0 above high */
+static float rope_yarn_ramp(const float low, const float high, const int32_t i0) {
+    const float y = (i0 / 2 - low) / ROPE_MAX(0.001f, high - low);
+    return 1 - ROPE_MIN(1, ROPE_MAX(0, y));
 }
 
 void lx_rope_cache(const lx_rope_params *rp, lx_pos p, float *cache) {
     const float theta_scale = powf(rp->freq_base, -2.0f / (float) rp->n_rot);
+    const bool  yarn = rp->ext_factor != 0.0f;
+    /* rope_yarn's mscale, the same float steps (the same for every pair) */
+    const float m = yarn ? rp->attn_factor * (1.0f + 0.1f * logf(1.0f / rp->freq_scale)) : rp->attn_factor;
     float theta = (float) p;
     for (int32_t i0 = 0; i0 < rp->n_rot; i0 += 2) {
-        const float t = rp->freq_scale * theta;
-        cache[i0 + 0] = cosf(t);
-        cache[i0 + 1] = sinf(t);
+        const float ff = rp->freq_factors ? rp->freq_factors[i0 / 2] : 1.0f;
+        const float theta_extrap = theta / ff;
+        const float theta_interp = rp->freq_scale * theta_extrap;
+        float t = theta_interp;
+        if (yarn) {
+            const float ramp_mix = rope_yarn_ramp(rp->corr_dims[0], rp->corr_dims[1], i0) * rp->ext_factor;
+            t = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix;
+        }
+        cache[i0 + 0] = cosf(t) * m;
+        cache[i0 + 1] = sinf(t) * m;
         theta *= theta_scale;
     }
 }

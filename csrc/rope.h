@@ -1,5 +1,5 @@
-/* rope.h: rotary position embedding as ggml's CPU backend computes it (ggml_rope_ext with
- * ext_factor 0, attn_factor 1, no frequency factors), and llama.cpp's K-shift
+/* rope.h: rotary position embedding as ggml's CPU backend computes it (ggml_rope_ext: frequency
+ * factors, YaRN and the attention factor included), and llama.cpp's K-shift
  * (llama_kv_cache::build_graph_shift / build_rope_shift) over the K rows of the cache.
  *
  * One head of head_dim values; only the first n_rot rotate, the rest pass through untouched:
@@ -7,13 +7,30 @@
  *   norm (GGML_ROPE_TYPE_NORM = 0):  pairs (2i, 2i+1)          x: [a0 b0 a1 b1 ... | pass ...]
  *   neox (GGML_ROPE_TYPE_NEOX = 2):  pairs (i, i + n_rot/2)     x: [a0 a1 ... b0 b1 ... | pass ...]
  *
- *   pair i, position p:  theta_i = freq_scale * (p * theta_scale^i),  theta_scale = freq_base^(-2/n_rot)
- *       a' = a cos(theta_i) - b sin(theta_i)
- *       b' = a sin(theta_i) + b cos(theta_i)
+ *   pair i, position p:  a' = m (a cos(theta_i) - b sin(theta_i))
+ *                        b' = m (a sin(theta_i) + b cos(theta_i))
  *
- * Computed as ggml does, in float: theta_scale = powf(freq_base, -2.0f/n_rot); theta starts at
- * (float) p and is multiplied by theta_scale once per pair; cosf / sinf of freq_scale * theta.
- * The fast kernels give the same bits as their _ref twins for finite inputs (no FMA contraction).
+ * The angles and the magnitude m, as ggml_rope_cache_init / rope_yarn compute them, in float:
+ *
+ *   theta_scale = powf(freq_base, -2.0f/n_rot);  theta = (float) p, times theta_scale once per pair
+ *   pair i:  extrap = theta / ff_i                ff_i = freq_factors[i], 1 without factors
+ *            interp = freq_scale * extrap
+ *            ext_factor == 0:  theta_i = interp,  m = attn_factor
+ *            ext_factor != 0:  r = ramp(i) * ext_factor,  theta_i = interp * (1 - r) + extrap * r,
+ *                              m = attn_factor * (1 + 0.1 logf(1 / freq_scale))
+ *            ramp(i) = 1 - clamp((i - corr_dims[0]) / max(0.001, corr_dims[1] - corr_dims[0]), 0, 1)
+ *            cache: cosf(theta_i) * m, sinf(theta_i) * m
+ *
+ * Frequency factors divide each pair's angle (Llama 3's rope_freqs, LongRoPE's long / short factors);
+ * YaRN (ext_factor != 0) blends, per pair, the interpolated angle (scaled by freq_scale) with the
+ * extrapolated one (not scaled) along a ramp over pairs [corr_dims[0], corr_dims[1]], and scales the
+ * magnitude. Without factors, with ext_factor 0 and attn_factor 1 this is plain RoPE, bit for bit
+ * (a division by 1 and a product by 1 are exact). The fast kernels give the same bits as their _ref
+ * twins for finite inputs (no FMA contraction).
+ *
+ * The K-shift rotates by the angles of the shift with the same m, as llama.cpp's build_rope_shift
+ * passes the layer's factors and the context's YaRN parameters to ggml_rope_ext: with m != 1 every
+ * shift scales the shifted K by m once more, as llama.cpp does.
  */
 #ifndef LX_ROPE_H
 #define LX_ROPE_H
@@ -30,15 +47,28 @@ typedef enum {
     LX_ROPE_NEOX = 2,   /* GGML_ROPE_TYPE_NEOX: split halves (gemma, qwen, ...) */
 } lx_rope_kind;
 
+/* Every field is read: build it whole (a designated initializer or every field set); plain RoPE is
+ * freq_factors NULL, ext_factor 0, attn_factor 1 (corr_dims then unused). */
 typedef struct {
-    int32_t      n_rot;       /* rotated dims per head: even, in [2, min(head_dim, LX_ROPE_MAX_ROT)] */
-    float        freq_base;   /* > 0 */
-    float        freq_scale;
+    int32_t      n_rot;         /* rotated dims per head: even, in [2, min(head_dim, LX_ROPE_MAX_ROT)] */
+    float        freq_base;     /* > 0 */
+    float        freq_scale;    /* > 0 when ext_factor != 0 (its log scales m) */
     lx_rope_kind kind;
+    const float *freq_factors;  /* [n_rot/2] divisors of each pair's angle, or NULL */
+    float        ext_factor;    /* YaRN mix, 0 = off */
+    float        attn_factor;   /* cos and sin times this (mscale); 1 = plain */
+    float        corr_dims[2];  /* YaRN ramp bounds (lx_rope_yarn_corr_dims) */
 } lx_rope_params;
 
-/* cache [n_rot] <- interleaved cos/sin of the angles of position p: cache[2i] = cos(theta_i),
- * cache[2i+1] = sin(theta_i), i in [0, n_rot/2) (ggml_rope_cache_init) */
+/* dims [2] <- the YaRN correction range of ggml_rope_yarn_corr_dims: the pairs whose wavelength
+ * turns beta_fast (dims[0], floored, >= 0) and beta_slow (dims[1], ceiled, <= n_dims - 1) times
+ * over n_ctx_orig positions, dims = n_dims * logf(n_ctx_orig / (beta * 2 pi)) / (2 logf(freq_base)).
+ * n_ctx_orig 0 gives dims[1] = -inf (as ggml; only used with ext_factor != 0). */
+void lx_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                            float dims[2]);
+
+/* cache [n_rot] <- interleaved cos/sin of the angles of position p, times m: cache[2i] =
+ * cos(theta_i) m, cache[2i+1] = sin(theta_i) m, i in [0, n_rot/2) (ggml_rope_cache_init) */
 void lx_rope_cache(const lx_rope_params *rp, lx_pos p, float *cache);
 
 /* Rotate x [n_tokens][n_head][head_dim] in place, token t by position pos[t] [n_tokens]

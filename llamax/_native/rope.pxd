@@ -18,7 +18,13 @@ cdef extern from "rope.h" nogil:
         float freq_base
         float freq_scale
         lx_rope_kind kind
+        const float * freq_factors   # [n_rot/2] or NULL
+        float ext_factor
+        float attn_factor
+        float corr_dims[2]
 
+    void lx_rope_yarn_corr_dims(int n_dims, int n_ctx_orig, float freq_base, float beta_fast, float beta_slow,
+                                float * dims)
     void lx_rope_cache(const lx_rope_params * rp, lx_pos p, float * cache)
 
     void lx_rope_f32(const lx_rope_params * rp, float * x, const lx_pos * pos,

@@ -1,10 +1,16 @@
 # cython: language_level=3
-"""RoPE and the K-shift (csrc/rope.h): ggml's CPU rope (ext_factor 0, attn_factor 1), in place.
+"""RoPE and the K-shift (csrc/rope.h): ggml's CPU rope (ggml_rope_ext), in place.
 
 kind: 0 = norm (GGML_ROPE_TYPE_NORM, pairs (2i, 2i+1)), 2 = neox (GGML_ROPE_TYPE_NEOX, pairs
-(i, i + n_rot/2)). Only the first n_rot values of each head rotate. Thin wrappers: validate with
-the GIL, run the C kernel with the GIL released.
+(i, i + n_rot/2)). Only the first n_rot values of each head rotate. The scaling kinds are keyword
+arguments of every function, their defaults plain RoPE:
+    freq_factors: float32 [n_rot/2], divisors of each pair's angle (> 0, finite), or None
+    ext_factor: YaRN mix (0 = off); attn_factor: the magnitude of cos and sin (mscale)
+    corr_dims: YaRN's ramp bounds (yarn_corr_dims), read only when ext_factor != 0
+Thin wrappers: validate with the GIL, run the C kernel with the GIL released.
 """
+import math
+
 import numpy as np
 
 cimport numpy as cnp
@@ -25,8 +31,43 @@ ROPE_NEOX = 2
 ROPE_MAX_ROT = LX_ROPE_MAX_ROT
 
 
-cdef lx_rope_params _params(int n_rot, double freq_base, double freq_scale, int kind,
-                            int64_t head_dim) except *:
+def yarn_corr_dims(int n_dims, int n_ctx_orig, double freq_base, double beta_fast=32.0, double beta_slow=1.0):
+    """YaRN's ramp bounds (lo, hi) over the pairs of n_dims rotated dims (ggml_rope_yarn_corr_dims).
+
+    lo = max(0, floor(c(beta_fast))), hi = min(n_dims - 1, ceil(c(beta_slow))) with
+    c(b) = n_dims * log(n_ctx_orig / (2 pi b)) / (2 log(freq_base)), in float as ggml computes it.
+    n_ctx_orig 0 gives hi = -inf (as ggml).
+
+    Raises:
+        ValueError: n_dims < 2, n_ctx_orig < 0, or freq_base <= 0.
+    """
+    if n_dims < 2 or n_ctx_orig < 0 or not freq_base > 0:
+        raise ValueError(f"yarn_corr_dims: n_dims {n_dims} must be >= 2, n_ctx_orig {n_ctx_orig} >= 0 and "
+                         f"freq_base {freq_base} > 0")
+    cdef float dims[2]
+    lx_rope_yarn_corr_dims(n_dims, n_ctx_orig, <float> freq_base, <float> beta_fast, <float> beta_slow, dims)
+    return (float(dims[0]), float(dims[1]))
+
+
+cdef object _check_factors(object freq_factors, int n_rot):
+    """freq_factors checked: None, or a float32 C-contiguous [n_rot/2] array of finite values > 0."""
+    if freq_factors is None:
+        return None
+    if not isinstance(freq_factors, np.ndarray) or freq_factors.dtype != np.float32:
+        raise ValueError("freq_factors must be a float32 numpy array [n_rot/2] or None")
+    if freq_factors.ndim != 1 or freq_factors.shape[0] != n_rot // 2 or not freq_factors.flags.c_contiguous:
+        raise ValueError(f"freq_factors must be C-contiguous with shape ({n_rot // 2},) (n_rot/2), "
+                         f"got {freq_factors.shape}")
+    if not (np.all(np.isfinite(freq_factors)) and np.all(freq_factors > 0)):
+        raise ValueError(f"freq_factors must be finite and > 0, got min {freq_factors.min()}, "
+                         f"max {freq_factors.max()}")
+    return freq_factors
+
+
+cdef lx_rope_params _params(int n_rot, double freq_base, double freq_scale, int kind, int64_t head_dim,
+                            object factors, double ext_factor, double attn_factor, object corr_dims) except *:
+    """Every field of lx_rope_params, checked; factors (from _check_factors) must outlive the call
+    that uses the result (its data is pointed to, not copied)."""
     cdef lx_rope_params rp
     if kind != 0 and kind != 2:
         raise ValueError(f"kind must be 0 (norm) or 2 (neox), got {kind}")
@@ -35,10 +76,24 @@ cdef lx_rope_params _params(int n_rot, double freq_base, double freq_scale, int 
                          f"got {n_rot}")
     if not freq_base > 0:
         raise ValueError(f"freq_base must be > 0, got {freq_base}")
+    if not (math.isfinite(ext_factor) and math.isfinite(attn_factor)):
+        raise ValueError(f"ext_factor {ext_factor} and attn_factor {attn_factor} must be finite")
+    lo, hi = corr_dims
+    lo, hi = float(lo), float(hi)
+    if ext_factor != 0 and not (freq_scale > 0 and math.isfinite(lo) and math.isfinite(hi)):
+        raise ValueError(f"YaRN (ext_factor {ext_factor}) needs freq_scale > 0 (got {freq_scale}) and finite "
+                         f"corr_dims (got {(lo, hi)})")
     rp.n_rot = n_rot
     rp.freq_base = <float> freq_base
     rp.freq_scale = <float> freq_scale
     rp.kind = <lx_rope_kind> kind
+    rp.freq_factors = NULL
+    if factors is not None:
+        rp.freq_factors = <const float *> cnp.PyArray_DATA(factors)
+    rp.ext_factor = <float> ext_factor
+    rp.attn_factor = <float> attn_factor
+    rp.corr_dims[0] = <float> lo
+    rp.corr_dims[1] = <float> hi
     return rp
 
 
@@ -52,9 +107,12 @@ cdef object _check_pos(object pos, str name, Py_ssize_t n):
     return pos
 
 
-def rope_cache(int p, int n_rot, double freq_base=10000.0, double freq_scale=1.0):
-    """float32 [n_rot]: cos and sin of the angles of position p, interleaved (ggml's rope cache)."""
-    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, 0, n_rot)
+def rope_cache(int p, int n_rot, double freq_base=10000.0, double freq_scale=1.0, *, freq_factors=None,
+               double ext_factor=0.0, double attn_factor=1.0, corr_dims=(0.0, 0.0)):
+    """float32 [n_rot]: cos and sin of the angles of position p times the magnitude, interleaved
+    (ggml's rope cache); the keywords as the module docstring says."""
+    ff = _check_factors(freq_factors, n_rot)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, 0, n_rot, ff, ext_factor, attn_factor, corr_dims)
     out = np.empty(n_rot, dtype=np.float32)
     cdef float[::1] o = out  # OUT
     with nogil:
@@ -73,16 +131,19 @@ cdef tuple _check_x(object x):
 
 
 def rope_f32(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0, int kind=0,
-             n_threads=None):
+             n_threads=None, *, freq_factors=None, double ext_factor=0.0, double attn_factor=1.0,
+             corr_dims=(0.0, 0.0)):
     """Rotate x in place, token t by position pos[t] (ggml_rope_ext on Q or K).
 
     Args:
         x: float32 [n_tokens, n_head, head_dim], C-contiguous.   # IN/OUT
         pos: int32 [n_tokens].                                   # IN
         n_rot: rotated dims per head (even, <= head_dim).
-        freq_base, freq_scale: theta_i = p * freq_scale * freq_base^(-2i/n_rot).
+        freq_base, freq_scale: theta_i = p * freq_scale * freq_base^(-2i/n_rot) (plain RoPE).
         kind: 0 norm, 2 neox.
         n_threads: None/-1 = all cores, 0 invalid.
+        freq_factors, ext_factor, attn_factor, corr_dims: the scaling kinds (module docstring);
+            the defaults give plain RoPE bit for bit.
 
     Returns:
         x. O(n_tokens * (n_rot trig + n_head * n_rot)).
@@ -92,7 +153,9 @@ def rope_f32(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0,
     """
     cdef int nt = resolve_n_threads(n_threads)
     n_tokens, n_head, head_dim = _check_x(x)
-    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    ff = _check_factors(freq_factors, n_rot)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim, ff, ext_factor, attn_factor,
+                                     corr_dims)
     _check_pos(pos, "pos", n_tokens)
     cdef float *xp = <float *> cnp.PyArray_DATA(x)
     cdef const lx_pos *pp = <const lx_pos *> cnp.PyArray_DATA(pos)
@@ -102,10 +165,13 @@ def rope_f32(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0,
     return x
 
 
-def rope_f32_ref(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0, int kind=0):
+def rope_f32_ref(x, pos, int n_rot, double freq_base=10000.0, double freq_scale=1.0, int kind=0, *,
+                 freq_factors=None, double ext_factor=0.0, double attn_factor=1.0, corr_dims=(0.0, 0.0)):
     """Scalar oracle of rope_f32 (same arguments, one thread)."""
     n_tokens, n_head, head_dim = _check_x(x)
-    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    ff = _check_factors(freq_factors, n_rot)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim, ff, ext_factor, attn_factor,
+                                     corr_dims)
     _check_pos(pos, "pos", n_tokens)
     cdef float *xp = <float *> cnp.PyArray_DATA(x)
     cdef const lx_pos *pp = <const lx_pos *> cnp.PyArray_DATA(pos)
@@ -154,7 +220,8 @@ cdef int _check_k(object k_rows, object shift, int64_t n_head_kv, int64_t head_d
 
 
 def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
-            double freq_scale=1.0, int kind=0, n_threads=None, *, type=None, int rot_block=0):
+            double freq_scale=1.0, int kind=0, n_threads=None, *, type=None, int rot_block=0,
+            freq_factors=None, double ext_factor=0.0, double attn_factor=1.0, corr_dims=(0.0, 0.0)):
     """llama.cpp's K-shift of one layer's K rows of one stream, in place.
 
     Every cell i with shift[i] != 0 is rotated by the angles of position shift[i]; cells with
@@ -171,6 +238,8 @@ def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, doubl
         n_threads: None/-1 = all cores, 0 invalid; the result does not depend on it.
         type: "f32", "f16", "q8_0", "q4_0" (or the type number); None: from the dtype.
         rot_block: 0 (no rotation) or llama.cpp's K rotation block (hadamard.rot_block(head_dim)).
+        freq_factors, ext_factor, attn_factor, corr_dims: the layer's scaling (module docstring), as
+            llama.cpp's build_rope_shift passes them: a magnitude m != 1 scales the shifted K by m.
 
     Returns:
         k_rows. O(cells shifted * n_head_kv * head_dim (* log2(rot_block))), trig once per run
@@ -181,7 +250,9 @@ def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, doubl
     """
     cdef int nt = resolve_n_threads(n_threads)
     cdef int t = _check_k(k_rows, shift, n_head_kv, head_dim, type, rot_block)
-    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    ff = _check_factors(freq_factors, n_rot)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim, ff, ext_factor, attn_factor,
+                                     corr_dims)
     cdef void *kp = cnp.PyArray_DATA(k_rows)
     cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
     cdef int64_t kv_size = k_rows.shape[0]
@@ -191,10 +262,13 @@ def k_shift(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, doubl
 
 
 def k_shift_ref(k_rows, shift, int64_t n_head_kv, int64_t head_dim, int n_rot, double freq_base=10000.0,
-                double freq_scale=1.0, int kind=0, *, type=None, int rot_block=0):
+                double freq_scale=1.0, int kind=0, *, type=None, int rot_block=0, freq_factors=None,
+                double ext_factor=0.0, double attn_factor=1.0, corr_dims=(0.0, 0.0)):
     """Scalar oracle of k_shift (same arguments, one thread)."""
     cdef int t = _check_k(k_rows, shift, n_head_kv, head_dim, type, rot_block)
-    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim)
+    ff = _check_factors(freq_factors, n_rot)
+    cdef lx_rope_params rp = _params(n_rot, freq_base, freq_scale, kind, head_dim, ff, ext_factor, attn_factor,
+                                     corr_dims)
     cdef void *kp = cnp.PyArray_DATA(k_rows)
     cdef const lx_pos *sp = <const lx_pos *> cnp.PyArray_DATA(shift)
     cdef int64_t kv_size = k_rows.shape[0]

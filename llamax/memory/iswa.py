@@ -6,7 +6,7 @@ holds the sliding-window layers and only needs the window (plus one ubatch) per 
 (size_base when swa_full). Every seq_* goes to both; a batch is placed in both or in neither.
 
 Shifting with the small SWA cache (llama.cpp refuses it: can_shift is false there, see llama.cpp
-#12357). Both caches shift their cells and rotate their K with their own RoPE. What the small cache
+#12357). Both caches shift their cells and rotate their K, each layer with its own RoPE. What the small cache
 lacks are the cells of a sequence older than the window, overwritten once the ring wrapped; the
 cells inside the window are all there (only cells the window hides are reused). After a context
 shift that keeps a prefix and discards n positions after it, the window of the next token reaches
@@ -49,13 +49,17 @@ class KVCacheISWA(KVMemory):
         n_swa, swa_type: the window; swa_type "standard", "chunked" or "symmetric".
         swa_full: give the SWA cache the full size (llama.cpp's --swa-full); only then can it shift.
         n_ubatch: the context's ubatch size, part of the SWA cache size.
-        rope, rope_swa: RoPE of the base and the SWA layers (rope_swa defaults to rope).
+        rope, rope_swa: RoPE of the base and of the SWA layers (rope_swa defaults to rope): each one RoPE
+            for every layer of its cache, or a sequence with one entry per layer of its cache, in layer
+            order (the base cache's layers for rope, swa_layers for rope_swa): the layer's RoPE, or None
+            for a NoPE layer (KVCache's rope). A sequence for rope needs rope_swa given too.
         other keywords: as KVCache (head_dim_v, n_seq_max, unified, type_k, type_v, v_trans, n_threads).
     """
 
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, kv_size: int, *,
                  swa_layers: Sequence[int], n_swa: int, swa_type: str = "standard", swa_full: bool = False,
-                 n_ubatch: int = 512, rope: RoPE | None = None, rope_swa: RoPE | None = None,
+                 n_ubatch: int = 512, rope: RoPE | Sequence[RoPE | None] | None = None,
+                 rope_swa: RoPE | Sequence[RoPE | None] | None = None,
                  n_seq_max: int = 1, unified: bool = True, **kw) -> None:
         super().__init__()
         swa = sorted({checks.integer(i, "swa_layers entry") for i in swa_layers})
@@ -66,6 +70,8 @@ class KVCacheISWA(KVMemory):
         base = [i for i in range(n_layer) if i not in set(swa)]
         if not base or not swa:
             raise ValueError("KVCacheISWA needs both full-attention and sliding-window layers")
+        if rope_swa is None and rope is not None and not isinstance(rope, RoPE):
+            raise ValueError("rope is per layer of the base cache: give rope_swa for the SWA layers too")
         size_swa = swa_cache_size(kv_size, n_swa, n_seq_max, unified, n_ubatch, swa_full)
         if swa_full:
             log.warning("llama_kv_cache_iswa: using full-size SWA cache")

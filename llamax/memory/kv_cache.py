@@ -69,6 +69,33 @@ def _rot_disabled() -> bool:
     return any(os.environ.get(v, "0") not in ("", "0") for v in ("LLAMAX_ATTN_ROT_DISABLE", "LLAMA_ATTN_ROT_DISABLE"))
 
 
+def _layer_ropes(rope, n_layer: int, head_dim: int) -> tuple[RoPE | None, ...] | None:
+    """KVCache's rope argument as one entry per stored layer (None: no RoPE given at all).
+
+    Raises:
+        TypeError: not a RoPE, None or a sequence of them. ValueError: a sequence of another length
+            than n_layer, or an n_rot beyond head_dim.
+    """
+    if rope is None:
+        return None
+    if isinstance(rope, RoPE):
+        ropes: tuple = (rope,) * n_layer
+    elif isinstance(rope, (list, tuple)):
+        ropes = tuple(rope)
+        if len(ropes) != n_layer:
+            raise ValueError(f"rope: {len(ropes)} entries for {n_layer} layers (one RoPE or None per layer)")
+        bad = [type(r).__name__ for r in ropes if r is not None and not isinstance(r, RoPE)]
+        if bad:
+            raise TypeError(f"rope entries must be llamax.RoPE or None, got {bad[0]}")
+    else:
+        raise TypeError(f"rope must be a llamax.RoPE or a sequence of them (None for NoPE layers), "
+                        f"got {type(rope).__name__}")
+    for i, r in enumerate(ropes):
+        if r is not None and r.n_rot > head_dim:
+            raise ValueError(f"rope.n_rot {r.n_rot} > head_dim {head_dim} (layer entry {i})")
+    return ropes
+
+
 @dataclass
 class _Active:
     """The ubatch being applied: its slot and the masks built for it (one per causal flag)."""
@@ -97,7 +124,10 @@ class KVCache(KVMemory):
         v_trans: store V transposed (llama.cpp does when flash attention is off).
         n_swa, swa_type: sliding window ("none", "standard", "chunked", "symmetric"); cells that the
             window hides from their only sequence are reused.
-        rope: enables K-shift (seq_add / seq_div); can_shift is False without it.
+        rope: enables K-shift (seq_add / seq_div); can_shift is False without it. One RoPE for every
+            layer, or a sequence with one entry per stored layer (in the order of layer_ids): that
+            layer's RoPE (its own base, scale, frequency factors, YaRN), or None for a layer whose K
+            carries no RoPE (NoPE: the K-shift leaves its K untouched, positions only mask).
         n_threads: threads of the native kernels (None or -1: every core).
         layer_ids: the model's layer numbers stored here (default range(n_layer)); store() and
             attend() take these numbers.
@@ -111,7 +141,7 @@ class KVCache(KVMemory):
     def __init__(self, n_layer: int, n_head_kv: int, head_dim: int, kv_size: int, *,
                  head_dim_v: int | None = None, n_seq_max: int = 1, unified: bool = True,
                  type_k: str = "f16", type_v: str = "f16", v_trans: bool = False,
-                 n_swa: int = 0, swa_type: str = "none", rope: RoPE | None = None,
+                 n_swa: int = 0, swa_type: str = "none", rope: RoPE | Sequence[RoPE | None] | None = None,
                  n_threads: int | None = None, layer_ids: Sequence[int] | None = None,
                  name: str = "llama_kv_cache", rotate: bool | None = None) -> None:
         super().__init__()
@@ -125,10 +155,7 @@ class KVCache(KVMemory):
             raise ValueError(f"swa_type {swa_type!r} not in {sorted(SWA_TYPES)}")
         if swa_type != "none" and n_swa <= 0:
             raise ValueError(f"swa_type {swa_type!r} needs n_swa > 0, got {n_swa}")
-        if rope is not None and not isinstance(rope, RoPE):
-            raise TypeError(f"rope must be a llamax.RoPE, got {type(rope).__name__}")
-        if rope is not None and rope.n_rot > head_dim:
-            raise ValueError(f"rope.n_rot {rope.n_rot} > head_dim {head_dim}")
+        layer_ropes = _layer_ropes(rope, n_layer, head_dim)
         self.layer_ids = list(range(n_layer)) if layer_ids is None else [int(i) for i in layer_ids]
         if len(self.layer_ids) != n_layer or len(set(self.layer_ids)) != n_layer:
             raise ValueError(f"layer_ids must list {n_layer} distinct layers")
@@ -158,7 +185,9 @@ class KVCache(KVMemory):
         self.rot_v = _had.rot_block_v(self.head_dim_v) if rotate and type_v in QUANTIZED_CACHE_TYPES else 0
         self.n_swa = int(n_swa) if swa_type != "none" else 0
         self.swa_type = swa_type
-        self.rope = rope
+        self.rope = rope if rope is None or isinstance(rope, RoPE) else layer_ropes
+        #: each stored layer's RoPE (None: NoPE), in the order of layer_ids; None: the cache cannot shift
+        self.layer_ropes: tuple[RoPE | None, ...] | None = layer_ropes
         self.n_threads = resolve_n_threads(n_threads)
         self.name = name
 
@@ -181,7 +210,9 @@ class KVCache(KVMemory):
 
     @property
     def can_shift(self) -> bool:
-        return self.rope is not None
+        """A RoPE was given (for every layer, or per layer: a cache whose layers are all NoPE shifts
+        positions only)."""
+        return self.layer_ropes is not None
 
     @property
     def n_cells(self) -> int:
@@ -436,7 +467,8 @@ class KVCache(KVMemory):
     # ---- update ---------------------------------------------------------------------------------
     @locked
     def update(self) -> bool:
-        """Copy pending stream rows (cross-stream seq_cp), then rotate K of shifted cells."""
+        """Copy pending stream rows (cross-stream seq_cp), then rotate K of shifted cells, each layer by
+        its own RoPE (layer_ropes; NoPE layers untouched)."""
         did = False
         for s0, s1 in self._pending_copies:
             for a in self.k + self.v:
@@ -444,16 +476,17 @@ class KVCache(KVMemory):
             did = True
         self._pending_copies.clear()
         if self.meta.get_has_shift():
-            assert self.rope is not None, "shifts are refused without a RoPE"
-            r = self.rope
+            assert self.layer_ropes is not None, "shifts are refused without a RoPE"
             for st, cells in enumerate(self.meta.streams):
                 shift = cells.shift_view()
                 if not shift.any():
                     continue
-                for k in self.k:
+                for k, r in zip(self.k, self.layer_ropes):
+                    if r is None:
+                        continue  # NoPE layer: its K has no position in it
                     _rope.k_shift(k[st].reshape(self.kv_size, -1), shift, self.n_head_kv, self.head_dim,
                                   r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads,
-                                  type=self.type_k, rot_block=self.rot_k)
+                                  type=self.type_k, rot_block=self.rot_k, **r.scaling_kwargs)
             for cells in self.meta.streams:
                 cells.reset_shift()
             did = True
