@@ -25,10 +25,11 @@
  * n_threads (its logits, routing, expert products and reduction depend on x[t] only). The weights
  * stay in their GGUF blocks (or gemm.h's r8 layout): no float copy of any expert.
  *
- * Threads: with at most LX_MOE_SMALL tokens on every routed expert (decode, small batches) and
- * n_threads > 1, the experts run in parallel, one thread each (OpenMP over the routed experts,
- * schedule(static)); otherwise one expert after the other, each product over n_threads. Both give
- * the same bits.
+ * Threads: with at most LX_MOE_SMALL tokens on every routed expert (decode, small batches), more
+ * than one routed expert and n_threads > 1, the experts run in parallel, one thread each (one
+ * OpenMP region over the routed experts, schedule(static)): a decode step's 3 n_used products are
+ * too small to pay a parallel region each. Otherwise one expert after the other, each product over
+ * n_threads. Both give the same bits.
  */
 #ifndef LX_MOE_H
 #define LX_MOE_H

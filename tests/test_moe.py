@@ -108,17 +108,18 @@ def rows(t, n_rows, n_in, rng, scale):
 class Weights:
     """A random MoE: the router and the experts as GGUF bytes, with their types."""
 
-    def __init__(self, t, n_embd=64, n_ff=96, n_expert=8, seed=0, router_type=F32, router_scale=0.3):
+    def __init__(self, t, n_embd=64, n_ff=96, n_expert=8, seed=0, router_type=F32, router_scale=0.3, down_type=None):
         rng = np.random.default_rng(seed)
         self.t, self.rt, self.E, self.F, self.X = t, router_type, n_embd, n_ff, n_expert
+        self.td = t if down_type is None else down_type
         self.router = rows(router_type, n_expert, n_embd, rng, router_scale)
         s_in, s_out = 1 / np.sqrt(n_embd), 1 / np.sqrt(n_ff)
         self.gate = np.stack([rows(t, n_ff, n_embd, rng, s_in) for _ in range(n_expert)])
         self.up = np.stack([rows(t, n_ff, n_embd, rng, s_in) for _ in range(n_expert)])
-        self.down = np.stack([rows(t, n_embd, n_ff, rng, s_out) for _ in range(n_expert)])
+        self.down = np.stack([rows(self.td, n_embd, n_ff, rng, s_out) for _ in range(n_expert)])
 
     def moe(self, n_used, **kw):
-        return M.MoE((self.router, self.rt), (self.gate, self.t), (self.up, self.t), (self.down, self.t), n_used,
+        return M.MoE((self.router, self.rt), (self.gate, self.t), (self.up, self.t), (self.down, self.td), n_used,
                      **kw)
 
     def logits(self, x):
@@ -137,7 +138,7 @@ class Weights:
             g = G.product(self.gate[e], self.t, xs, n_threads=1)
             u = G.product(self.up[e], self.t, xs, n_threads=1)
             a = L.gated(np.concatenate([g, u], axis=1), self.F, act, table)
-            d[ts, ks] = G.product(self.down[e], self.t, a, n_threads=1)
+            d[ts, ks] = G.product(self.down[e], self.td, a, n_threads=1)
         y = d[:, 0] * wts[:, :1]
         for k in range(1, K):
             y = y + d[:, k] * wts[:, k:k + 1]
@@ -242,6 +243,20 @@ def test_forward_is_the_composition_bit_for_bit(t, r8):
     for nt in (1, 2):
         np.testing.assert_array_equal(m.forward(x, n_threads=nt), want)
     np.testing.assert_array_equal(m.forward(x, ref=True), want)
+
+
+@pytest.mark.parametrize("t, td", [(Q4_K, Q.TYPE_Q6_K), (Q8_0, F32), (Q4_0, Q8_0)],
+                         ids=lambda t: Q.TYPE_NAMES[t])
+def test_mixed_expert_types(t, td):
+    """A Q4_K_M file's experts: gate / up Q4_K, down Q6_K (each matrix its own type and layout)."""
+    n = 256 if t == Q4_K else 64
+    w = Weights(t, n_embd=n, n_ff=n, n_expert=6, seed=15 + t, down_type=td)
+    m = w.moe(2, norm_w=True)
+    x = inputs(12, n, 16)
+    ids, wts = m.route(x)
+    want = w.oracle(x, ids, wts)
+    np.testing.assert_array_equal(m.forward(x, n_threads=2), want)
+    np.testing.assert_array_equal(m.forward(x[3:4].copy(), n_threads=1), want[3:4])
 
 
 @pytest.mark.parametrize("gating, norm_w, w_scale", [("sigmoid", False, 2.0), ("softmax", False, 0.0)])
