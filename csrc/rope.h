@@ -79,7 +79,8 @@ void lx_rope_f32_ref(const lx_rope_params *rp, float *x, const lx_pos *pos,
                      int64_t n_tokens, int64_t n_head, int64_t head_dim);
 
 /* K-shift of one layer and stream, in place: k [kv_size][n_head_kv*head_dim] (row i = cell i);
- * every cell i with shift[i] != 0 [kv_size] is rotated by the angles of position shift[i]; cells
+ * every cell i with shift[i] != 0 [kv_size] is rotated by the angles of position shift[i] (rp's
+ * factors, YaRN and magnitude m included, as for a token at that position); cells
  * with shift 0 are not touched (llama.cpp's set_input_k_shift gives 0 to empty cells: do the same).
  * n_threads >= 1 (OpenMP over cells). */
 void lx_rope_k_shift_f32(const lx_rope_params *rp, float *k, const lx_pos *shift,

@@ -80,7 +80,7 @@ def _layer_ropes(rope, n_layer: int, head_dim: int) -> tuple[RoPE | None, ...] |
         return None
     if isinstance(rope, RoPE):
         ropes: tuple = (rope,) * n_layer
-    elif isinstance(rope, (list, tuple)):
+    elif isinstance(rope, Sequence) and not isinstance(rope, (str, bytes)):
         ropes = tuple(rope)
         if len(ropes) != n_layer:
             raise ValueError(f"rope: {len(ropes)} entries for {n_layer} layers (one RoPE or None per layer)")
