@@ -260,13 +260,26 @@ _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantization
 
 
 def write_truncated(path: str | os.PathLike, source_gguf: str | os.PathLike, n_layer: int, *,
-                    token_texts: dict[int, str] | None = None) -> Path:
+                    token_texts: dict[int, str] | None = None,
+                    metadata: dict[str, tuple[gguf.GGUFValueType, gguf.GGUFValueType | None, Any] | None] | None = None,
+                    ) -> Path:
     """source_gguf with only its first n_layer blocks: every metadata key and tensor of the source (tensor
     data copied byte for byte, quantized or not) but the blk.{i}.* tensors of i >= n_layer; {arch}.block_count
     set to n_layer and the per-layer arrays of {arch}.* cut to n_layer entries. The vocabulary is the
     source's, but for token_texts (id -> text), which replaces those tokens' texts (a vocabulary that differs
-    in one token, for the vocabulary checks)."""
+    in one token, for the vocabulary checks). metadata (key -> (type, array element type or None, value))
+    adds or replaces keys after that, e.g. {"tokenizer.ggml.pre": (GGUFValueType.STRING, None, "qwen2")} (the
+    source's vocabulary under another pre-tokenizer); a value of None instead of the triple drops the key."""
     meta, tensors = _read_gguf(source_gguf)
+    if metadata:
+        meta = dict(meta)
+        for key, entry in metadata.items():
+            if key in ("general.architecture", "general.alignment"):
+                raise ValueError(f"write_truncated cannot replace {key}")
+            if entry is None:
+                meta.pop(key, None)
+            else:
+                meta[key] = entry
     arch = meta["general.architecture"][2]
     n_src = meta[f"{arch}.block_count"][2]
     assert 0 < n_layer <= n_src, (n_layer, n_src)

@@ -19,10 +19,14 @@ Pre-splitting follows unicode_regex_split: every regex splits the pieces the pre
 on a "collapsed" copy of the text where each code point outside ASCII stands as one character for
 its class (\\p{N} \\p{L} \\p{P} \\p{M} \\p{S}, whitespace, other), with the classes of llama.cpp's
 unicode-data.cpp (Unicode 15.1, embedded below, so the result does not depend on the Python
-version). llama.cpp's hand-written splitters for the GPT-2 and Llama-3 regexes match the regexes
-they implement on those classes, so one regex engine (Python's ``re``) serves every pre-tokenizer
-listed in `_PRE_TOKENIZERS`. Checked against llama.cpp's own outputs: "smollm" (SmolLM2) and SPM
-(Gemma 3); the other pre-tokenizers follow llama.cpp's tables but have no reference data here.
+version). llama.cpp's hand-written splitters for the GPT-2, Llama-3, Qwen2, Qwen3.5 and newline
+regexes match the regexes they implement on those classes, so one regex engine (Python's ``re``)
+serves every pre-tokenizer listed in `_PRE_TOKENIZERS` (the names of llama.cpp's table but those
+with splitters of their own that are no regex: "tiny_aya", "afmoe", "kimi-k2"; those that do not
+byte-encode: "gemma4", "sarvam-moe", "whitespace"; and "jina-v1-en"-style add_sep, "chatglm-bpe"/"glm4").
+Checked against llama.cpp's own outputs on a name of every group of the table
+(tests/data/families_tok: SmolLM2's vocabulary under each name), SPM with and without the space
+prefix (Gemma 3), and the real SmolLM2 and Gemma 3 vocabularies.
 Like llama.cpp, a BPE symbol that is no token falls back to the one-byte tokens of its UTF-8 bytes
 and silently drops the bytes that have none.
 
@@ -246,7 +250,7 @@ _UCAT_CLASS = {
     r"\p{Lo}": r"\xd2A-Za-z",
     r"\p{P}": r"\xd3!-#%-*,-/:;?@\[-\]_{}",
     r"\p{M}": r"\xd4",
-    r"\p{S}": r"\xd5$+<=>^`|",
+    r"\p{S}": r"\xd5$+<=>^`|~",
 }
 _WS_CLASS = r"\t\n\x0b\x0c\r\x20"      # std::regex \s in the "C" locale
 
@@ -305,26 +309,115 @@ def _translate_regex(expr: str) -> tuple[re.Pattern, bool]:
 # llama_vocab::impl::load sets per tokenizer.ggml.pre)
 # ---------------------------------------------------------------------------------------------
 
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 _RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_RE_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+_RE_LLAMA3 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+"
               r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_RE_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+_RE_QWEN2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+"
              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _RE_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _RE_GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# GPT-4o / Llama 4 (tokenizer.json's [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+ as llama.cpp
+# adapts it to the collapsed text: a letter that is not a-z, then letters that are not A-Z)
+_RE_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS + "?"
+             r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS + "?"
+             r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+              r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+              r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_GRANITE_EMB_MULTI = (
+    r"[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))*((?=[\p{L}\p{M}])([^A-Z]))+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}\p{M}])([^a-z]))+((?=[\p{L}\p{M}])([^A-Z]))*" + _CONTRACTIONS + "?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_QWEN35 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+"
+              r"|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_SEED_CODER = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+"
+                  r"|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+"
+                  r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
+_RE_UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+_RE_MINICPM5 = (r"\p{N}{1,3}", _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+"
+                r"|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_EXAONE_MOE = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+"
+                  r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+_RE_JAIS2 = (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+             r"|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)|\s{16}(?!\S)|\s{8}(?!\S)"
+             r"|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}")
+# the non-ASCII characters of these regexes as escapes (a letter such as U+1F7D must not be normalised)
+_RE_CJK_KANA = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+_RE_CJK_HANGUL = "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+_RE_DEEPSEEK3 = (r"\p{N}{1,3}", _RE_CJK_KANA,
+                 r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                 r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_RE_DEEPSEEK_CODER = ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", _RE_CJK_HANGUL, r"\p{N}")
+_RE_DEEPSEEK_LLM = (
+    "[\r\n]",
+    "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+    "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
+    "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+    "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
+    "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+    "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+    "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+    "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+    "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+    "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+",
+    r"\s+$",
+    _RE_CJK_HANGUL,
+    r"\p{N}+",
+)
+_RE_SPARK2_5 = (r"\p{N}{1,3}", _RE_CJK_KANA,
+                r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+                r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+", r"\p{N}")
+_RE_YOUTU = (
+    "[\uac00-\ud7a3\u3131-\u318e]+|[\uff01\u2026\u201c\u201d\u2018\u2019\u2014\uff1a\uff1b\uff0c\u3001-\u303f"
+    "\ufe30-\ufe4f]+|[\u3105-\u312f]+|[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTIONS + "?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTIONS + "?"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+)
+_RE_BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+_RE_CHAMELEON = (r"<sentinel:[0-9]+>", r"(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\t\n]|    |  )", r"\p{N}",
+                 r"[\p{P}!-/:-@\[-`{-~]", _RE_GPT2)
 
 _PRE_GROUPS: list[tuple[tuple[str, ...], tuple[str, ...], dict[str, bool]]] = [
-    # (tokenizer.ggml.pre names, regexes, flags that differ from the BPE defaults)
+    # (tokenizer.ggml.pre names, regexes, flags that differ from the BPE defaults), as
+    # llama_vocab::impl::load maps the names and llm_tokenizer_bpe lists the regexes
     (("", "default"), _RE_DEFAULT, {}),
+    (("falcon",), (r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, r"[0-9][0-9][0-9]"), {}),
     (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
       "jina-v5-nano"), (_RE_LLAMA3,), {"ignore_merges": True, "add_bos": True}),
     (("dbrx", "smaug-bpe"), (_RE_LLAMA3,), {}),
-    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan"), (_RE_QWEN2,), {"clean_spaces": False}),
+    (("jais-2",), (_RE_JAIS2,), {}),
+    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open", "grok-2"), (_RE_QWEN2,),
+     {"clean_spaces": False}),
     (("stablelm2", "megrez"), (_RE_QWEN2,), {}),
+    (("qwen35",), (_RE_QWEN35,), {"clean_spaces": False}),
+    (("laguna",), (r"[^\n]+|[\n]+", _RE_QWEN2), {"clean_spaces": False}),
+    (("ufakzeka",), (_RE_UFAKZEKA,), {"clean_spaces": False}),
+    (("seed-coder",), (_RE_SEED_CODER,), {"clean_spaces": False}),
+    (("bailingmoe", "bailingmoe2", "llada-moe"), (_RE_BAILINGMOE,), {"clean_spaces": False}),
+    (("minicpm5",), _RE_MINICPM5, {"ignore_merges": True}),
+    (("exaone-moe",), (_RE_EXAONE_MOE,), {}),
     (("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
       "mellum", "modern-bert", "mpt", "olmo", "jais", "exaone4"), (_RE_GPT2,), {}),
     (("trillion", "granite-docling"), (_RE_GPT2,), {"clean_spaces": False}),
-    (("starcoder", "refact", "codeshell", "exaone", "minerva-7b"), (r"\p{N}", _RE_GPT2), {}),
+    (("starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"), (r"\p{N}", _RE_GPT2), {}),
     (("smollm", "command-r"), (r"\p{N}", _RE_GPT2), {"clean_spaces": False}),
+    (("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), (_RE_GPT4O,), {"clean_spaces": False}),
+    (("granite-embed-multi-97m",), (_RE_GRANITE_EMB_MULTI,), {"clean_spaces": False, "ignore_merges": True}),
+    (("tekken",), (_RE_TEKKEN,), {"clean_spaces": False, "ignore_merges": True, "add_bos": True}),
+    # superbpe's second regex matches only empty strings: it cuts digit runs into threes from the right
+    (("superbpe",), (r"\p{N}+", r"(?=(\d{3})+(?!\d))"), {"clean_spaces": False}),
+    (("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), _RE_DEEPSEEK3, {"clean_spaces": False}),
+    (("spark2_5",), _RE_SPARK2_5, {"clean_spaces": False}),
+    (("youtu",), _RE_YOUTU, {"clean_spaces": False, "ignore_merges": True}),
+    (("deepseek-coder",), _RE_DEEPSEEK_CODER, {"clean_spaces": False}),
+    (("deepseek-llm",), _RE_DEEPSEEK_LLM, {"clean_spaces": False}),
+    (("poro-chat",), (_RE_BLOOM,), {"clean_spaces": False}),
+    (("bloom", "gpt3-finnish"), (_RE_BLOOM,), {}),
+    (("viking",), (_RE_BLOOM, r"\p{N}"), {"clean_spaces": False}),
+    (("chameleon",), _RE_CHAMELEON, {"clean_spaces": False, "add_bos": True}),
 ]
 _PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], dict[str, bool]]] = {
     name: (regexes, flags) for names, regexes, flags in _PRE_GROUPS for name in names}
