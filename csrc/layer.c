@@ -28,7 +28,7 @@
 
 /* ---- shapes ------------------------------------------------------------------------------- */
 
-enum { B_H, B_QKV, B_Q, B_K, B_V, B_A, B_O, B_GU, B_ACT, B_TMP, B_GEMM, B_SCRATCH, B_N };
+enum { B_H, B_QKV, B_Q, B_K, B_V, B_A, B_O, B_GU, B_ACT, B_TMP, B_GEMM, B_SCRATCH, B_MOE, B_N };
 
 typedef struct {
     int64_t nq, nk, nv, nqkv;      /* columns of q, k, v and their sum */
@@ -78,8 +78,9 @@ static int valid(const lx_layer_params *p, const lx_layer_weights *w, const lx_k
     if (p->act == LX_ACT_GELU_TABLE ? !p->gelu_table : p->act != LX_ACT_SILU) return 0;
     if (!(p->residual_scale == p->residual_scale)) return 0;   /* NaN */
     const int64_t nqkv = p->n_head * p->d_k + p->n_head_kv * (p->d_k + p->d_v);
-    if (!linear_ok(&w->wqkv, p->n_embd, nqkv) || !linear_ok(&w->wo, p->n_head * p->d_v, p->n_embd) ||
-        !linear_ok(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !linear_ok(&w->w_down, p->n_ff, p->n_embd))
+    if (!linear_ok(&w->wqkv, p->n_embd, nqkv) || !linear_ok(&w->wo, p->n_head * p->d_v, p->n_embd)) return 0;
+    if (w->moe ? !lx_moe_valid(&p->moe, w->moe) || p->moe.n_embd != p->n_embd
+               : !linear_ok(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !linear_ok(&w->w_down, p->n_ff, p->n_embd))
         return 0;
     if (!kv->k || !kv->v || !kv->idxs || kv->n_stream < 1 || n % kv->n_stream) return 0;
     if (kv->n_kv > 0 && !kv->mask) return 0;
@@ -98,7 +99,7 @@ static layout plan(const lx_layer_params *p, const lx_layer_weights *w, const lx
     int64_t widest = 0;   /* the widest part of a product of several parts (joined through tmp) */
     size_t g = 0;
     const lx_linear *all[4] = {&w->wqkv, &w->wo, &w->w_gate_up, &w->w_down};
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < (w->moe ? 2 : 4); ++i) {
         const size_t s = linear_work(all[i], n, nt, &widest);
         if (s > g) g = s;
     }
@@ -110,6 +111,7 @@ static layout plan(const lx_layer_params *p, const lx_layer_weights *w, const lx
         (size_t) (n * L.nk) * fl, (size_t) (n * L.nv) * fl, (size_t) (n * p->n_head * p->d_v) * fl,
         (size_t) (n * p->n_embd) * fl, (size_t) (n * 2 * p->n_ff) * fl, (size_t) (n * p->n_ff) * fl,
         (size_t) (n * widest) * fl, g, (size_t) L.n_scratch * fl,
+        w->moe ? lx_moe_work_size(&p->moe, w->moe, n, nt) : 0,
     };
     size_t o = 0;
     for (int i = 0; i < B_N; ++i) {
@@ -314,7 +316,7 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
     float *h = BUF(B_H), *qkv = BUF(B_QKV), *q = BUF(B_Q), *k = BUF(B_K), *v = BUF(B_V), *a = BUF(B_A);
     float *o = BUF(B_O), *gu = BUF(B_GU), *act = BUF(B_ACT), *tmp = BUF(B_TMP), *scratch = BUF(B_SCRATCH);
 #undef BUF
-    void *gw = base + L.off[B_GEMM];
+    void *gw = base + L.off[B_GEMM], *mw = base + L.off[B_MOE];
     const int64_t E = p->n_embd;
 
     /* attention block */
@@ -375,9 +377,14 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
 
     /* feed-forward block */
     norm_or_copy(x, w->ffn_norm, h, m, E, p->eps, nt);
-    product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
-    lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
-    product(&w->w_down, act, o, m, tmp, gw, nt);
+    if (w->moe) {
+        const lx_status st = lx_moe_ffn(&p->moe, w->moe, h, o, m, mw, nt);
+        if (st != LX_OK) return st;   /* not reached: valid() checked the MoE */
+    } else {
+        product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
+        lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
+        product(&w->w_down, act, o, m, tmp, gw, nt);
+    }
     if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, nt);
     add_block(x, o, m * E, p->residual_scale);
     return LX_OK;

@@ -13,7 +13,8 @@
  * ggml's f16 table); llama: SiLU gate. The families of llamax/model/family.py add: a Q/K/V bias after
  * W_qkv (Qwen 2), Q/K norms over the whole projection (OLMo 2), no pre-norms (OLMo 2: attn_norm and
  * ffn_norm NULL), no RoPE in a layer (SmolLM3's NoPE layers: rope.n_rot 0), RoPE frequency factors and
- * YaRN (rope.h), and each block's output scaled before its residual add (Granite). Every weight product is lx_product (product.h): the GEMM
+ * YaRN (rope.h), each block's output scaled before its residual add (Granite), and a mixture of
+ * experts in place of the gated FFN (moe.h, qwen3moe). Every weight product is lx_product (product.h): the GEMM
  * (gemm.h) for the integer types, so a row's result does not depend on the other rows, the number
  * of rows or n_threads; the float product (matmul.h) for f32, f16, bf16, q2_K and q3_K weights,
  * whose rows do not depend on those either but whose sums differ between SIMD levels. Every
@@ -35,6 +36,7 @@
 #include <stdint.h>
 
 #include "common.h"
+#include "moe.h"
 #include "quants.h"
 #include "rope.h"
 
@@ -65,6 +67,7 @@ typedef struct {
     const float *gelu_table;  /* LX_ACT_GELU_TABLE: [65536] float, by f16 bits */
     int qk_norm_full;         /* q_norm / k_norm over each token's whole Q / K row (OLMo 2), not per head */
     float residual_scale;     /* each block's output times this before the residual add (1: nothing) */
+    lx_moe_params moe;        /* the mixture of experts when the weights have one (moe.h; n_embd = n_embd) */
 } lx_layer_params;
 
 typedef struct {
@@ -75,8 +78,9 @@ typedef struct {
     const float *bqkv;     /* [n_out of wqkv] added after the product, or NULL */
     lx_linear wqkv;        /* n_out = n_head d_k + n_head_kv (d_k + d_v) */
     lx_linear wo;          /* [n_embd, n_head d_v] */
-    lx_linear w_gate_up;   /* [2 n_ff, n_embd]: gate rows, then up rows */
-    lx_linear w_down;      /* [n_embd, n_ff] */
+    lx_linear w_gate_up;   /* [2 n_ff, n_embd]: gate rows, then up rows (unused with moe) */
+    lx_linear w_down;      /* [n_embd, n_ff] (unused with moe) */
+    const lx_moe_weights *moe;   /* NULL: the dense gated FFN above; else the FFN is lx_moe_ffn (moe.h) */
 } lx_layer_weights;
 
 /* the layer's cache for the ubatch being applied, as the memory decided it */

@@ -46,7 +46,7 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "qwen3moe": ("qwen3moe", dict(rope_base=1e6, head_dim=32, qk_norm=True, moe=(8, 2, 32))),
     "llama3": ("llama", dict(rope_base=500000.0, rope_freqs=True)),
     "phi3": ("phi3", dict(rope_base=10000.0, fused=True, longrope=256, n_head_kv=N_HEAD)),
-    "gemma2": ("gemma2", dict(rope_base=10000.0, gemma2=True, post_gain=8.0)),
+    "gemma2": ("gemma2", dict(rope_base=10000.0, gemma2=True, post_gain=8.0, out_norm_gain=0.3)),
     "smollm3": ("smollm3", dict(rope_base=100000.0)),
     "granite": ("granite", dict(rope_base=10000.0, granite=(12.0, 0.22, 0.0078125, 8.0), untied=True, out_gain=4.0,
                                 embd_div=12.0)),
@@ -80,6 +80,8 @@ def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: s
     rng = np.random.default_rng(seed)
     tokenizer = _tokenizer(vocab_gguf)
     t = _embeddings(rng, tokenizer)
+    if "out_norm_gain" in o:   # logits below Gemma 2's final softcap (30), which would flatten the top ones
+        t["output_norm.weight"] *= o["out_norm_gain"]
     if "embd_div" in o:   # the embedding scale brings the rows back to the blocks' size
         t["token_embd.weight"] /= o["embd_div"]
     if o.get("untied"):

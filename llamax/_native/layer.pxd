@@ -1,6 +1,7 @@
 # layer.pxd: mirrors csrc/layer.h (declarations only).
 from libc.stdint cimport int32_t, int64_t, uint32_t
 
+from llamax._native.moe cimport lx_moe_params, lx_moe_weights
 from llamax._native.quants cimport lx_type
 from llamax._native.rope cimport lx_pos, lx_rope_params
 
@@ -38,6 +39,7 @@ cdef extern from "layer.h" nogil:
         const float *gelu_table
         int qk_norm_full
         float residual_scale
+        lx_moe_params moe
 
     ctypedef struct lx_layer_weights:
         const float *attn_norm
@@ -51,6 +53,7 @@ cdef extern from "layer.h" nogil:
         lx_linear wo
         lx_linear w_gate_up
         lx_linear w_down
+        const lx_moe_weights *moe
 
     ctypedef struct lx_kv_layer:
         void *k

@@ -18,6 +18,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint32_t
 from libc.stdlib cimport calloc, free
 
+from llamax._native.moe cimport MoE
 from llamax._native.product cimport LX_PRODUCT_NONE, lx_product_kind_of
 from llamax._native.quants cimport lx_row_bytes, lx_type
 from llamax._native.rope cimport LX_ROPE_NEOX, LX_ROPE_NORM, lx_pos, lx_rope_kind, lx_rope_params
@@ -171,6 +172,7 @@ cdef class Stack:
             q_scale, kq_scale, softcap, act ("silu" | "gelu_table"), gelu_table (float32 [65536] or None),
             attn_norm, ffn_norm, q_norm, k_norm, post_attn_norm, post_ffw_norm (float32 or None),
             qk_norm_full (q_norm / k_norm over whole rows), residual_scale (1.0), bqkv (float32 or None),
+            moe (a llamax._native.moe.MoE in place of w_gate_up and w_down),
             wqkv, wo, w_gate_up, w_down: lists of parts, (raw uint8 [rows, row_bytes], ggml type)
                 or (packed r8 uint8, ggml type, rows, True)."""
         self.n_layer = len(layers)
@@ -209,8 +211,16 @@ cdef class Stack:
             w.post_ffw_norm = _f32(d.get("post_ffw_norm"), E, "post_ffw_norm", self._keep)
             _linear(&w.wqkv, d["wqkv"], E, nq + p.n_head_kv * (p.d_k + p.d_v), "wqkv", self._keep)
             _linear(&w.wo, d["wo"], p.n_head * p.d_v, E, "wo", self._keep)
-            _linear(&w.w_gate_up, d["w_gate_up"], E, 2 * p.n_ff, "w_gate_up", self._keep)
-            _linear(&w.w_down, d["w_down"], p.n_ff, E, "w_down", self._keep)
+            moe = d.get("moe")
+            if moe is not None:
+                if not isinstance(moe, MoE) or (<MoE> moe).p.n_embd != E:
+                    raise ValueError(f"layer {il}: moe must be a llamax._native.moe.MoE of n_embd {E}")
+                p.moe = (<MoE> moe).p
+                w.moe = &(<MoE> moe).w
+                self._keep.append(moe)
+            else:
+                _linear(&w.w_gate_up, d["w_gate_up"], E, 2 * p.n_ff, "w_gate_up", self._keep)
+                _linear(&w.w_down, d["w_down"], p.n_ff, E, "w_down", self._keep)
         self.n_embd = self.params[0].n_embd
 
     def forward(self, x, pos, list views, out_rows=None, n_threads=None):

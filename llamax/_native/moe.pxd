@@ -49,3 +49,12 @@ cdef extern from "moe.h" nogil:
                          void *work, int n_threads)
     lx_status lx_moe_ffn_ref(const lx_moe_params *p, const lx_moe_weights *w, const float *x, float *y, int64_t n,
                              void *work)
+
+
+cdef class MoE:
+    cdef lx_moe_params p
+    cdef lx_moe_weights w
+    cdef readonly object router, gate, up, down   # the weight arrays the native call reads
+    cdef object _table
+
+    cdef object _x(self, object x)

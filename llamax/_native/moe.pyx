@@ -108,10 +108,7 @@ cdef class MoE:
     Holds its weights (the arrays given, or their r8 packing) and the constants; forward and route
     may be called from several threads at once (each call has its own work buffer).
     """
-    cdef lx_moe_params p
-    cdef lx_moe_weights w
-    cdef readonly object router, gate, up, down   # the weight arrays the native call reads
-    cdef object _table
+    # attributes in moe.pxd (the layer step reads p and w)
 
     def __init__(self, router, gate, up, down, int64_t n_used, *, str gating="softmax", bint norm_w=False,
                  float w_scale=0.0, str act="silu", gelu_table=None, bint r8=True):
