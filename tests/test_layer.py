@@ -171,8 +171,8 @@ def test_gated_activations():
             x = np.ascontiguousarray(np.concatenate([gu[:, :f], gu[:, n_ff:n_ff + f]], axis=1))
             np.testing.assert_array_equal(_layer.gated(x, f, "silu", n_threads=n_threads),
                                           _layer.gated(x, f, "silu", ref=True))
-    from llamax.model.gemma3 import _gelu_table
-    t = _gelu_table()
+    from llamax.model.decoder import gelu_table
+    t = gelu_table()
     gelu = _layer.gated(gu, n_ff, "gelu_table", t)
     for n_threads in (1, 2):   # the gathered lanes and the scalar reference: the same bits
         np.testing.assert_array_equal(_layer.gated(gu, n_ff, "gelu_table", t, n_threads=n_threads),

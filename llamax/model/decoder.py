@@ -233,9 +233,10 @@ class Decoder(Model, arch=DENSE_ARCHS):
                 q = rms_norm(q if full else q.reshape(n, nh, dk), L.q_norm, hp.rms_eps)
                 k = rms_norm(k if full else k.reshape(n, nkv, dk), L.k_norm, hp.rms_eps)
             q, k = np.ascontiguousarray(q.reshape(n, nh, dk)), np.ascontiguousarray(k.reshape(n, nkv, dk))
-            if ropes[il] is not None:
-                _rope.rope_f32(q, ub.pos, rope=ropes[il], n_threads=nt)
-                _rope.rope_f32(k, ub.pos, rope=ropes[il], n_threads=nt)
+            r = ropes[il]
+            if r is not None:
+                for t in (q, k):
+                    _rope.rope_f32(t, ub.pos, r.n_rot, r.freq_base, r.freq_scale, r.mode, nt, **r.scaling_kwargs)
             if self.q_scale != 1.0:
                 q *= np.float32(self.q_scale)
             mem.store(il, ub, k, v)

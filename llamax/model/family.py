@@ -16,10 +16,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from llamax.errors import ModelError
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, _brief_value, _Keys, _n_vocab
+from llamax.rope import yarn_attn_factor
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,8 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
     Family("qwen2", rope="neox", biases=True),
     Family("qwen3", rope="neox", qk_norm="head"),
     Family("qwen3moe", rope="neox", qk_norm="head", moe=True),
-    Family("phi3", rope="neox", fused=True, q_scale="head", rope_factors=True, swa_disabled=True),
+    Family("phi3", rope="neox", n_rot_is_head=False, fused=True, q_scale="head", rope_factors=True,
+           swa_disabled=True),
     Family("gemma2", rope="neox", n_rot_is_head=False, post_norm=True, act="gelu_table", embd_scale="sqrt_n_embd",
            q_scale="attn_scale", attn_softcap=True, final_softcap="always", swa=(2, 4096)),
     Family("gemma3", rope="neox", n_rot_is_head=False, qk_norm="head", post_norm=True, act="gelu_table",
@@ -75,22 +75,13 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
 _SCALING = ("none", "linear", "yarn", "longrope")
 
 
-def _f32(x: float) -> float:
-    """x rounded to float32 (llama.cpp keeps these in float)."""
-    return float(np.float32(x))
-
-
 def _yarn(k: _Keys, scaling: str, freq_scale: float) -> dict[str, Any]:
     """llama_context's YaRN parameters: ext_factor 1 for YaRN scaling (else 0), and the attention factor
-    (get_mscale over the cancelling 1 + 0.1 ln(factor), times {arch}.rope.scaling.attn_factor), in float."""
-    ext = 1.0 if scaling == "yarn" else 0.0
-    attn = np.float32(1.0)
-    if ext:
-        factor = np.float32(1.0) / np.float32(freq_scale)
-        mscale = np.float32(1.0) if factor <= 1 else np.float32(0.1) * np.log(factor) + np.float32(1.0)
-        attn = mscale * (np.float32(1.0) / (np.float32(1.0) + np.float32(0.1) * np.log(factor)))
-    attn = attn * np.float32(k.number("rope.scaling.attn_factor", 1.0, positive=True))
-    return dict(rope_ext_factor=ext, rope_attn_factor=float(attn))
+    (llamax.rope.yarn_attn_factor for YaRN; {arch}.rope.scaling.attn_factor, 1 when absent, in any case)."""
+    attn = k.number("rope.scaling.attn_factor", 1.0, positive=True)
+    if scaling != "yarn":
+        return dict(rope_ext_factor=0.0, rope_attn_factor=attn)
+    return dict(rope_ext_factor=1.0, rope_attn_factor=yarn_attn_factor(freq_scale, rope_attn_factor=attn))
 
 
 def read_dense(g: GGUFFile, k: _Keys) -> HParams:
