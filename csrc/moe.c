@@ -173,7 +173,6 @@ static void route(const lx_moe_params *p, const lx_moe_weights *w, const float *
                   int32_t *ids, float *wts, void *pw, int nt) {
     lx_product(w->router, w->router_type, w->router_r8, x, logits, n, p->n_embd, p->n_expert, pw, nt);
     const int64_t X = p->n_expert, K = p->n_used;
-    (void) nt;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static) if (n * X >= 65536)
 #endif
