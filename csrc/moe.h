@@ -84,7 +84,8 @@ typedef struct {
  * a NULL argument is not valid */
 int lx_moe_valid(const lx_moe_params *p, const lx_moe_weights *w);
 
-/* bytes of work lx_moe_ffn, lx_moe_ffn_ref and lx_moe_route need for n tokens and n_threads.
+/* bytes of work lx_moe_ffn, lx_moe_ffn_ref and lx_moe_route need for n tokens and n_threads; it
+ * also serves every call of fewer tokens or threads (the reference: any n_threads).
  * note: lx_moe_valid(p, w). */
 size_t lx_moe_work_size(const lx_moe_params *p, const lx_moe_weights *w, int64_t n, int n_threads);
 
