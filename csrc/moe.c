@@ -1,17 +1,18 @@
 /* moe.c: the mixture-of-experts feed-forward (see moe.h). Composes product.c (every weight
  * product) and layer.c's gated activation; holds no policy.
  *
- *   work = | logits | ids | wts | off | cur | slot | tok | active | d | scratch |
+ *   work = | logits | ids | wts | off | cur | slot | tok | units | d | scratch |
  *
  *   logits [n][n_expert]  router output, then the gating probabilities in place
  *   ids, wts [n][n_used]  the routing
  *   off [n_expert + 1]    expert e's rows of d are [off[e], off[e + 1]) (cur: the fill cursor)
  *   slot [n][n_used]      the row of d of token t's slot k;  tok [n n_used]: the token of a row of d
- *   active [n_expert]     the routed experts, ascending
+ *   units [n_units][2]    (expert, first row of d): a routed expert's rows in runs of at most
+ *                         LX_MOE_CHUNK, experts ascending
  *   d [n n_used][n_embd]  the down products, grouped by expert, ascending token order within one
  *   scratch               the router's product work; then one expert's scratch (n rows, the
- *                         products over n_threads) or n_threads of them (LX_MOE_SMALL rows each,
- *                         one thread per expert): | xg | g | u | gu | product work |
+ *                         products over n_threads) or n_threads of them (LX_MOE_CHUNK rows each,
+ *                         one thread per unit): | xg | g | u | gu | product work |
  */
 #include "moe.h"
 
@@ -56,7 +57,7 @@ int lx_moe_valid(const lx_moe_params *p, const lx_moe_weights *w) {
 }
 
 typedef struct {
-    size_t logits, ids, wts, off, cur, slot, tok, active, d, scratch, total;
+    size_t logits, ids, wts, off, cur, slot, tok, units, d, scratch, total;
 } layout;
 
 /* the scratch of one expert's rows (rows at most r, products over nt threads) */
@@ -84,7 +85,13 @@ static scratch_layout scratch_plan(const lx_moe_params *p, const lx_moe_weights 
     return s;
 }
 
-static int64_t small_rows(int64_t n) { return n < LX_MOE_SMALL ? n : LX_MOE_SMALL; }
+static int64_t chunk_rows(int64_t n) { return n < LX_MOE_CHUNK ? n : LX_MOE_CHUNK; }
+
+/* most units: one per routed expert, plus one per LX_MOE_CHUNK rows of d */
+static int64_t max_units(const lx_moe_params *p, int64_t n) {
+    const int64_t N = n * p->n_used, X = p->n_expert;
+    return (N < X ? N : X) + N / LX_MOE_CHUNK;
+}
 
 static layout plan(const lx_moe_params *p, const lx_moe_weights *w, int64_t n, int nt) {
     const int64_t N = n * p->n_used, X = p->n_expert;
@@ -97,15 +104,15 @@ static layout plan(const lx_moe_params *p, const lx_moe_weights *w, int64_t n, i
     L.cur = at; at += ALIGN((size_t) X * sizeof(int64_t));
     L.slot = at; at += ALIGN((size_t) N * sizeof(int32_t));
     L.tok = at; at += ALIGN((size_t) N * sizeof(int32_t));
-    L.active = at; at += ALIGN((size_t) X * sizeof(int32_t));
+    L.units = at; at += ALIGN((size_t) (2 * max_units(p, n)) * sizeof(int32_t));
     L.d = at; at += ALIGN((size_t) (N * p->n_embd) * sizeof(float));
     L.scratch = at;
     /* the router's work over n tokens, then the experts' scratch: one of n rows (sequential
-     * experts), n_threads of LX_MOE_SMALL rows (parallel experts), or one row single-threaded
+     * experts), n_threads of LX_MOE_CHUNK rows (parallel units), or one row single-threaded
      * (the reference, whose router product runs in it) */
     size_t s = lx_product_work_size(w->router_type, w->router_r8, n, p->n_embd, nt);
     s = max_sz(s, scratch_plan(p, w, n, nt).total);
-    if (nt > 1) s = max_sz(s, (size_t) nt * scratch_plan(p, w, small_rows(n), 1).total);
+    if (nt > 1) s = max_sz(s, (size_t) nt * scratch_plan(p, w, chunk_rows(n), 1).total);
     s = max_sz(s, scratch_plan(p, w, 1, 1).total);
     at += ALIGN(s);
     L.total = at;
@@ -173,7 +180,6 @@ static void route(const lx_moe_params *p, const lx_moe_weights *w, const float *
                   int32_t *ids, float *wts, void *pw, int nt) {
     lx_product(w->router, w->router_type, w->router_r8, x, logits, n, p->n_embd, p->n_expert, pw, nt);
     const int64_t X = p->n_expert, K = p->n_used;
-    (void) nt;
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static) if (n * X >= 65536)
 #endif
@@ -238,7 +244,7 @@ lx_status lx_moe_ffn(const lx_moe_params *p, const lx_moe_weights *w, const floa
     const layout L = plan(p, w, n, nt);
     uint8_t *base = aligned(work);
     int32_t *ids = (int32_t *) (base + L.ids), *slot = (int32_t *) (base + L.slot), *tok = (int32_t *) (base + L.tok);
-    int32_t *active = (int32_t *) (base + L.active);
+    int32_t *units = (int32_t *) (base + L.units);
     int64_t *off = (int64_t *) (base + L.off), *cur = (int64_t *) (base + L.cur);
     float *wts = (float *) (base + L.wts), *d = (float *) (base + L.d);
     uint8_t *scratch = base + L.scratch;
@@ -248,11 +254,7 @@ lx_status lx_moe_ffn(const lx_moe_params *p, const lx_moe_weights *w, const floa
     /* group the (token, slot) pairs by expert, tokens ascending within an expert */
     memset(off, 0, (size_t) (X + 1) * sizeof(int64_t));
     for (int64_t i = 0; i < n * K; ++i) off[ids[i] + 1]++;
-    int64_t n_active = 0, most = 0;
     for (int64_t e = 0; e < X; ++e) {
-        const int64_t c = off[e + 1];
-        if (c) active[n_active++] = (int32_t) e;
-        most = c > most ? c : most;
         off[e + 1] += off[e];
         cur[e] = off[e];
     }
@@ -262,31 +264,41 @@ lx_status lx_moe_ffn(const lx_moe_params *p, const lx_moe_weights *w, const floa
             slot[t * K + k] = (int32_t) r;
             tok[r] = (int32_t) t;
         }
+    int64_t n_units = 0;
+    for (int64_t e = 0; e < X; ++e)
+        for (int64_t r0 = off[e]; r0 < off[e + 1]; r0 += LX_MOE_CHUNK) {
+            units[2 * n_units] = (int32_t) e;
+            units[2 * n_units + 1] = (int32_t) r0;
+            ++n_units;
+        }
 
-    if (nt > 1 && n_active > 1 && most <= LX_MOE_SMALL) {
-        /* few tokens per expert: one thread per expert, each with its own scratch */
-        const scratch_layout S = scratch_plan(p, w, small_rows(n), 1);
+    if (nt > 1 && n_units >= nt) {
+        /* enough units for every thread: one thread per unit (products single-threaded), one
+         * parallel region for all of them */
+        const scratch_layout S = scratch_plan(p, w, chunk_rows(n), 1);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(nt) schedule(static)
 #endif
-        for (int64_t a = 0; a < n_active; ++a) {
+        for (int64_t i = 0; i < n_units; ++i) {
 #ifdef _OPENMP
             uint8_t *mine = scratch + (size_t) omp_get_thread_num() * S.total;
 #else
             uint8_t *mine = scratch;
 #endif
-            const int64_t e = active[a], r0 = off[e], c = off[e + 1] - r0;
+            const int64_t e = units[2 * i], r0 = units[2 * i + 1];
+            const int64_t c = off[e + 1] - r0 < LX_MOE_CHUNK ? off[e + 1] - r0 : LX_MOE_CHUNK;
             float *xg = (float *) (mine + S.xg);
-            for (int64_t i = 0; i < c; ++i) memcpy(xg + i * E, x + (size_t) tok[r0 + i] * E, (size_t) E * sizeof(float));
+            for (int64_t j = 0; j < c; ++j) memcpy(xg + j * E, x + (size_t) tok[r0 + j] * E, (size_t) E * sizeof(float));
             run_expert(p, w, e, c, mine, &S, d + (size_t) r0 * E, 1, 0);
         }
     } else {
-        /* one expert after the other, each product over the threads */
+        /* one expert after the other, all its rows in one product over the threads */
         const scratch_layout S = scratch_plan(p, w, n, nt);
         float *xg = (float *) (scratch + S.xg);
-        for (int64_t a = 0; a < n_active; ++a) {
-            const int64_t e = active[a], r0 = off[e], c = off[e + 1] - r0;
-            for (int64_t i = 0; i < c; ++i) memcpy(xg + i * E, x + (size_t) tok[r0 + i] * E, (size_t) E * sizeof(float));
+        for (int64_t e = 0; e < X; ++e) {
+            const int64_t r0 = off[e], c = off[e + 1] - r0;
+            if (!c) continue;
+            for (int64_t j = 0; j < c; ++j) memcpy(xg + j * E, x + (size_t) tok[r0 + j] * E, (size_t) E * sizeof(float));
             run_expert(p, w, e, c, scratch, &S, d + (size_t) r0 * E, nt, 0);
         }
     }

@@ -6,7 +6,7 @@
  *     │ gating: p = softmax(logits) or sigmoid(logits)        per token
  *     │ top-k : ids = the n_used largest p, descending, ties to the lower expert id
  *     │         w_k = p[ids_k]; norm_w: w_k /= max(sum_k w_k, 2^-14); w_scale (not 0 / 1): w_k *= w_scale
- *     │ experts, grouped (each routed expert's rows read once per call):
+ *     │ experts, grouped (a routed expert's weights read once per LX_MOE_CHUNK of its rows):
  *     │   for expert e, its tokens T_e in ascending order:  xe = x[T_e]                 [c_e][n_embd]
  *     │     act = act(xe W_gate[e]^T) * (xe W_up[e]^T)                                   [c_e][n_ff_exp]
  *     │     d   = act W_down[e]^T, one row per (token, slot) routed to e                [c_e][n_embd]
@@ -25,11 +25,13 @@
  * n_threads (its logits, routing, expert products and reduction depend on x[t] only). The weights
  * stay in their GGUF blocks (or gemm.h's r8 layout): no float copy of any expert.
  *
- * Threads: with at most LX_MOE_SMALL tokens on every routed expert (decode, small batches), more
- * than one routed expert and n_threads > 1, the experts run in parallel, one thread each (one
- * OpenMP region over the routed experts, schedule(static)): a decode step's 3 n_used products are
- * too small to pay a parallel region each. Otherwise one expert after the other, each product over
- * n_threads. Both give the same bits.
+ * Threads: the routed rows are cut into units, a routed expert's rows in runs of at most
+ * LX_MOE_CHUNK. With at least n_threads units (a decode step's n_used experts, a prompt's), one
+ * OpenMP region over the units, schedule(static), each unit's products on one thread: a region per
+ * product would cost a decode step 3 n_used barriers, and a prompt 3 per expert. With fewer units
+ * (one thread, or n_threads above the units), one expert after the other, all its rows in one
+ * product over n_threads. Every way gives the same bits (a product's rows do not depend on the other
+ * rows or the threads).
  */
 #ifndef LX_MOE_H
 #define LX_MOE_H
@@ -40,7 +42,7 @@
 #include "common.h"
 #include "quants.h"
 
-#define LX_MOE_SMALL 8   /* most tokens per expert for the expert-parallel schedule */
+#define LX_MOE_CHUNK 64   /* most rows of one expert in one unit of the parallel schedule */
 
 /* W_e [rows][n_in] of every expert e < n_expert, stacked:
  *
@@ -82,7 +84,8 @@ typedef struct {
  * a NULL argument is not valid */
 int lx_moe_valid(const lx_moe_params *p, const lx_moe_weights *w);
 
-/* bytes of work lx_moe_ffn, lx_moe_ffn_ref and lx_moe_route need for n tokens and n_threads.
+/* bytes of work lx_moe_ffn, lx_moe_ffn_ref and lx_moe_route need for n tokens and n_threads; it
+ * also serves every call of fewer tokens or threads (the reference: any n_threads).
  * note: lx_moe_valid(p, w). */
 size_t lx_moe_work_size(const lx_moe_params *p, const lx_moe_weights *w, int64_t n, int n_threads);
 

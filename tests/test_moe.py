@@ -310,9 +310,8 @@ def test_forward_against_float64(t):
 
 @pytest.mark.parametrize("t", [F32, Q8_0, Q4_0], ids=lambda t: Q.TYPE_NAMES[t])
 def test_batch_invariance_threads_and_reference(t):
-    """Token t alone, in a batch of 7 (<= 8 rows per expert: the expert-parallel schedule with 2
-    threads) and in a batch of 64 (experts one after the other): the same bits, for 1 and 2 threads,
-    and the reference's."""
+    """Token t alone, in a batch of 7 and in a batch of 64: the same bits, for 1 thread (experts one
+    after the other) and 2 (units in parallel), and the reference's."""
     w = Weights(t, n_embd=64, n_ff=96, n_expert=8, seed=30 + t)
     m = w.moe(2, norm_w=True)
     x = inputs(64, 64, 31)
@@ -338,6 +337,23 @@ def test_decode_shape_many_experts():
     for nt in (1, 2, 3):
         np.testing.assert_array_equal(m.forward(x[1:2].copy(), n_threads=nt), want[1:2])
         np.testing.assert_array_equal(m.forward(x, n_threads=nt), want)
+
+
+def test_schedules_and_units_of_many_rows():
+    """All tokens on one expert (a zero router: every expert ties, the lowest wins): 50 rows are one
+    unit (with 2 threads: the expert's products over both threads), 130 rows three units of at most
+    64 (2 threads: the units in parallel); 1 to 3 threads, the reference and the composition agree."""
+    w = Weights(Q4_0, n_embd=64, n_ff=64, n_expert=3, seed=45)
+    w.router = np.zeros((3, 64 * 4), np.uint8)
+    m = w.moe(1)
+    for n in (50, 130):
+        x = inputs(n, 64, 46)
+        ids, wts = m.route(x)
+        assert (ids == 0).all() and (wts == 1 / np.float32(3)).all()
+        want = w.oracle(x, ids, wts)
+        np.testing.assert_array_equal(m.forward(x, ref=True), want)
+        for nt in (1, 2, 3):
+            np.testing.assert_array_equal(m.forward(x, n_threads=nt), want)
 
 
 @pytest.mark.parametrize("t", [Q8_0, Q4_0], ids=lambda t: Q.TYPE_NAMES[t])

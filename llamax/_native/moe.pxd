@@ -6,7 +6,7 @@ from llamax._native.quants cimport lx_type
 
 
 cdef extern from "moe.h" nogil:
-    int LX_MOE_SMALL
+    int LX_MOE_CHUNK
 
     # w: [n_expert] blocks of expert_bytes, each rows of the type (GGUF rows, or r8 packed on its own)
     ctypedef struct lx_experts:

@@ -218,7 +218,7 @@ cdef class MoE:
 
         Returns:
             y (out when given). Row t depends on x[t] only (the same bits in any batch). Cost: each routed expert's
-            weights are read once per call (once per 8 tokens routed to it), O(n n_used n_embd n_ff_exp).
+            weights are read once per 64 of its rows (csrc/moe.h's units), O(n n_used n_embd n_ff_exp).
 
         Raises:
             TypeError / ValueError: x not such an array or not finite; out of another shape or
