@@ -99,7 +99,8 @@ def bench_model(a: argparse.Namespace, family: str, qtype: str) -> dict:
             res = run_one(cmd, a.timeout)
             row[name].append(res)
             what = res.get("error") or " ".join(f"{t} {res[t]:.2f}" for t in ("pp", "tg") if t in res) + " t/s"
-            print(f"bench_families: {family} {qtype} rep {rep + 1}/{a.reps} {name}: {what}", file=sys.stderr, flush=True)
+            print(f"bench_families: {family} {qtype} rep {rep + 1}/{a.reps} {name}: {what}", file=sys.stderr,
+                  flush=True)
             if "error" in res:
                 failed.add(name)
     for name in ("llamax", "llama.cpp"):
@@ -122,8 +123,9 @@ def table(rows: list[dict], a: argparse.Namespace) -> str:
     def ratio(v: float | None) -> str:
         return "" if v is None else f"{v:.2f}x"
 
-    out = [f"CPU: {cpu_model()}; {a.threads} threads, flash attention {a.fa} on both sides, f16 K/V, n_batch 2048, "
-           f"n_ubatch 512; medians of {a.reps} alternating rep(s) of one timed run each.", "",
+    fa = f"llamax -fa {a.fa}, llama-bench -fa {1 if a.fa == 'on' else 0}"
+    out = [f"CPU: {cpu_model()}; {a.threads} threads on both sides, flash attention {a.fa} ({fa}), f16 K/V, "
+           f"n_batch 2048, n_ubatch 512; medians of {a.reps} alternating rep(s) of one timed run each.", "",
            f"| family | model | qtype | file MiB | llamax {pp} | llamax {tg} | llama.cpp {pp} | llama.cpp {tg} "
            f"| {pp} ratio | {tg} ratio |",
            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]

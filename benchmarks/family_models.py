@@ -42,6 +42,7 @@ import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -179,7 +180,8 @@ def _tensors(f: Family) -> list[_Tensor]:
         if f.fused:
             t.append(_w(p + "attn_qkv.weight", (nq + 2 * nkv, E)))
         else:
-            t += [_w(p + "attn_q.weight", (nq, E)), _w(p + "attn_k.weight", (nkv, E)), _w(p + "attn_v.weight", (nkv, E))]
+            t += [_w(p + "attn_q.weight", (nq, E)), _w(p + "attn_k.weight", (nkv, E)),
+                  _w(p + "attn_v.weight", (nkv, E))]
         if f.qkv_bias:
             t += [_Tensor(p + "attn_q.bias", (nq,), "bias"), _Tensor(p + "attn_k.bias", (nkv,), "bias"),
                   _Tensor(p + "attn_v.bias", (nkv,), "bias")]
@@ -253,7 +255,7 @@ def _nbytes(t: _Tensor, qtype: gguf.GGMLQuantizationType) -> int:
 
 
 # ---- the tokenizer -----------------------------------------------------------------------------------
-def _tokenizer(vocab_gguf: Path, n_vocab: int) -> list[tuple[str, object, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
+def _tokenizer(vocab_gguf: Path, n_vocab: int) -> list[tuple[str, Any, gguf.GGUFValueType, gguf.GGUFValueType | None]]:
     """vocab_gguf's tokenizer.ggml.* keys and chat template as [(key, value, type, element type)], the token
     list and types padded to n_vocab with "[PAD<id>]" tokens of type UNUSED (5).
 
@@ -405,9 +407,9 @@ def write(path: str | os.PathLike, family: str, qtype: str = "q8_0", seed: int =
     Raises:
         ValueError: an unknown family or qtype, or a negative seed (nothing is written).
     """
-    s = spec(family, qtype, seed)
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
+    s = spec(family, qtype, seed)
     path = Path(path)
     if is_current(path, family, qtype, seed):
         return path
