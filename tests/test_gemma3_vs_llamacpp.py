@@ -92,7 +92,8 @@ def test_hparams_and_memory_layout(gemma):
         c = mem.cache_of(il)
         glob = il % 6 == 5
         assert c is (mem.base if glob else mem.swa)
-        assert (c.rope.freq_base, c.rope.freq_scale, c.rope.kind) == ((1e6 if glob else 1e4), 1.0, "neox")
+        r = c.layer_ropes[c.layer_ids.index(il)]   # the layer's own RoPE, for its K-shift
+        assert (r.freq_base, r.freq_scale, r.kind) == ((1e6 if glob else 1e4), 1.0, "neox")
     assert (mem.base.kv_size, mem.swa.kv_size, mem.swa.n_swa) == (2048, 1024, 512)
 
 

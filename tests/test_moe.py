@@ -261,8 +261,8 @@ def test_mixed_expert_types(t, td):
 
 @pytest.mark.parametrize("gating, norm_w, w_scale", [("sigmoid", False, 2.0), ("softmax", False, 0.0)])
 def test_gating_variants_and_the_gelu_table(gating, norm_w, w_scale):
-    from llamax.model.gemma3 import _gelu_table
-    table = _gelu_table()
+    from llamax.model.decoder import gelu_table
+    table = gelu_table()
     w = Weights(Q8_0, n_embd=64, n_ff=64, n_expert=6, seed=12)
     for act, tab in (("silu", None), ("gelu_table", table)):
         m = w.moe(3, gating=gating, norm_w=norm_w, w_scale=w_scale, act=act, gelu_table=tab)

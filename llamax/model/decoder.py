@@ -73,10 +73,13 @@ class _Layer:
                 return raw.reshape(hp.n_expert, -1, raw.shape[1]), g.ggml_type(p + name)
 
             router = g.raw(p + "ffn_gate_inp.weight")
+            raws = {n: experts(f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")}
             self.moe = MoE((np.ascontiguousarray(router), g.ggml_type(p + "ffn_gate_inp.weight")),
-                           experts("ffn_gate_exps.weight"), experts("ffn_up_exps.weight"),
-                           experts("ffn_down_exps.weight"), n_used=hp.n_expert_used, norm_w=True,
+                           raws["gate"], raws["up"], raws["down"], n_used=hp.n_expert_used, norm_w=True,
                            act=fam.act, gelu_table=gelu_table() if fam.act == "gelu_table" else None)
+            for n, (raw, _) in raws.items():   # repacked (r8): the mapping's pages of the tensor are not needed
+                if getattr(self.moe, n) is not raw:
+                    g.release(p + f"ffn_{n}_exps.weight")
         elif p + "ffn_gate.weight" in g.tensors:
             self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
         else:   # Phi-3: ffn_up holds [gate | up]
