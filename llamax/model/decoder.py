@@ -132,14 +132,13 @@ class Decoder(Model, arch=DENSE_ARCHS):
         f = self.factors.get(self._variant(n_ctx_seq))
         factors = tuple(float(x) for x in f) if f is not None else None
         swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
-        kw = dict(freq_factors=factors, beta_fast=32.0, beta_slow=1.0,
-                  n_ctx_orig=hp.n_ctx_orig or hp.n_ctx_train)
-        full = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind, ext_factor=hp.rope_ext_factor,
-                    attn_factor=hp.rope_attn_factor, **kw)
+        n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
+        full = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind, freq_factors=factors,
+                    ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor, n_ctx_orig=n_ctx_orig)
         plain = fam.swa_plain_rope or hp.arch == "gemma3"
-        slide = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind,
+        slide = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind, freq_factors=factors,
                      ext_factor=0.0 if plain else hp.rope_ext_factor,
-                     attn_factor=1.0 if plain else hp.rope_attn_factor, **kw)
+                     attn_factor=1.0 if plain else hp.rope_attn_factor, n_ctx_orig=n_ctx_orig)
         return [None if il in hp.nope_layers else slide if il in swa else full for il in range(hp.n_layer)]
 
     def _ropes_of(self, variant: str) -> list[RoPE | None]:
@@ -174,8 +173,9 @@ class Decoder(Model, arch=DENSE_ARCHS):
                    dict(w_gate_up=L.w_gate_up.parts, w_down=L.w_down.parts))))
         return _layer.Stack(dicts)
 
-    def create_memory(self, params: ContextParams) -> Memory:
-        mem = super().create_memory(params, self.layer_ropes(params.n_ctx_seq))
+    def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
+        """Model.create_memory with each layer's RoPE in a context of these parameters (ropes: as given)."""
+        mem = super().create_memory(params, ropes if ropes is not None else self.layer_ropes(params.n_ctx_seq))
         self._variants[mem] = self._variant(params.n_ctx_seq)
         return mem
 
@@ -234,6 +234,7 @@ class Decoder(Model, arch=DENSE_ARCHS):
             if L.q_norm is not None:
                 full = fam.qk_norm == "full"
                 q = rms_norm(q if full else q.reshape(n, nh, dk), L.q_norm, hp.rms_eps)
+                assert L.k_norm is not None   # the table has both or neither
                 k = rms_norm(k if full else k.reshape(n, nkv, dk), L.k_norm, hp.rms_eps)
             q, k = np.ascontiguousarray(q.reshape(n, nh, dk)), np.ascontiguousarray(k.reshape(n, nkv, dk))
             r = ropes[il]

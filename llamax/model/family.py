@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from llamax.errors import ModelError
-from llamax.model.gguf import GGUFFile, HParams, TensorTable, _brief_value, _Keys, _n_vocab
+from llamax.model.gguf import (ARCHS, RECURRENT_ARCHS, GGUFFile, HParams, TensorTable, _brief_value, _Keys,
+                               _n_vocab, read_ssm)
 from llamax.rope import yarn_attn_factor
 
 
@@ -82,6 +83,22 @@ def _yarn(k: _Keys, scaling: str, freq_scale: float) -> dict[str, Any]:
     if scaling != "yarn":
         return dict(rope_ext_factor=0.0, rope_attn_factor=attn)
     return dict(rope_ext_factor=1.0, rope_attn_factor=yarn_attn_factor(freq_scale, rope_attn_factor=attn))
+
+
+def read_hparams(g: GGUFFile) -> HParams:
+    """llama_model::load_hparams for the supported architectures, with every value checked before it
+    is used (no division by a zero head count, no head size that does not divide out): the transformer
+    families' by read_dense, the recurrent ones' by llamax.model.gguf.read_ssm. The tensors are checked
+    against these by check_tensors.
+
+    Raises:
+        ModelError: unknown architecture, a missing required key, or a value failing a check.
+    """
+    arch = g.arch
+    if arch not in ARCHS:
+        raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
+    k = _Keys(g, arch)
+    return read_ssm(g, k) if arch in RECURRENT_ARCHS else read_dense(g, k)
 
 
 def read_dense(g: GGUFFile, k: _Keys) -> HParams:
@@ -224,8 +241,8 @@ def tensor_table(fam: Family, hp: HParams, g: GGUFFile) -> TensorTable:
     """The tensors FAMILIES[arch]'s load_arch_tensors creates, for check_tensors; where llama.cpp takes one
     of two layouts (fused or separate QKV) or optional biases / RoPE factors, the file's choice (layer 0's
     tensors) decides and every layer must follow it."""
-    model = {"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)}
-    optional = {"output.weight": ("n_embd", "n_vocab")}
+    model: dict[str, tuple[str, ...]] = {"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)}
+    optional: dict[str, tuple[str, ...]] = {"output.weight": ("n_embd", "n_vocab")}
     layer: dict[str, tuple[str, ...]] = {}
     has = g.tensors.__contains__
     if fam.pre_norm:

@@ -233,26 +233,6 @@ class _Keys:
         return v
 
 
-def read_hparams(g: GGUFFile) -> HParams:
-    """llama_model::load_hparams for the supported architectures, with every value checked before it
-    is used (no division by a zero head count, no head size that does not divide out): the transformer
-    families' in llamax.model.family.read_dense, the recurrent ones' in _read_ssm. The tensors are
-    checked against these by check_tensors.
-
-    Raises:
-        ModelError: unknown architecture, a missing required key, or a value failing a check.
-    """
-    arch = g.arch
-    if arch not in ARCHS:
-        raise ModelError(f"{g.path.name}: architecture {arch!r} is not supported (supported: {', '.join(ARCHS)})")
-    k = _Keys(g, arch)
-    if arch in RECURRENT_ARCHS:
-        return _read_ssm(g, k)
-    from llamax.model.family import read_dense
-
-    return read_dense(g, k)
-
-
 def _n_vocab(g: GGUFFile) -> int:
     """The vocabulary's token count (llama.cpp's vocab.n_tokens()).
 
@@ -270,7 +250,7 @@ def _n_vocab(g: GGUFFile) -> int:
     return len(toks)
 
 
-def _read_ssm(g: GGUFFile, k: _Keys) -> HParams:
+def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     """llama.cpp's hyperparameters of LLM_ARCH_MAMBA (Mamba-1: no attention, every layer recurrent)
     and LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
     without RoPE; every layer has a dense FFN).
