@@ -17,6 +17,7 @@ tests/data/families/ (made by its record.py). What each entry exercises:
                 softcaps, sliding-window attention on every other layer (window 32)
     smollm3     llama with NoPE layers (every 4th layer applies no RoPE)
     granite     embedding, residual and attention scales, logits divided by a logit scale
+    granitemoe  granite's scales with a mixture of experts (8 experts of feed_forward_length, 2 used)
     olmo2       no pre-norms, norms after attention and FFN, Q/K RMS norms over the whole projection
 """
 from __future__ import annotations
@@ -50,6 +51,8 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "smollm3": ("smollm3", dict(rope_base=100000.0)),
     "granite": ("granite", dict(rope_base=10000.0, granite=(12.0, 0.22, 0.0078125, 8.0), untied=True, out_gain=4.0,
                                 embd_div=12.0)),
+    "granitemoe": ("granitemoe", dict(rope_base=10000.0, granite=(12.0, 0.22, 0.0078125, 8.0), untied=True,
+                                      out_gain=4.0, embd_div=12.0, moe=(8, 2, N_FF))),
     "olmo2": ("olmo2", dict(rope_base=500000.0, olmo2=True, untied=True, n_head_kv=N_HEAD)),
 }
 
@@ -142,7 +145,7 @@ def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: s
     w.add_context_length(N_CTX_TRAIN)
     w.add_embedding_length(N_EMBD)
     w.add_block_count(N_LAYER)
-    w.add_feed_forward_length(N_FF)
+    w.add_feed_forward_length(o["moe"][2] if arch == "granitemoe" else N_FF)   # granitemoe: the experts' length
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(n_head_kv)
     w.add_layer_norm_rms_eps(RMS_EPS)
@@ -154,7 +157,8 @@ def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: s
         n_exp, n_used, n_ff_exp = o["moe"]
         w.add_expert_count(n_exp)
         w.add_expert_used_count(n_used)
-        w.add_expert_feed_forward_length(n_ff_exp)
+        if arch != "granitemoe":
+            w.add_expert_feed_forward_length(n_ff_exp)
     if o.get("yarn"):
         factor, orig = o["yarn"]
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)

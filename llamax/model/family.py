@@ -69,6 +69,8 @@ FAMILIES: dict[str, Family] = {f.arch: f for f in (
     Family("smollm3", kq_scale_key=True, nope_step=4),
     Family("granite", kq_scale_key=True, embd_scale="key", residual_scale=True, logit_scale=True,
            rope_factors=True),
+    Family("granitemoe", kq_scale_key=True, embd_scale="key", residual_scale=True, logit_scale=True,
+           rope_factors=True, moe=True),
     Family("olmo2", rope="neox", qk_norm="full", pre_norm=False, post_norm=True, swa=(4, 0), swa_needs_key=True,
            swa_plain_rope=True),
 )}
@@ -185,7 +187,7 @@ def read_dense(g: GGUFFile, k: _Keys) -> HParams:
     if arch == "granite" and g.get(k.key("rope.scaling.finetuned"), True) is False:
         hp["nope_layers"] = tuple(range(n_layer))   # Granite's switch for RoPE
     if fam.moe:
-        hp.update(_read_moe(k, n_layer))
+        hp.update(_read_moe(k, n_layer, n_ff))
     elif k.integer("expert_count", 0, minimum=0) > 0:
         raise ModelError(f"{f}: {k.key('expert_count')} {k.integer('expert_count')}: a mixture of experts, which "
                          f"llamax's {arch} does not support (qwen3moe does)")
@@ -196,14 +198,26 @@ def read_dense(g: GGUFFile, k: _Keys) -> HParams:
     return HParams(**hp)
 
 
-def _read_moe(k: _Keys, n_layer: int) -> dict[str, Any]:
-    """expert_count, expert_used_count (at most the count) and expert_feed_forward_length."""
+def _read_moe(k: _Keys, n_layer: int, n_ff: int) -> dict[str, Any]:
+    """expert_count, expert_used_count (at most the count) and each expert's FFN length: granitemoe's is
+    feed_forward_length, qwen3moe's expert_feed_forward_length (n_ff / n_expert_used without it). Shared
+    experts (expert_shared_feed_forward_length, Granite MoE Shared) are not supported."""
     n_expert = k.integer("expert_count")
     n_used = k.integer("expert_used_count")
     if n_used > n_expert:
         raise ModelError(f"{k.file}: {k.key('expert_used_count')} {n_used} exceeds {k.key('expert_count')} {n_expert}")
-    return dict(n_expert=n_expert, n_expert_used=n_used,
-                n_ff_exp=k.per_layer("expert_feed_forward_length", n_layer))
+    if k.integer("expert_shared_feed_forward_length", 0, minimum=0) > 0:
+        raise ModelError(f"{k.file}: {k.key('expert_shared_feed_forward_length')} is set: shared experts, which "
+                         f"llamax does not support")
+    if k.arch == "granitemoe":
+        n_ff_exp = n_ff
+    elif k.has("expert_feed_forward_length"):
+        n_ff_exp = k.per_layer("expert_feed_forward_length", n_layer)
+    else:
+        n_ff_exp = n_ff // n_used
+    if n_ff_exp < 1:
+        raise ModelError(f"{k.file}: no expert FFN length ({k.key('expert_feed_forward_length')})")
+    return dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=n_ff_exp)
 
 
 def _read_swa(g: GGUFFile, k: _Keys, fam: Family, n_layer: int, hp: dict) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 #: the recurrent architectures, each a Model subclass in llamax/model/<arch>.py; the transformer families
 #: are described by data (llamax/model/family.py) and run by llamax/model/decoder.py
 RECURRENT_ARCHS = ("mamba", "jamba")
-DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "olmo2")
+DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "granitemoe",
+               "olmo2")
 #: every architecture with a forward pass
 ARCHS = DENSE_ARCHS + RECURRENT_ARCHS
 
