@@ -95,3 +95,22 @@ def test_serve_a_mixture_of_experts_over_loopback(paths, models):
         assert chat.usage.completion_tokens == 4
     finally:
         assert srv.stop() == 0, "".join(srv.lines[-20:])
+
+
+def test_longrope_takes_its_factors_by_the_context_size(models):
+    """Phi-3's LongRoPE (llama.cpp's get_rope_factors): the long factors when a sequence's context exceeds
+    the original one (256 in the synthetic model), else the short ones, in the forward pass and in the
+    cache's K-shift alike."""
+    model = models["phi3"]
+    toks = model.tokenize(PROMPTS[2])
+    out = {}
+    for n_ctx in (256, 512):
+        ctx = Context(model, n_ctx=n_ctx, n_threads=2)
+        ctx.decode(Batch(toks))
+        out[n_ctx] = ctx.get_logits()[-1].copy()
+        want = model.factors["long" if n_ctx > 256 else "short"]
+        assert np.array_equal(ctx.memory.rope.factors, want), n_ctx
+    assert not np.array_equal(out[256], out[512])
+    again = Context(model, n_ctx=256, n_threads=2)   # the short stack again, after the long one was built
+    again.decode(Batch(toks))
+    assert np.array_equal(again.get_logits()[-1], out[256])
