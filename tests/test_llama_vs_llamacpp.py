@@ -31,6 +31,9 @@ TOP1_GAP = 0.60       # 2 x the largest top-1/top-2 gap llama.cpp flips between 
 LAST_ROW_MAX = 1.54   # 2 x llama.cpp vs itself (fa on vs off): max |diff| 0.77
 LAST_ROW_RMS = 0.44   # 2 x llama.cpp vs itself: RMS 0.22
 CONFIGS = {"fa_auto": True, "fa_off": False}
+# flash attention off (V transposed) on the shorter prompts; the 1.3k-token prompt with it on only (the
+# suite's time: the long prompt's two configurations differ in nothing the short ones do not cover)
+CASES = [(c, n) for c in CONFIGS for n in ("short_prose", "chat", "code", "long_1k3") if (c, n) != ("fa_off", "long_1k3")]
 NEAR_TIE = 0.2       # a top-1/top-2 gap that another summation order may flip
 
 
@@ -62,8 +65,7 @@ def own_spread(model, toks, fa, last):
     return mx, rms
 
 
-@pytest.mark.parametrize("cfg", list(CONFIGS))
-@pytest.mark.parametrize("name", ["short_prose", "chat", "code", "long_1k3"])
+@pytest.mark.parametrize("cfg, name", CASES)
 def test_prompt_logits_match_llamacpp(model, ref, cfg, name):
     meta, z = ref
     toks = prompt(meta, name)["tokens"]
@@ -80,8 +82,7 @@ def test_prompt_logits_match_llamacpp(model, ref, cfg, name):
     np.testing.assert_array_equal(ctx.get_logits_ith(-1), logits[-1])
 
 
-@pytest.mark.parametrize("cfg", list(CONFIGS))
-@pytest.mark.parametrize("name", ["short_prose", "chat", "code", "long_1k3"])
+@pytest.mark.parametrize("cfg, name", CASES)
 def test_greedy_continuation_matches_llamacpp(model, ref, cfg, name):
     """llama.cpp's 32-token greedy continuation, fed back token by token: at each step llamax's top-1 must
     be llama.cpp's wherever llama.cpp's own gap is decided, and free-running greedy decoding must give
