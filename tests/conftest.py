@@ -43,3 +43,12 @@ def chat_server():
     srv = LiveServer("-np", "2", "-c", "2048")
     yield srv
     assert srv.stop() == 0, "".join(srv.lines[-20:])
+
+
+@pytest.fixture(scope="session")
+def family_paths(tmp_path_factory, smollm2_gguf):
+    """Every synthetic family model (tests/synthetic_families.py, seed 0) written once for the session."""
+    from synthetic_families import FAMILIES, write_family
+
+    d = tmp_path_factory.mktemp("families")
+    return {n: write_family(d / f"{n}.gguf", smollm2_gguf, n) for n in FAMILIES}

@@ -11,7 +11,7 @@ import pytest
 
 import llamax
 from llamax import Batch, Context, Model
-from synthetic_families import FAMILIES, write_family
+from synthetic_families import FAMILIES
 
 NAMES = sorted(FAMILIES)
 PROMPTS = ["Once upon a time, there was a", "The old lighthouse keeper climbed the stairs",
@@ -19,9 +19,8 @@ PROMPTS = ["Once upon a time, there was a", "The old lighthouse keeper climbed t
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory, smollm2_gguf):
-    d = tmp_path_factory.mktemp("families")
-    return {n: write_family(d / f"{n}.gguf", smollm2_gguf, n) for n in NAMES}
+def paths(family_paths):
+    return family_paths
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,16 @@ import pytest
 
 from llamax import Batch, Context, Model
 from synthetic import content_hash
-from synthetic_families import FAMILIES, write_family
+from synthetic_families import FAMILIES
 
 DATA = Path(__file__).parent / "data" / "families"
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
-def case(request, tmp_path_factory, smollm2_gguf):
+def case(request, family_paths):
     name = request.param
     meta = json.loads((DATA / f"{name}.json").read_text())
-    path = write_family(tmp_path_factory.mktemp(name) / f"{name}.gguf", smollm2_gguf, name)
+    path = family_paths[name]
     assert content_hash(path) == meta["model"]["content_hash"], "the writer no longer gives the recorded model"
     spread = max(v["all_rows_max_abs_diff"] for p in meta["prompts"].values() for v in p["spread"].values())
     tol = max(2 * spread, 1e-3)

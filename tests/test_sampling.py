@@ -135,7 +135,7 @@ def test_chain_matches_the_reference(kw, n):
                 assert c == s._sample_reference(x, u), (kind, rep, kw, n, u)
 
 
-@pytest.mark.parametrize("n", [49152, 262144, 262144 + 77])
+@pytest.mark.parametrize("n", [49152 + 77, 262144])
 @pytest.mark.parametrize("kind", ["normal", "peaked", "ties", "equal", "wide"])
 def test_wide_vocabularies(n, kind):
     """Gemma-wide rows: each of the chain's paths (heap, min-p threshold, top-p and draw stages)."""
@@ -248,7 +248,7 @@ def test_one_sampler_from_many_threads():
 
     def work():
         try:
-            for _ in range(20):
+            for _ in range(8):
                 out.append(s.sample_logits(x))
         except Exception as e:  # pragma: no cover - a failure is reported below
             errors.append(e)
@@ -258,9 +258,9 @@ def test_one_sampler_from_many_threads():
         t.start()
     for t in threads:
         t.join()
-    assert not errors and len(out) == 80
+    assert not errors and len(out) == 32
     ref, rng = Sampler(top_k=0, min_p=0.0), np.random.default_rng(9)
-    assert sorted(out) == sorted(ref._sample_reference(x, rng.random()) for _ in range(80))
+    assert sorted(out) == sorted(ref._sample_reference(x, rng.random()) for _ in range(32))
 
 
 # ---- the row's edits: mask, bias, penalties ---------------------------------------------------------
