@@ -49,6 +49,7 @@ import numpy as np
 
 from llamax import models
 from llamax.model.gguf_reader import GGUFReader
+from llamax.rope import llama3_freq_factors
 
 #: where the models go (outside the repository)
 DEFAULT_DIR = Path.home() / ".cache" / "llamax-dev" / "family-models"
@@ -147,24 +148,6 @@ def _w(name: str, shape: tuple[int, ...], scale: float | None = None) -> _Tensor
     return _Tensor(name, shape, "weight", shape[-1] ** -0.5 if scale is None else scale)
 
 
-def _llama3_factors(f: Family) -> np.ndarray:
-    """Llama 3.1's rope_freqs (convert_hf_to_gguf's rope_type "llama3") for the head's n_rot / 2 pairs."""
-    factor, low, high, old_ctx = f.rope_freqs
-    low_wl, high_wl = old_ctx / low, old_ctx / high
-    n_rot = f.n_rot or f.head
-    out = []
-    for i in range(0, n_rot, 2):
-        wl = 2 * math.pi * f.rope_base ** (i / n_rot)
-        if wl < high_wl:
-            out.append(1.0)
-        elif wl > low_wl:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wl - low) / (high - low)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return np.array(out, np.float32)
-
-
 def _tensors(f: Family) -> list[_Tensor]:
     """Every tensor of the model, in the order they are written (token_embd, output norm and head, then
     the blocks, then RoPE factors)."""
@@ -210,7 +193,8 @@ def _tensors(f: Family) -> list[_Tensor]:
             t.append(_Tensor(p + "post_ffw_norm.weight", (E,), "norm"))
     n_pairs = (f.n_rot or hd) // 2
     if f.rope_freqs:
-        t.append(_Tensor("rope_freqs.weight", (n_pairs,), "values", values=_llama3_factors(f)))
+        t.append(_Tensor("rope_freqs.weight", (n_pairs,), "values", values=np.array(llama3_freq_factors(
+            f.n_rot or f.head, f.rope_base, *f.rope_freqs), np.float32)))
     if f.longrope:   # factors of the shape Phi-3.5 / Phi-4-mini ship: long ones growing, short ones near 1
         t.append(_Tensor("rope_factors_long.weight", (n_pairs,), "values",
                          values=np.geomspace(1.0, 40.0, n_pairs).astype(np.float32)))

@@ -158,3 +158,30 @@ def yarn_attn_factor(freq_scale: float, *, log_mul: float = 0.0, mscale: float =
         a = get_mscale(factor, 1.0)
     a = a * (f32(1.0) / (f32(1.0) + f32(0.1) * logf(factor)))
     return float(a * f32(rope_attn_factor))
+
+
+def llama3_freq_factors(n_rot: int, freq_base: float, factor: float = 8.0, low_freq_factor: float = 1.0,
+                        high_freq_factor: float = 4.0, original_context: int = 8192) -> tuple[float, ...]:
+    """The frequency factors of Llama 3.1's RoPE scaling (rope_type "llama3"), as convert_hf_to_gguf writes
+    them to rope_freqs.weight: one per pair of the n_rot rotated dims, 1 where the wavelength is below
+    original_context / high_freq_factor, factor above original_context / low_freq_factor, a smooth blend
+    between. For RoPE(freq_factors=...) in model code of one's own; a GGUF carries its own.
+
+    Raises:
+        ValueError: n_rot not even and > 0, or freq_base not > 0.
+    """
+    if n_rot <= 0 or n_rot % 2 or not freq_base > 0:
+        raise ValueError(f"n_rot must be even and > 0 and freq_base > 0, got {n_rot}, {freq_base}")
+    low_wl, high_wl = original_context / low_freq_factor, original_context / high_freq_factor
+    n = n_rot // 2
+    out = []
+    for i in range(n):
+        wl = 2 * math.pi / (1.0 / freq_base ** (2 * i / (2 * n)))
+        if wl < high_wl:
+            out.append(1.0)
+        elif wl > low_wl:
+            out.append(factor)
+        else:
+            smooth = (original_context / wl - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return tuple(float(np.float32(x)) for x in out)

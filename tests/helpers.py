@@ -218,3 +218,49 @@ def held(mem, seq):
     out = dict(zip(snap["pos"].tolist(), snap["tok"].tolist()))
     assert len(out) == len(idx), f"seq {seq} has two cells at one position"
     return out
+
+
+# ---- synthetic models against llama.cpp's recorded outputs (tests/data/recurrent, tests/data/families) -----------
+def spread_tolerance(meta: dict) -> float:
+    """Twice llama.cpp's largest difference against itself on the model (the recorded variants), at least 1e-3."""
+    spread = max(v["all_rows_max_abs_diff"] for p in meta["prompts"].values() for v in p["spread"].values())
+    return max(2 * spread, 1e-3)
+
+
+def check_prompt_logits(name: str, model, meta: dict, ref, tol: float) -> None:
+    """Every recorded prompt decoded in one batch: the last row's logits and every row's top 5 within tol of
+    llama.cpp's, the top-1 equal where llama.cpp's top-1 / top-2 gap is clear of 2 tol, and most rows clear."""
+    from llamax import Batch, Context
+
+    n_clear = n_rows = 0
+    for p in meta["prompts"]:
+        toks = ref[f"{p}__tokens"].tolist()
+        ctx = Context(model, n_ctx=512, n_threads=2)
+        ctx.decode(Batch(toks, logits=[True] * len(toks)))
+        out = ctx.get_logits()
+        last = ref[f"{p}__last_logits"]
+        assert np.abs(out[-1] - last).max() <= tol, (name, p, float(np.abs(out[-1] - last).max()), tol)
+        ids, vals = ref[f"{p}__top5_ids"], ref[f"{p}__top5_vals"]
+        ours = np.take_along_axis(out, ids.astype(np.int64), axis=1)
+        assert np.abs(ours - vals).max() <= tol, (name, p, float(np.abs(ours - vals).max()), tol)
+        clear = vals[:, 0] - vals[:, 1] > 2 * tol
+        assert np.array_equal(out[clear].argmax(axis=1), ids[clear, 0]), (name, p)
+        n_clear, n_rows = n_clear + int(clear.sum()), n_rows + len(toks)
+    assert n_clear > 0.6 * n_rows          # most rows are checked for their top-1
+
+
+def check_greedy_up_to_near_tie(name: str, model, meta: dict, ref, tol: float) -> None:
+    """Free-running greedy tokens equal llama.cpp's up to its first step whose top-1 / top-2 gap is within
+    twice the tolerance (a near-tie)."""
+    from llamax import Batch, Context
+
+    for p, info in meta["prompts"].items():
+        want = ref[f"{p}__greedy_tokens"].tolist()
+        n_sure = next((i for i, g in enumerate(info["greedy_gaps"]) if g <= 2 * tol), len(want))
+        ctx = Context(model, n_ctx=512, n_threads=2)
+        ctx.decode(Batch(ref[f"{p}__tokens"].tolist()))
+        got = []
+        for _ in range(n_sure):
+            got.append(int(ctx.get_logits()[-1].argmax()))
+            ctx.decode(Batch([got[-1]]))
+        assert got == want[:n_sure], (name, p)

@@ -190,6 +190,12 @@ def _write(path: str | os.PathLike, arch: str, tokenizer: dict, tensors: dict[st
             writer.kv_data[0].pop(key, None)
         else:
             writer.kv_data[0][key] = gguf.GGUFValue(value, vtype, None)
+    return finish(writer, tokenizer, tensors, path)
+
+
+def finish(writer: gguf.GGUFWriter, tokenizer: dict, tensors: dict[str, np.ndarray], path: Path) -> Path:
+    """The tokenizer's keys (_tokenizer's) and the tensors (float32; token_embd as Q4_0, so a file stays small)
+    into writer, then the file written and closed; path returned."""
     for key, (vtype, sub, value) in tokenizer.items():
         writer.add_key_value(key, value, vtype, sub)
     for name, data in tensors.items():

@@ -28,7 +28,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from synthetic import _embeddings, _norm, _normal, _tokenizer
+from llamax.rope import llama3_freq_factors
+from synthetic import _embeddings, _norm, _normal, _tokenizer, finish
 
 N_EMBD = 64
 N_LAYER = 4
@@ -55,25 +56,6 @@ FAMILIES: dict[str, tuple[str, dict]] = {
                                       out_gain=4.0, embd_div=12.0, moe=(8, 2, N_FF))),
     "olmo2": ("olmo2", dict(rope_base=500000.0, olmo2=True, untied=True, n_head_kv=N_HEAD)),
 }
-
-
-def _llama3_factors(n: int, base: float) -> np.ndarray:
-    """Llama 3.1's rope_freqs (convert_hf_to_gguf's rope_type "llama3": factor 8, low/high freq factors 1 / 4,
-    original context 8192), for n pairs."""
-    factor, low, high, old_ctx = 8.0, 1.0, 4.0, 8192
-    low_wl, high_wl = old_ctx / low, old_ctx / high
-    out = []
-    for i in range(n):
-        freq = 1.0 / base ** (2 * i / (2 * n))
-        wl = 2 * np.pi / freq
-        if wl < high_wl:
-            out.append(1.0)
-        elif wl > low_wl:
-            out.append(factor)
-        else:
-            smooth = (old_ctx / wl - low) / (high - low)
-            out.append(1.0 / ((1 - smooth) / factor + smooth))
-    return np.array(out, np.float32)
 
 
 def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: str, seed: int = 0) -> Path:
@@ -134,7 +116,7 @@ def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: s
             t[p + "ffn_gate.weight"], t[p + "ffn_up.weight"] = gate, up
         t[p + "ffn_down.weight"] = _normal(rng, (N_EMBD, N_FF), _GAIN * N_FF ** -0.5)
     if o.get("rope_freqs"):
-        t["rope_freqs.weight"] = _llama3_factors(hd // 2, o["rope_base"])
+        t["rope_freqs.weight"] = np.array(llama3_freq_factors(hd, o["rope_base"]), np.float32)
     if o.get("longrope"):
         t["rope_factors_long.weight"] = np.linspace(1.0, 12.0, hd // 2, dtype=np.float32)
         t["rope_factors_short.weight"] = np.linspace(1.0, 1.5, hd // 2, dtype=np.float32)
@@ -178,16 +160,4 @@ def write_family(path: str | os.PathLike, vocab_gguf: str | os.PathLike, name: s
         w.add_residual_scale(res)
         w.add_attention_scale(att)
         w.add_logit_scale(logit)
-    for key, (vtype, sub, value) in tokenizer.items():
-        w.add_key_value(key, value, vtype, sub)
-    for tname, data in t.items():
-        if tname == "token_embd.weight":
-            w.add_tensor(tname, gguf.quants.quantize(data, gguf.GGMLQuantizationType.Q4_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q4_0)
-        else:
-            w.add_tensor(tname, data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return finish(w, tokenizer, t, path)

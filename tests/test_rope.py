@@ -743,3 +743,17 @@ def test_yarn_attn_factor_is_llamacpps_rule():
     assert yarn_attn_factor(1.0) == 1.0
     with pytest.raises(ValueError):
         yarn_attn_factor(0.0)
+
+
+def test_llama3_freq_factors():
+    """Llama 3.1's factors (head 128, base 500000): short wavelengths kept, long ones divided by 8, a blend
+    between that rises monotonically; bad sizes refused."""
+    from llamax.rope import llama3_freq_factors
+
+    f = llama3_freq_factors(128, 500000.0)
+    assert len(f) == 64 and f[0] == 1.0 and f[-1] == 8.0
+    assert all(a <= b for a, b in zip(f, f[1:])) and any(1.0 < x < 8.0 for x in f)
+    RoPE(128, 500000.0, freq_factors=f)   # a RoPE takes them as they are
+    for bad in ((0, 1e4), (7, 1e4), (128, 0.0)):
+        with pytest.raises(ValueError):
+            llama3_freq_factors(*bad)

@@ -185,7 +185,11 @@ class KVCache(KVMemory):
         self.rot_v = _had.rot_block_v(self.head_dim_v) if rotate and type_v in QUANTIZED_CACHE_TYPES else 0
         self.n_swa = int(n_swa) if swa_type != "none" else 0
         self.swa_type = swa_type
-        self.rope = rope if rope is None or isinstance(rope, RoPE) else layer_ropes
+        #: the one RoPE of every stored layer (a per-layer list whose entries all agree counts as one), else the
+        #: per-layer tuple; None: no RoPE given
+        self.rope = (None if layer_ropes is None else layer_ropes[0]
+                     if layer_ropes and layer_ropes[0] is not None and all(r == layer_ropes[0] for r in layer_ropes)
+                     else layer_ropes)
         #: each stored layer's RoPE (None: NoPE), in the order of layer_ids; None: the cache cannot shift
         self.layer_ropes: tuple[RoPE | None, ...] | None = layer_ropes
         self.n_threads = resolve_n_threads(n_threads)

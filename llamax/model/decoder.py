@@ -113,7 +113,12 @@ class Decoder(Model, arch=DENSE_ARCHS):
             self.q_scale, self.kq_scale = 1.0, hp.kq_scale or 1.0 / math.sqrt(d)
         self._stacks: dict[str, object] = {}
         self._variants: weakref.WeakKeyDictionary[Memory, str] = weakref.WeakKeyDictionary()
-        self.stack = self._stack_of(self._variant(hp.n_ctx_train))
+        self._stack_of(self._variant(hp.n_ctx_train))   # built at load: the weights' checks run now
+
+    @property
+    def stack(self):
+        """The native stack of a context of the trained length (the layers as one native call)."""
+        return self._stack_of(self._variant(self.hp.n_ctx_train))
 
     # ---- RoPE per layer ----------------------------------------------------------------------------
     def _variant(self, n_ctx_seq: int) -> str:
@@ -212,6 +217,14 @@ class Decoder(Model, arch=DENSE_ARCHS):
             logits *= c
         return logits
 
+    def _block_out(self, o: np.ndarray, post_norm: np.ndarray | None, rs: np.float32) -> np.ndarray:
+        """A block's output on its way into the residual: [its post-norm], [times the residual scale]."""
+        if post_norm is not None:
+            o = rms_norm(o, post_norm, self.hp.rms_eps)
+        if rs != 1:
+            o *= rs
+        return o
+
     def forward_reference(self, mem, ub) -> np.ndarray:
         """forward composed in Python, step by step: the products, RoPE, the memory's store and attend,
         and the per-row norm and gate of llamax._native.layer. The reference of the native layer step
@@ -250,22 +263,12 @@ class Decoder(Model, arch=DENSE_ARCHS):
                     a, x = a[out], x[out]
                 if a.shape[0] == 0:
                     return np.zeros((0, hp.n_vocab), np.float32)
-            o = L.wo(a)
-            if L.post_attn_norm is not None:
-                o = rms_norm(o, L.post_attn_norm, hp.rms_eps)
-            if rs != 1:
-                o *= rs
-            x += o
+            x += self._block_out(L.wo(a), L.post_attn_norm, rs)
             h = rms_norm(x, L.ffn_norm, hp.rms_eps) if L.ffn_norm is not None else x.copy()
             if L.moe is not None:
                 o = L.moe.forward(h, n_threads=nt)
             else:
-                act = _layer.gated(L.w_gate_up(h), hp.n_ff, fam.act,
-                                   gelu_table() if fam.act == "gelu_table" else None)
-                o = L.w_down(act)
-            if L.post_ffw_norm is not None:
-                o = rms_norm(o, L.post_ffw_norm, hp.rms_eps)
-            if rs != 1:
-                o *= rs
-            x += o
+                o = L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, fam.act,
+                                          gelu_table() if fam.act == "gelu_table" else None))
+            x += self._block_out(o, L.post_ffw_norm, rs)
         return self._logits(rms_norm(x, self.output_norm, hp.rms_eps))

@@ -162,11 +162,10 @@ def read_dense(g: GGUFFile, k: _Keys) -> HParams:
         n_embd_head_v=head_v, n_ff=n_ff, n_ctx_train=n_ctx_train, n_vocab=_n_vocab(g),
         rms_eps=k.number("attention.layer_norm_rms_epsilon"), n_rot=n_rot, rope_kind=fam.rope,
         rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True), rope_freq_scale=freq_scale,
-        tied_output="output.weight" not in g.tensors,
-        n_ctx_orig=k.integer("rope.scaling.original_context_length", n_ctx_train),
-        **_yarn(k, scaling, freq_scale))
-    if hp["n_ctx_orig"] == n_ctx_train:
-        hp["n_ctx_orig"] = 0   # the default (kept out of the fingerprint)
+        tied_output="output.weight" not in g.tensors, **_yarn(k, scaling, freq_scale))
+    n_ctx_orig = k.integer("rope.scaling.original_context_length", n_ctx_train)
+    if n_ctx_orig != n_ctx_train:   # else the default 0 (kept out of the fingerprint)
+        hp["n_ctx_orig"] = n_ctx_orig
     if fam.kq_scale_key:
         hp["kq_scale"] = k.number("attention.scale", 0.0)
     if fam.embd_scale == "key":

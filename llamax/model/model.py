@@ -43,11 +43,6 @@ def _model_path(name_or_path: str | os.PathLike) -> Path:
     raise ModelError(f"{name_or_path!r} is neither a file nor a registry name ({', '.join(models.available())})")
 
 
-def _one(ropes: list[RoPE | None]) -> RoPE | list[RoPE | None]:
-    """The one RoPE of every layer when they all have the same, else the per-layer list."""
-    return ropes[0] if ropes and ropes[0] is not None and all(r == ropes[0] for r in ropes) else ropes
-
-
 class ModelInfo:
     """What a GGUF says without its weights: the hyperparameters, the tokenizer, the chat template
     and the fingerprint a saved state must match. Reading one maps the file and reads no tensor data
@@ -198,11 +193,10 @@ class Model(ModelInfo):
             return HybridMemory(attn, recr)
         rope: Any = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         rope_swa: Any = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)
-        if ropes is not None:   # per layer: the base cache's layers, then the sliding ones' (one RoPE if all agree)
+        if ropes is not None:   # per layer: the base cache's layers, then the sliding ones'
             swa = set(hp.swa_layers) if hp.n_swa > 0 else set()
-            rope = _one([ropes[il] for il in range(hp.n_layer) if il not in swa]) if len(swa) < hp.n_layer \
-                else _one(ropes)
-            rope_swa = _one([ropes[il] for il in range(hp.n_layer) if il in swa])
+            rope = [ropes[il] for il in range(hp.n_layer) if il not in swa] if len(swa) < hp.n_layer else ropes
+            rope_swa = [ropes[il] for il in range(hp.n_layer) if il in swa]
         if hp.n_swa > 0 and hp.swa_layers:
             if len(hp.swa_layers) == hp.n_layer:  # every layer slides: llama.cpp's iSWA cache minus its empty base
                 size = swa_cache_size(params.n_ctx_seq, hp.n_swa, params.n_seq_max, params.kv_unified,
