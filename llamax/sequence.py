@@ -158,8 +158,8 @@ def context_shift(memory: Memory, seq_id: int, keep_end: int, n_discard: int = 0
                     "them: its layers miss the oldest kept cells while the window covers them "
                     "(swa_full=True keeps them)", seq_id, keep_end)
     n_past = keep_end + n_left
-    if not memory.seq_rm(seq_id, keep_end, keep_end + n):
-        log.info("context shift: seq %d is a recurrent state, which cannot forget part of itself: it stays "
+    if not memory.seq_forget(seq_id, keep_end, keep_end + n):
+        log.info("context shift: seq %d has a recurrent state, which cannot forget part of itself: it stays "
                  "whole and its positions move down by %d", seq_id, n)
     memory.seq_add(seq_id, keep_end + n, n_past, -n)
     log.info("context shift: seq %d, n_keep = %d, n_left = %d, n_discard = %d", seq_id, keep_end, n_left, n)

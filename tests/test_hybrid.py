@@ -30,7 +30,7 @@ def test_attention_layers_get_the_kv_cache_and_the_others_the_states(jamba):
     assert isinstance(mem, llamax.HybridMemory)
     assert mem.attn.layer_ids == [1, 3] and mem.recr.layer_ids == [0, 2]
     assert mem.attn.n_cells == 512 and mem.recr.n_cells == 2
-    assert not mem.can_shift                      # no RoPE: the KV cache cannot shift
+    assert mem.can_shift                          # NoPE: a shift only renumbers positions (they only mask)
     assert mem.attn.lock is mem.lock and mem.recr.lock is mem.lock
 
 
@@ -55,13 +55,22 @@ def test_partial_seq_rm_is_refused_by_both_and_full_removal_reaches_both(jamba):
     assert ctx.memory.attn.n_used == 0 and ctx.memory.recr.n_used == 0 and ctx.memory.seq_pos_max(0) == -1
 
 
-def test_a_shift_is_refused_with_nothing_changed(jamba):
+def test_a_context_shift_drops_the_attention_cells_and_renumbers_the_state(jamba):
+    from llamax.sequence import context_shift
+
+    toks = jamba.tokenize(TEXT)
     ctx = Context(jamba, n_ctx=512, n_threads=2)
-    ctx.decode(Batch(jamba.tokenize(TEXT)))
-    before = ctx.state_get_data()
-    with pytest.raises(LlamaxError, match="cannot shift"):
-        ctx.memory.seq_add(0, 2, -1, -2)
-    assert ctx.state_get_data() == before
+    ctx.decode(Batch(toks))
+    mem, n = ctx.memory, len(toks)
+    states = [a.copy() for a in mem.recr.conv + mem.recr.ssm]
+    done, n_left = context_shift(mem, 0, 2, 4)
+    assert (done, n_left) == (4, n - 2)
+    # the attention layers forgot positions [2, 6) and moved the rest down; the state kept all it folded in
+    assert sorted(p for p, seqs in mem.attn.cells() if seqs) == list(range(n - 4))
+    assert mem.recr.seq_pos_max(0) == n - 5 and mem.seq_pos_max(0) == n - 5
+    assert all(np.array_equal(a, b) for a, b in zip(states, mem.recr.conv + mem.recr.ssm))
+    ctx.decode(Batch([42]))                       # goes on at position n - 4
+    assert mem.seq_pos_max(0) == n - 4 and np.isfinite(ctx.get_logits()).all()
 
 
 def test_sequences_after_seq_cp_continue_identically(jamba):

@@ -103,6 +103,18 @@ class Memory(abc.ABC):
 
         p0 < 0 means 0 and p1 < 0 means infinity. Returns True (a KV cache can always remove)."""
 
+    def seq_forget(self, seq_id: int, p0: int, p1: int) -> bool:
+        """Drop what the memory holds of positions [p0, p1) of seq_id as far as it can (a context
+        shift's discard): a cache of cells removes them (seq_rm); a recurrent state, which cannot
+        forget part of what it folded in, stays whole. True when the whole range is gone."""
+        return self.seq_rm(seq_id, p0, p1)
+
+    @property
+    def token_room(self) -> int:
+        """Tokens a batch can still place: n_free for a memory of one cell per position; a pure
+        recurrent memory, one state per sequence whatever its length, has no such limit."""
+        return self.n_free
+
     @abc.abstractmethod
     def seq_cp(self, seq_id_src: int, seq_id_dst: int, p0: int = -1, p1: int = -1) -> None:
         """Make the cells of src in [p0, p1) part of dst too (no copy within a stream)."""

@@ -67,6 +67,13 @@ class HybridMemory(Memory):
         return self.attn.seq_rm(seq_id, p0, p1)
 
     @locked
+    def seq_forget(self, seq_id: int, p0: int, p1: int) -> bool:
+        """The KV cache's cells of [p0, p1) go; the recurrent state stays whole unless the range
+        covers it (a context shift: the attention layers forget, the state keeps what it folded in)."""
+        gone = self.recr.seq_rm(seq_id, p0, p1)
+        return self.attn.seq_rm(seq_id, p0, p1) and gone
+
+    @locked
     def reserve_rollback(self, n: int) -> None:
         """The recurrent memory's (its per-token states); the KV cache can always cut a tail."""
         self.recr.reserve_rollback(n)

@@ -182,6 +182,11 @@ class RecurrentMemory(Memory):
         """States no sequence holds: n_cells - n_used."""
         return self.mem_size - int(np.count_nonzero(self._owner >= 0))
 
+    @property
+    def token_room(self) -> int:
+        """No limit: a sequence's tokens fold into its one state."""
+        return POS_MAX
+
     def _cell_bytes(self) -> int:
         return 4 * len(self.layer_ids) * (int(np.prod(self.r_shape)) + int(np.prod(self.s_shape)))
 

@@ -188,8 +188,9 @@ class Model(ModelInfo):
             if len(hp.recurrent_layers) == hp.n_layer:
                 return recr
             attn_layers = [il for il in range(hp.n_layer) if il not in hp.recurrent_layers]
+            attn_ropes = [ropes[il] for il in attn_layers] if ropes is not None else [None] * len(attn_layers)
             attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
-                           **common)   # no RoPE in these models' attention (Jamba): positions only mask
+                           rope=attn_ropes, **common)   # without ropes (Jamba): NoPE, positions only mask
             return HybridMemory(attn, recr)
         rope: Any = RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         rope_swa: Any = RoPE(hp.n_rot, hp.rope_freq_base_swa, hp.rope_freq_scale_swa, hp.rope_kind)

@@ -15,7 +15,7 @@ Each step is one decode of at most n_batch tokens (update_slots):
                             slots still prefilling (chunked prefill), logits on each sequence's
                             last token
     decode                  when the batch does not fit: evict cached prefixes (least recently
-                            used, tail first) and retry; then suspend the youngest running request
+                            used, tail first; their states kept in the host-RAM tier) and retry; then suspend the youngest running request
                             (its sequence saved to RAM by state_seq_get_data within a byte budget,
                             else its tokens kept to be computed again) and retry
     sampling                each request's own seeded Sampler on its logits row: the kernels are
@@ -64,7 +64,8 @@ from llamax.sampling import Sampler, rows_logprobs
 from llamax.sequence import (N_KEEP_MARGIN, SeqDecoder, TokenLogprob, bos_offset, context_shift, keep_length,
                              needs_room, prompt_tokens, shift_discard)
 from llamax.serving.request import GENERATING, PREFILL, SUSPENDED, Request, Result
-from llamax.serving.reuse import PrefixReuse, PrefixState, reuse_class
+from llamax.serving.host_tier import HostTier, budget_bytes
+from llamax.serving.reuse import PrefixReuse, PrefixState, StateIO, reuse_class
 from llamax.speculative import Speculative, Speculator, cut_tail, equal_drafts, equalize, resolve, verify
 
 log = logging.getLogger("llamax")
@@ -148,6 +149,18 @@ class Engine:
         speculative: speculative decoding for every request (None: off unless a request asks for
             "ngram"; True / "ngram" / a llamax.Speculative; kind "draft" loads its draft model here and
             checks its vocabulary: ModelError). Output is the same with and without it.
+        cache_ram: MiB of host RAM for sequence states (llama-server's --cache-ram; None: its default,
+            8192 MiB; 0: off; -1: no limit): the prefixes the prefix cache evicts from the cells, and a
+            recurrent or hybrid model's state checkpoints (its only prefix reuse). A hit is restored
+            when that is cheaper than computing its tokens (measured restore and prefill speeds);
+            least recently used states go first. Not used by the slots' own caches (kv_unified=False).
+
+    Models with recurrent layers (Mamba, Jamba, ...) run the same way: every request has one state
+    (n_seq_max = n_parallel, so cells never run out for a pure recurrent model), batches are split
+    equally, the prefix reuse keeps state checkpoints in the host-RAM tier (reuse.CheckpointReuse),
+    speculative decoding rolls states back by the memory's per-token rows, and a context shift
+    renumbers the state's positions (it keeps what it folded in; a hybrid's attention cells of the
+    discarded positions go, and positions there only mask).
 
     `with Engine(...) as engine:` runs the steps in a background thread; without it the caller
     drives them with step() (or by waiting on a request, which steps for it).
@@ -158,7 +171,7 @@ class Engine:
                  swa_full: bool = False, prefix_cache: bool = True, max_queue: int = 256,
                  n_threads: int | None = None, slot_save_path: str | os.PathLike | None = None,
                  context_shift: bool = True, n_ctx_slot: int = 0, suspend_bytes: int = SUSPEND_BYTES,
-                 speculative: Speculative | bool | str | None = None) -> None:
+                 speculative: Speculative | bool | str | None = None, cache_ram: int | None = None) -> None:
         from llamax.model import Model
 
         if isinstance(model, (str, os.PathLike)):
@@ -166,13 +179,10 @@ class Engine:
         n_parallel = checks.in_range(n_parallel, "n_parallel", 1, LLAMA_MAX_SEQ + 1)
         self.max_queue = checks.in_range(max_queue, "max_queue", 0, 2**31)
         self.suspend_bytes = checks.in_range(suspend_bytes, "suspend_bytes", 0, 2**62)
-        if model.hparams.recurrent_layers:
-            raise LlamaxError(f"{model.path.name} is a {model.arch} model: its layers keep recurrent states, which "
-                              f"the Engine's prefix cache and context shift cannot cut; run it with a Context "
-                              f"(llamax.generate, `llamax run`)")
         self.model = model
         self.n_parallel = n_parallel
-        reuse = reuse_class(bool(prefix_cache), bool(kv_unified), n_parallel)
+        self.tier = HostTier(budget_bytes(cache_ram))
+        reuse = reuse_class(bool(prefix_cache), bool(kv_unified), n_parallel, bool(model.hparams.recurrent_layers))
         n_seq_max = reuse.n_seq_max(n_parallel)
         params = ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq_max,
                                kv_unified=kv_unified, type_k=type_k, type_v=type_v, flash_attn=flash_attn,
@@ -186,7 +196,8 @@ class Engine:
             raise ValueError(f"n_ctx_slot = {n_ctx_slot}: a slot needs at least {2 * N_KEEP_MARGIN} cells")
         self.n_batch = self.params.n_batch
         self.context_shift = bool(context_shift) and self.memory.can_shift
-        self.reuse: PrefixReuse = reuse(self.memory, n_parallel)
+        self.reuse: PrefixReuse = reuse(self.memory, n_parallel, tier=self.tier,
+                                        state=StateIO(self.ctx.state_seq_get_data, self.ctx.state_seq_set_data))
         self.slot_save_path = None if slot_save_path is None else pathlib.Path(slot_save_path).resolve()
         if self.slot_save_path is not None and self.slot_save_path.is_dir():
             stale = _state.remove_stale_tmp(self.slot_save_path)  # a save killed midway left these
@@ -514,7 +525,7 @@ class Engine:
             return n
 
     def _free_cells(self) -> int:
-        return self.memory.n_free
+        return self.memory.token_room
 
     def _busy(self) -> list[Slot]:
         return [s for s in self._slots if s.req is not None]
@@ -564,7 +575,7 @@ class Engine:
         # prompt's logprobs, or when the request keeps nothing of the cache
         limit = len(prompt) - 1 if req.cache_prompt and req.prompt_logprobs is None else 0
         hit = self.reuse.lookup(slot.seq, prompt, limit)
-        need = len(prompt) - hit.n + GROWTH * (len(self._busy()) + 1)
+        need = len(prompt) - hit.n + hit.cells + GROWTH * (len(self._busy()) + 1)
         self.reuse.lock(slot.seq, hit)  # evicting for room must not take the prefix
         if need > self._free_cells():
             self.reuse.evict(need - self._free_cells())
@@ -598,7 +609,10 @@ class Engine:
             if s.req is None or s.req.state != PREFILL or budget == 0:
                 continue
             st = s.seq_state
-            chunk = st.feed[st.fed:st.fed + (min(budget, LOGPROB_CHUNK) if self._all_rows(s) else budget)]
+            end = st.fed + (min(budget, LOGPROB_CHUNK) if self._all_rows(s) else budget)
+            if not st.shifted:  # a state the reuse keeps is taken where a chunk ends
+                end = min(end, self.reuse.boundary(s.seq, st.fed, len(st.feed)))
+            chunk = st.feed[st.fed:end]
             out.append((s, chunk, st.fed + len(chunk) == len(st.feed)))
             budget -= len(chunk)
         return out
@@ -682,10 +696,12 @@ class Engine:
                 continue
             except Exception as e:  # a failed forward pass: the context took the batch's tokens back out
                 return self._isolate(self._undraft(batch), e)
+            dt = time.perf_counter() - t0
             if self._spec and all(s.req is not None and s.req.state == GENERATING for s, _, _ in batch):
-                dt = time.perf_counter() - t0
                 for sp in self._spec.values():
                     sp.observe(len(toks), dt)
+            if all(s.req is not None and s.req.state == PREFILL for s, _, _ in batch):
+                self.tier.cost.saw_prefill(len(toks), dt)  # what a restored state saves per token
             self._after(batch)
             return len(toks)
         return 0
@@ -740,6 +756,8 @@ class Engine:
                 st.fed += len(chunk)
                 req.n_fed = st.fed
                 self._m["prompt_tokens"] += len(chunk)
+                if not st.shifted and req.cache_prompt:
+                    self.reuse.note_chunk(s.seq, st.tokens, len(st.feed))
                 if st.fed < len(st.feed):
                     continue
                 if st.pending is not None:  # a suspended request computed again: go on generating
@@ -1044,7 +1062,7 @@ class Engine:
     def metrics(self) -> dict:
         """Counters and gauges of the engine (llama-server's /metrics)."""
         with self._lock:
-            m, mem, r = self._m, self.memory, self.reuse.stats()
+            m, mem, r, t = self._m, self.memory, self.reuse.stats(), self.tier.stats()
             busy = m["busy_s"]
             with self._qlock:
                 qlen = len(self._queue)
@@ -1059,7 +1077,10 @@ class Engine:
                 requests_finished=m["requests_finished"], requests_cancelled=m["requests_cancelled"],
                 requests_failed=m["requests_failed"],
                 requests_suspended=m["requests_suspended"], suspended_bytes=self._suspended_bytes,
-                spec_drafted=m["spec_drafted"], spec_accepted=m["spec_accepted"])
+                spec_drafted=m["spec_drafted"], spec_accepted=m["spec_accepted"],
+                cache_ram_entries=t.entries, cache_ram_bytes=t.bytes, cache_ram_budget=t.budget,
+                cache_ram_stored=t.stored, cache_ram_evicted=t.evicted, cache_ram_restores=t.restores,
+                cache_ram_tokens_restored=t.tokens_restored)
 
 
     # ---- embeddings ------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ as seq_cp shares them, so a prefix is stored once however many prompts start wit
     insert(tokens, src)  src holds [0, n) with tokens[:n]; the new part becomes a leaf (seq_cp
                          into a free tree sequence, or the extended leaf's own one)
     evict(n)             unlocked leaves, least recently used first, are trimmed from their tail
-                         until n cells are free or nothing is left to trim
+                         until n cells are free or nothing is left to trim (on_evict, when set,
+                         sees each leaf's path and sequence before it is trimmed: the host-RAM tier)
     lock / unlock        a running request's prefix: the nodes on its path are not trimmed while
                          it runs
     borrow / give_back   a free tree sequence as scratch space (a prefix exported or imported whole)
@@ -44,7 +45,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -124,6 +125,7 @@ class PrefixCache:
         self.mem = memory
         self.seq_ids = tuple(seq_ids)
         self.lookups = self.hits = self.tokens_reused = 0
+        self.on_evict: Callable[[list[int], int], None] | None = None  # (path tokens, seq) before a leaf is trimmed
         self._clock = 0
         self._handles = itertools.count(1)
         self._pushes = itertools.count()
@@ -424,6 +426,8 @@ class PrefixCache:
         parent = leaf.parent
         assert leaf.seq is not None and leaf.lock == 0 and parent is not None, "only an unlocked leaf is trimmed"
         k = min(k, len(leaf.tokens))
+        if self.on_evict is not None:
+            self.on_evict(self._path(leaf), leaf.seq)
         self.mem.seq_rm(leaf.seq, leaf.end - k, -1)
         if k < len(leaf.tokens):
             leaf.tokens = leaf.tokens[:len(leaf.tokens) - k]
@@ -436,6 +440,15 @@ class PrefixCache:
         else:
             self.mem.seq_rm(seq, -1, -1)
             self._free.append(seq)
+
+    @staticmethod
+    def _path(node: Node) -> list[int]:
+        """The tokens of positions [0, node.end)."""
+        runs = []
+        while node.parent is not None:
+            runs.append(node.tokens)
+            node = node.parent
+        return np.concatenate(runs[::-1]).tolist() if runs else []
 
     def _evict_one(self) -> bool:
         """Drop the least recently used evictable leaf, and the parents it leaves as unlocked

@@ -11,6 +11,9 @@ whether caching is on):
     attach(seq, hit)                 seq_cp the prefix into seq (the rest of seq dropped) and count
                                      the lookup, a hit when it gives tokens; returns the tokens
     take(seq)                        seq goes to a request bringing its own cells (a resumed one)
+    boundary(seq, start, end)        where a prefill chunk of seq from position start (its feed end
+                                     tokens long) must stop, so that a state can be kept there
+    note_chunk(seq, tokens, end)     a prefill chunk of seq ended: seq holds tokens
     note_prefilled(seq, tokens)      seq's prompt is in the cache: keep it for others now
     release(seq, tokens, cache=...)  seq's request ended: keep its cells (cache) or drop them
     evict(n_cells)                   free up to n_cells cells only the reuse holds; the cells freed
@@ -21,10 +24,17 @@ whether caching is on):
     export(...), import_(...)        a cached prefix as a state blob, to and from another Engine
 
 The Engine admits a request as: lookup -> does it fit? -> lock -> evict for room -> attach (copy,
-commit). Three implementations:
+commit). Four implementations:
 
     RadixReuse   the radix tree over a unified cache (PrefixCache): finished prompts are leaves on
-                 sequence ids of their own (n_parallel .. 255), shared by seq_cp with no copy
+                 sequence ids of their own (n_parallel .. 255), shared by seq_cp with no copy; a
+                 prefix it evicts from the cells goes to the host-RAM tier (HostTier) and comes back
+                 into the tree on a hit when restoring it is cheaper than computing it
+    CheckpointReuse
+                 a recurrent or hybrid model's: a state cannot be cut back to a shorter prefix, so
+                 whole sequence states are kept in the host-RAM tier at chosen positions (multiples
+                 of CHECKPOINT_EVERY, a prompt's last position but one, a finished request's end);
+                 a request restores the deepest one at or below its shared prefix
     SlotReuse    llama-server's cache_prompt: each slot keeps its last request's cells, a request
                  goes to the free slot whose cache shares the longest prefix with its prompt and
                  reuses it in place (one stream per slot, or 256 slots leaving no id for a tree)
@@ -34,14 +44,21 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from llamax.dtypes import LLAMA_MAX_SEQ
 from llamax.errors import LlamaxError, StateError
+from llamax.serving.host_tier import Entry, HostTier
 from llamax.serving.prefix_cache import Match, PrefixCache, common_prefix
 
-DEFER_MIN = 16  # wait for an in-flight prefill that would give this many more cached tokens
+log = logging.getLogger("llamax")
+
+DEFER_MIN = 16        # wait for an in-flight prefill that would give this many more cached tokens
+TIER_MIN_TOKENS = 32  # a prefix shorter than this is not kept in the host-RAM tier (computing it is cheap)
+CHECKPOINT_EVERY = 512  # a recurrent model's prompt states are kept at multiples of this many positions
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +71,22 @@ class PrefixState:
 
 @dataclasses.dataclass(frozen=True)
 class Hit:
-    """What lookup found for a slot: n prompt tokens the cache gives (0: none) and, for the tree,
-    the match they come from."""
+    """What lookup found for a slot: n prompt tokens the cache gives (0: none); for the tree, the
+    match they come from; for a state restored from the host-RAM tier, its entry, its tokens and
+    the cells its restore takes besides the prompt's uncomputed tokens (cells)."""
     n: int
     match: Match | None = None
+    entry: Entry | None = None
+    tokens: tuple[int, ...] = ()
+    cells: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StateIO:
+    """A context's sequence-state calls, for the reuses that keep states in the host-RAM tier:
+    read(seq) -> blob (Context.state_seq_get_data), write(blob, seq) (state_seq_set_data)."""
+    read: Callable[[int], bytes]
+    write: Callable[[bytes, int], object]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +116,8 @@ class PrefixReuse(Protocol):
     def unlock(self, seq: int) -> None: ...
     def attach(self, seq: int, hit: Hit) -> int: ...
     def take(self, seq: int) -> None: ...
+    def boundary(self, seq: int, start: int, end: int) -> int: ...
+    def note_chunk(self, seq: int, tokens: Sequence[int], end: int) -> None: ...
     def note_prefilled(self, seq: int, tokens: Sequence[int]) -> None: ...
     def release(self, seq: int, tokens: Sequence[int], *, cache: bool, shifted: bool) -> None: ...
     def evict(self, n_cells: int) -> int: ...
@@ -101,11 +132,14 @@ class PrefixReuse(Protocol):
                 write: Callable[[bytes, int], object]) -> int: ...
 
 
-def reuse_class(prefix_cache: bool, kv_unified: bool, n_parallel: int) -> type[RadixReuse] | type[SlotReuse]:
-    """The reuse an Engine gets: the tree over a unified cache with a sequence id to spare, the
-    slots' own caches otherwise, none without prefix_cache."""
+def reuse_class(prefix_cache: bool, kv_unified: bool, n_parallel: int, recurrent: bool = False) -> type:
+    """The reuse an Engine gets: state checkpoints for a model with recurrent layers, the tree over
+    a unified cache with a sequence id to spare, the slots' own caches otherwise, none without
+    prefix_cache."""
     if not prefix_cache:
         return NoReuse
+    if recurrent:
+        return CheckpointReuse
     if kv_unified and n_parallel < LLAMA_MAX_SEQ:
         return RadixReuse
     return SlotReuse
@@ -121,9 +155,17 @@ class RadixReuse:
     whole sequence when it ends. An idle slot remembers its last request's tokens (slot_save saves
     them as far as the tree still holds them).
 
+    With a host-RAM tier, a leaf the tree trims is kept there first (its whole path, the state of
+    its sequence; TIER_MIN_TOKENS or more), and a lookup whose prompt shares more with a kept state
+    than with the tree restores that state into a scratch sequence of the tree, cut back to the
+    shared prefix, when the tier's cost model finds it cheaper than computing the difference; the
+    tree then holds it like any prefix.
+
     Args:
         memory: the context's memory (unified, n_seq_max 256).
         n_parallel: the slots (sequence ids 0 .. n_parallel - 1).
+        tier: the host-RAM tier (None, or a zero budget: evicted prefixes are lost).
+        state: the context's sequence-state calls (needed with a tier).
     """
 
     name = "tree"
@@ -132,12 +174,23 @@ class RadixReuse:
     def n_seq_max(n_parallel: int) -> int:
         return LLAMA_MAX_SEQ
 
-    def __init__(self, memory, n_parallel: int) -> None:
+    def __init__(self, memory, n_parallel: int, *, tier: HostTier | None = None, state: StateIO | None = None) -> None:
         self.mem = memory
         self.tree = PrefixCache(memory, range(n_parallel, LLAMA_MAX_SEQ))
         self.seq_ids = self.tree.seq_ids
         self._locks: dict[int, int] = {}       # slot seq -> the tree's lock handle of its prefix
         self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
+        self.tier = tier if tier is not None and tier.enabled and state is not None else None
+        self.state = state
+        if self.tier is not None:
+            self.tree.on_evict = self._keep
+
+    def _keep(self, tokens: list[int], seq: int) -> None:
+        """The tree is about to trim the leaf on seq (holding tokens): its state goes to the tier,
+        unless the tier holds these tokens (or more) already."""
+        assert self.tier is not None and self.state is not None
+        if len(tokens) >= TIER_MIN_TOKENS and not self.tier.covers(tokens):
+            self.tier.put(tokens, self.state.read(seq))
 
     @property
     def n_prompts(self) -> int:
@@ -153,6 +206,10 @@ class RadixReuse:
 
     def lookup(self, seq: int, prompt: Sequence[int], limit: int) -> Hit:
         m = self.tree.match(prompt, limit)
+        if self.tier is not None:
+            e, k = self.tier.longest(prompt, limit)
+            if e is not None and k > m.n and self.tier.cost.worth(len(e.data), k - m.n):
+                return Hit(k, m, e, tuple(prompt[:k]), cells=e.n)
         return Hit(m.n, m)
 
     def lock(self, seq: int, hit: Hit) -> None:
@@ -166,9 +223,44 @@ class RadixReuse:
         if handle is not None:
             self.tree.unlock(handle)
 
+    def _from_tier(self, hit: Hit) -> Hit | None:
+        """Restore the hit's tier entry into a scratch sequence and insert it into the tree; the
+        tree's hit on it, locked for the slot in place of the old one (None: the restore failed,
+        the tree is as it was)."""
+        assert hit.entry is not None and self.tier is not None and self.state is not None
+        tree = self.tree
+        scratch = tree.borrow()
+        if scratch is None:
+            return None
+        try:
+            t0 = time.perf_counter()
+            self.state.write(hit.entry.data, scratch)
+            self.tier.cost.saw_restore(len(hit.entry.data), time.perf_counter() - t0)
+            if self.mem.seq_pos_min(scratch) != 0 or self.mem.seq_pos_max(scratch) < hit.n - 1:
+                return None
+            self.mem.seq_rm(scratch, hit.n, -1)   # the entry's tail past the shared prefix
+            tree.insert(list(hit.tokens), scratch, hit.n)
+        except StateError as e:  # no room for its cells as they were placed
+            log.info("llamax prefix cache: a state of %d tokens from RAM did not fit the cells: %s", hit.n, e)
+            return None
+        finally:
+            tree.give_back(scratch)
+        self.tier.restored(hit.entry, hit.n)
+        m = tree.match(list(hit.tokens), hit.n)
+        return Hit(m.n, m)
+
     def attach(self, seq: int, hit: Hit) -> int:
         """Copy the hit's prefix into seq from the leaf that holds it now (evicting for room may have
-        moved it to another leaf) and commit the lookup. Returns the tokens copied."""
+        moved it to another leaf; a hit of the host-RAM tier is restored into the tree first) and
+        commit the lookup. Returns the tokens copied."""
+        if hit.entry is not None:
+            restored = self._from_tier(hit)
+            if restored is not None:
+                self.unlock(seq)
+                assert restored.match is not None
+                if restored.n:
+                    self._locks[seq] = self.tree.lock_match(restored.match)
+                hit = restored
         assert hit.match is not None, "a hit of the tree's own lookup"
         m = self.tree.source(hit.match)
         self.mem.seq_rm(seq, -1, -1)
@@ -183,6 +275,12 @@ class RadixReuse:
         return m.n
 
     def take(self, seq: int) -> None:
+        pass
+
+    def boundary(self, seq: int, start: int, end: int) -> int:
+        return end
+
+    def note_chunk(self, seq: int, tokens: Sequence[int], end: int) -> None:
         pass
 
     def note_prefilled(self, seq: int, tokens: Sequence[int]) -> None:
@@ -239,6 +337,8 @@ class RadixReuse:
     def clear(self) -> None:
         self.tree.clear()
         self._locks.clear()
+        if self.tier is not None:
+            self.tier.clear()
 
     def export(self, tokens: list[int], min_tokens: int, read: Callable[[int], bytes]) -> PrefixState | None:
         """The longest cached prefix of tokens (at least min_tokens of them) as a PrefixState; the
@@ -296,6 +396,196 @@ class RadixReuse:
             tree.give_back(scratch)
 
 
+class CheckpointReuse:
+    """Prefix reuse for a model with recurrent layers (Mamba, Jamba, the Mamba-2 hybrids): a state
+    holds every token folded into it and cannot be cut back to a shorter prefix, so whole sequence
+    states are kept in the host-RAM tier at chosen positions (llama-server's context checkpoints):
+
+        every CHECKPOINT_EVERY positions of a prompt   (the engine stops its prefill chunks there)
+        the prompt's last position but one             (its last token is always computed: a
+                                                        request for the same prompt starts here)
+        the end of a finished request                  (prompt and generated tokens: the next
+                                                        chat turn starts here)
+
+    A request restores the deepest state at or below its shared prefix into its own sequence
+    (state_seq_set_data: a hybrid's KV cells come with it) and computes only the rest: its tokens
+    are those of its solo run, bit for bit (the kernels give a sequence the same bits whatever its
+    chunking). Nothing stays in the cells between requests: each slot's sequence is its request's.
+
+    Args:
+        memory: the context's memory (RecurrentMemory or HybridMemory, n_seq_max = n_parallel).
+        n_parallel: the slots.
+        tier: the host-RAM tier the checkpoints live in (None or a zero budget: nothing is reused).
+        state: the context's sequence-state calls.
+        every: positions between two prompt checkpoints.
+    """
+
+    name = "checkpoints"
+    seq_ids: tuple[int, ...] = ()
+
+    @staticmethod
+    def n_seq_max(n_parallel: int) -> int:
+        return n_parallel
+
+    def __init__(self, memory, n_parallel: int, *, tier: HostTier | None = None, state: StateIO | None = None,
+                 every: int = CHECKPOINT_EVERY) -> None:
+        self.mem = memory
+        self.tier = tier if tier is not None and tier.enabled and state is not None else None
+        self.state = state
+        self.every = max(int(every), 1)
+        self.lookups = self.hits = self.tokens_reused = 0
+        self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
+
+    @property
+    def n_prompts(self) -> int:
+        return len(self.tier) if self.tier is not None else 0
+
+    def _match(self, prompt: Sequence[int], limit: int) -> Entry | None:
+        return self.tier.match(prompt, limit) if self.tier is not None else None
+
+    def pick(self, prompt: Sequence[int], free: Sequence[int], prefilling: Sequence[Sequence[int]]) -> int | None:
+        """The first free slot, or None while a prompt being prefilled shares DEFER_MIN more tokens
+        with this one than the kept states give (its checkpoints are kept as it goes)."""
+        e = self._match(prompt, len(prompt))
+        have = 0 if e is None else e.n
+        if self.tier is not None and any(common_prefix(feed, prompt) >= have + DEFER_MIN for feed in prefilling):
+            return None
+        return free[0]
+
+    def lookup(self, seq: int, prompt: Sequence[int], limit: int) -> Hit:
+        e = self._match(prompt, limit)
+        if e is None or not self.tier.cost.worth(len(e.data), e.n):
+            return Hit(0)
+        return Hit(e.n, None, e, tuple(prompt[:e.n]), cells=e.n)
+
+    def lock(self, seq: int, hit: Hit) -> None:
+        pass
+
+    def unlock(self, seq: int) -> None:
+        pass
+
+    def attach(self, seq: int, hit: Hit) -> int:
+        """seq gets the hit's state (its old content dropped) and the lookup is counted; returns the
+        tokens restored (0 when the restore fails: the request computes its whole prompt)."""
+        self._last.pop(seq, None)
+        self.mem.seq_rm(seq, -1, -1)
+        self.lookups += 1
+        if hit.entry is None:
+            return 0
+        assert self.tier is not None and self.state is not None
+        try:
+            t0 = time.perf_counter()
+            self.state.write(hit.entry.data, seq)
+            self.tier.cost.saw_restore(len(hit.entry.data), time.perf_counter() - t0)
+        except StateError as e:  # no room for a hybrid's KV cells as they were placed
+            log.info("llamax prefix cache: a state of %d tokens did not fit the cells: %s", hit.n, e)
+            self.mem.seq_rm(seq, -1, -1)
+            return 0
+        self.tier.restored(hit.entry, hit.n)
+        self.hits += 1
+        self.tokens_reused += hit.n
+        return hit.n
+
+    def take(self, seq: int) -> None:
+        self._last.pop(seq, None)
+
+    def _checkpoint(self, n: int, end: int) -> bool:
+        return n >= TIER_MIN_TOKENS and (n % self.every == 0 or n == end - 1)
+
+    def boundary(self, seq: int, start: int, end: int) -> int:
+        """The first checkpoint position after start (a multiple of every, or end - 1), else end."""
+        if self.tier is None:
+            return end
+        stop = (start // self.every + 1) * self.every
+        if start < end - 1 < stop and end - 1 >= TIER_MIN_TOKENS:
+            stop = end - 1
+        return min(stop, end)
+
+    def _keep(self, seq: int, tokens: Sequence[int]) -> None:
+        assert self.tier is not None and self.state is not None
+        if not self.tier.has(tokens):
+            self.tier.put(tokens, self.state.read(seq))
+
+    def note_chunk(self, seq: int, tokens: Sequence[int], end: int) -> None:
+        """A prefill chunk ended: at a checkpoint position, seq's state is kept."""
+        if self.tier is not None and self._checkpoint(len(tokens), end):
+            self._keep(seq, tokens)
+
+    def note_prefilled(self, seq: int, tokens: Sequence[int]) -> None:
+        pass
+
+    def release(self, seq: int, tokens: Sequence[int], *, cache: bool, shifted: bool) -> None:
+        """seq's whole state is kept (unless cache is False, or a shift moved it), seq is emptied."""
+        if cache and not shifted and self.tier is not None and len(tokens) >= TIER_MIN_TOKENS:
+            self._keep(seq, tokens)
+        self.mem.seq_rm(seq, -1, -1)
+        self._last[seq] = list(tokens)
+
+    def evict(self, n_cells: int) -> int:
+        return 0
+
+    def stats(self) -> ReuseStats:
+        return ReuseStats(self.lookups, self.hits, self.tokens_reused, 0, 0, self.n_prompts)
+
+    def kept(self, seq: int) -> list[int]:
+        return self._last.get(seq, [])
+
+    @contextlib.contextmanager
+    def save(self, seq: int) -> Iterator[list[int]]:
+        """seq holds the idle slot's last request as far as a kept state gives it, while saving."""
+        last = self._last.get(seq, [])
+        e = self._match(last, len(last))
+        try:
+            if e is not None:
+                assert self.state is not None
+                self.state.write(e.data, seq)
+            yield last[:e.n] if e is not None else []
+        finally:
+            self.mem.seq_rm(seq, -1, -1)
+
+    def restore(self, seq: int, tokens: Sequence[int]) -> None:
+        """seq's restored state becomes a kept state any request restores."""
+        if self.tier is not None and len(tokens):
+            self._keep(seq, tokens)
+        self.mem.seq_rm(seq, -1, -1)
+        self._last[seq] = list(tokens)
+
+    def erase(self, seq: int) -> int:
+        n = len(self._last.pop(seq, []))
+        self.mem.seq_rm(seq, -1, -1)
+        return n
+
+    def clear(self) -> None:
+        if self.tier is not None:
+            self.tier.clear()
+
+    def export(self, tokens: list[int], min_tokens: int, read: Callable[[int], bytes]) -> PrefixState | None:
+        """The deepest kept state at or below tokens (at least min_tokens of them); not counted."""
+        e = self._match(tokens, len(tokens))
+        if e is None or e.n < max(1, min_tokens):
+            return None
+        return PrefixState(list(tokens[:e.n]), e.data)
+
+    def import_(self, tokens: list[int], data: bytes, check: Callable[[bytes], object],
+                write: Callable[[bytes, int], object]) -> int:
+        """Keep a PrefixState's blob as the state of its tokens; returns the tokens no kept state
+        gave yet. check(data) vets the blob first (StateError).
+
+        Raises:
+            LlamaxError: the engine keeps no states (cache_ram 0)."""
+        if self.tier is None:
+            raise LlamaxError("import_prefix: this engine keeps no states (cache_ram = 0)")
+        check(data)
+        e = self._match(tokens, len(tokens))
+        have = 0 if e is None else e.n
+        if have >= len(tokens):
+            return 0
+        if not self.tier.put(tokens, data):
+            raise LlamaxError(f"import_prefix: a state of {len(data)} bytes does not fit cache_ram "
+                              f"({self.tier.budget} bytes)")
+        return len(tokens) - have
+
+
 class SlotReuse:
     """llama-server's cache_prompt: an idle slot keeps its last request's cells on its own sequence;
     a request goes to the free slot whose kept tokens share the longest prefix with its prompt and
@@ -304,6 +594,8 @@ class SlotReuse:
     Args:
         memory: the context's memory (n_seq_max = n_parallel).
         n_parallel: the slots.
+        tier, state: not used (a slot's cells are its own; llama-server's --cache-ram covers them,
+            llamax's tier only the tree's and the checkpoints').
     """
 
     name = "slots"
@@ -314,7 +606,7 @@ class SlotReuse:
     def n_seq_max(n_parallel: int) -> int:
         return n_parallel
 
-    def __init__(self, memory, n_parallel: int) -> None:
+    def __init__(self, memory, n_parallel: int, *, tier: HostTier | None = None, state: StateIO | None = None) -> None:
         self.mem = memory
         self._kept: dict[int, list[int]] = {}  # idle slot seq -> the tokens its cells hold, [0, len)
         self.lookups = self.hits = self.tokens_reused = 0
@@ -343,6 +635,12 @@ class SlotReuse:
 
     def take(self, seq: int) -> None:
         self._kept.pop(seq, None)
+
+    def boundary(self, seq: int, start: int, end: int) -> int:
+        return end
+
+    def note_chunk(self, seq: int, tokens: Sequence[int], end: int) -> None:
+        pass
 
     def note_prefilled(self, seq: int, tokens: Sequence[int]) -> None:
         pass
