@@ -432,6 +432,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--swa-full", action="store_true", help="full-size cache for sliding-window layers")
     p.add_argument("--no-kv-unified", action="store_true", help="one KV stream per slot (no cross-slot prefix cache)")
     p.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt in full")
+    p.add_argument("--cache-ram", type=int, default=None, metavar="MiB",
+                   help="host RAM for sequence states: prefixes evicted from the cells, and a recurrent model's "
+                   "state checkpoints (default 8192 as llama-server; 0: off; -1: no limit)")
     p.add_argument("--no-context-shift", action="store_true",
                    help="a prompt longer than a slot's context gets 400, and generation stops at the context's end "
                    "(default: shift it, as llama-server --context-shift)")
@@ -497,7 +500,8 @@ def cmd_serve(a) -> int:
                     type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
                     kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
                     max_queue=a.max_queue, n_threads=a.threads, slot_save_path=a.slot_save_path,
-                    context_shift=not a.no_context_shift, n_ctx_slot=a.ctx_slot, speculative=spec)
+                    context_shift=not a.no_context_shift, n_ctx_slot=a.ctx_slot, speculative=spec,
+                    cache_ram=a.cache_ram)
     if a.slot_save_path is not None:
         os.makedirs(a.slot_save_path, exist_ok=True)
     alias = a.alias or (name if name in models.available() else model.path.name)
@@ -538,7 +542,7 @@ def _serve_replicas(a, name: str, spec=None) -> int:
                      type_k=a.cache_type_k, type_v=a.cache_type_v, flash_attn=a.flash_attn == "on",
                      kv_unified=not a.no_kv_unified, swa_full=a.swa_full, prefix_cache=not a.no_prefix_cache,
                      max_queue=a.max_queue, slot_save_path=slot_dir, context_shift=not a.no_context_shift,
-                     n_ctx_slot=a.ctx_slot, speculative=spec)
+                     n_ctx_slot=a.ctx_slot, speculative=spec, cache_ram=a.cache_ram)
     server_kw = dict(model_name=alias, max_body_bytes=a.max_body_bytes, max_tokens=a.max_tokens,
                      cors_origins=a.cors_origin,
                      api_key=a.api_key if a.api_key is not None else os.environ.get("LLAMAX_API_KEY") or None)

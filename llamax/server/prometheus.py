@@ -29,6 +29,10 @@ COUNTERS = {
     "busy_s": "seconds spent in steps",
     "spec_drafted": "speculative decoding: drafted tokens verified",
     "spec_accepted": "speculative decoding: drafted tokens the model sampled too",
+    "cache_ram_stored": "sequence states put in the host-RAM tier (evicted prefixes, state checkpoints)",
+    "cache_ram_evicted": "sequence states dropped from the host-RAM tier for room",
+    "cache_ram_restores": "sequence states restored from the host-RAM tier",
+    "cache_ram_tokens_restored": "prompt tokens restored from the host-RAM tier",
     # llamax serve --replicas: conversations moved between replicas with their cached prefix
     "handovers_in": "cached prefixes fetched from another replica",
     "handovers_tokens_in": "prompt tokens fetched from another replica's cache",
@@ -47,6 +51,9 @@ GAUGES = {
     "bytes_cached": "bytes of K/V held only by the prefix cache",
     "cached_prompts": "prompts in the prefix cache",
     "suspended_bytes": "bytes of suspended requests' saved states",
+    "cache_ram_entries": "sequence states in the host-RAM tier",
+    "cache_ram_bytes": "bytes of sequence states in the host-RAM tier",
+    "cache_ram_budget": "the host-RAM tier's byte budget (--cache-ram)",
     "prompt_tokens_per_s": "prompt tokens computed per busy second",
     "gen_tokens_per_s": "tokens generated per busy second",
 }

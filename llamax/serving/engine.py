@@ -1082,6 +1082,11 @@ class Engine:
                 cache_ram_stored=t.stored, cache_ram_evicted=t.evicted, cache_ram_restores=t.restores,
                 cache_ram_tokens_restored=t.tokens_restored)
 
+    def memory_breakdown(self) -> dict[str, int]:
+        """Bytes the engine holds, by buffer: the memory's (memory.breakdown(): K, V, the recurrent
+        states, ...), the suspended requests' saved states and the host-RAM tier's states."""
+        with self._lock:
+            return self.memory.breakdown() | {"suspended": self._suspended_bytes, "cache_ram": self.tier.nbytes}
 
     # ---- embeddings ------------------------------------------------------------------------------
     def embed(self, inputs, *, pooling: str | None = None, normalize: bool = True):
