@@ -119,6 +119,11 @@ def test_a_small_budget_keeps_the_most_recent_and_counts_what_it_drops(model):
     m = eng.metrics()
     assert m["cache_ram_bytes"] <= m["cache_ram_budget"] and m["cache_ram_evicted"] >= 1
     assert eng.tier.covers(prompts[3]) and not eng.tier.covers(prompts[0])
+    # restored only when cheaper than computing: a (measured) slow restore is not used
+    eng.tier.cost.restore_s_per_byte, eng.tier.cost.prefill_s_per_token = 1.0, 1e-3
+    assert eng.generate(prompts[3], max_tokens=1, temperature=0).n_cached == 1
+    eng.tier.cost.restore_s_per_byte = 1e-12
+    assert eng.generate(prompts[4], max_tokens=1, temperature=0).n_cached == 200   # evicted by the one before
 
 
 def test_a_corrupt_import_changes_nothing(model):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import llamax
-from llamax import Batch, Context, LlamaxError, Model
+from llamax import Batch, Context, Model
 from helpers import fail_forward_at, prompt_logits
 from synthetic import write_mamba
 
@@ -139,11 +139,6 @@ def test_llamax_run_on_a_mamba_gguf(mamba_gguf):
     ctx = Context(Model.load(mamba_gguf), n_ctx=256)
     text = "".join(llamax.generate(ctx, toks, max_tokens=8, sampler=llamax.Sampler(0.0)))
     assert r.stdout.rstrip("\n") == text
-
-
-def test_the_engine_refuses_a_recurrent_model_clearly(mamba):
-    with pytest.raises(LlamaxError, match="recurrent states"):
-        llamax.Engine(mamba, n_ctx=256)
 
 
 @pytest.mark.parametrize("key,value", [
