@@ -103,6 +103,7 @@ class Memory(abc.ABC):
 
         p0 < 0 means 0 and p1 < 0 means infinity. Returns True (a KV cache can always remove)."""
 
+    @locked
     def seq_forget(self, seq_id: int, p0: int, p1: int) -> bool:
         """Drop what the memory holds of positions [p0, p1) of seq_id as far as it can (a context
         shift's discard): a cache of cells removes them (seq_rm); a recurrent state, which cannot
@@ -110,6 +111,7 @@ class Memory(abc.ABC):
         return self.seq_rm(seq_id, p0, p1)
 
     @property
+    @locked
     def token_room(self) -> int:
         """Tokens a batch can still place: n_free for a memory of one cell per position; a pure
         recurrent memory, one state per sequence whatever its length, has no such limit."""

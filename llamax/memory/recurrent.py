@@ -183,6 +183,7 @@ class RecurrentMemory(Memory):
         return self.mem_size - int(np.count_nonzero(self._owner >= 0))
 
     @property
+    @locked
     def token_room(self) -> int:
         """No limit: a sequence's tokens fold into its one state."""
         return POS_MAX

@@ -132,7 +132,8 @@ class PrefixReuse(Protocol):
                 write: Callable[[bytes, int], object]) -> int: ...
 
 
-def reuse_class(prefix_cache: bool, kv_unified: bool, n_parallel: int, recurrent: bool = False) -> type:
+def reuse_class(prefix_cache: bool, kv_unified: bool, n_parallel: int,
+                recurrent: bool = False) -> type[RadixReuse] | type[CheckpointReuse] | type[SlotReuse]:
     """The reuse an Engine gets: state checkpoints for a model with recurrent layers, the tree over
     a unified cache with a sequence id to spare, the slots' own caches otherwise, none without
     prefix_cache."""
@@ -454,7 +455,7 @@ class CheckpointReuse:
 
     def lookup(self, seq: int, prompt: Sequence[int], limit: int) -> Hit:
         e = self._match(prompt, limit)
-        if e is None or not self.tier.cost.worth(len(e.data), e.n):
+        if e is None or self.tier is None or not self.tier.cost.worth(len(e.data), e.n):
             return Hit(0)
         return Hit(e.n, None, e, tuple(prompt[:e.n]), cells=e.n)
 
