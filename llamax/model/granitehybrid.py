@@ -1,0 +1,111 @@
+"""The granitehybrid architecture (llama.cpp's llama_model_granite_hybrid, IBM Granite 4.0-H) over a hybrid
+memory, with dense FFNs.
+
+Per layer: RMSNorm -> the mixer -> [x residual scale] -> residual -> RMSNorm -> SwiGLU FFN -> [x residual
+scale] -> residual. The mixer is a Mamba-2 one (llamax/model/mamba2.py) in the layers whose
+attention.head_count_kv is 0, its states in the hybrid memory's recurrent part; else attention over the
+hybrid memory's KV cache, with RoPE (NORM) unless rope.scaling.finetuned is false, and the kq scale
+attention.scale (1/sqrt(head size) when 0). Before the layers the embedding rows [times embedding_scale];
+after them the final RMSNorm and the output (tied to the token embedding when the GGUF has no
+output.weight) [divided by logit_scale]. Granite-4.0-H's mixture of experts is not supported (read_ssm
+refuses expert_count by name).
+
+The hybrid memory's KV cache is made without RoPE (Model.create_memory), so it cannot shift positions
+(can_shift False: a context shift is refused rather than done without rotating K).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from llamax._native import layer as _layer
+from llamax._native import rope as _rope
+from llamax.memory import HybridMemory
+from llamax.model.gguf import GRANITEHYBRID, GGUFFile, HParams
+from llamax.model.linear import Linear, rms_norm
+from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
+from llamax.model.model import Model
+from llamax.rope import RoPE
+
+
+class _Attention:
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
+        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
+
+
+class _Layer:
+    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.attn_norm = g.f32(p + "attn_norm.weight")
+        self.mixer: Mamba2Mixer | _Attention = (Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers
+                                                else _Attention(g, il, n_threads))
+        self.ffn_norm = g.f32(p + "ffn_norm.weight")
+        self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
+        self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
+
+
+class GraniteHybrid(Model, arch="granitehybrid"):
+    """A granitehybrid-architecture model (Mamba-2 and attention layers, dense FFNs, Granite's scales) over a
+    HybridMemory."""
+
+    TENSORS = GRANITEHYBRID
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
+        self.hp = hp
+        self._load_head(g)
+        self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+        self.kq_scale = hp.kq_scale or 1.0 / math.sqrt(hp.n_embd_head_k)
+        self.rope = None if hp.nope_layers else RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
+        self.embd_scale = np.float32(hp.embd_scale) if hp.embd_scale else None
+        self.residual_scale = np.float32(hp.residual_scale) if hp.residual_scale else None
+
+    def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
+        hp, n = self.hp, h.shape[0]
+        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
+        qkv = A.wqkv(h)
+        q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
+        k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
+        v = np.ascontiguousarray(qkv[:, nq + nk:]).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
+        r = self.rope
+        if r is not None:
+            for t in (q, k):
+                _rope.rope_f32(t, ub.pos, r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads,
+                               **r.scaling_kwargs)
+        mem.attn.store(il, ub, k, v)
+        return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
+
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
+        the ubatch into the recurrent states and writing its K/V into the attention cache (mem: a HybridMemory)."""
+        assert isinstance(mem, HybridMemory), "a granitehybrid model runs over the hybrid memory create_memory made"
+        hp, rs = self.hp, self.residual_scale
+        x = self.tok_embd.rows(ub.token)
+        if self.embd_scale is not None:
+            x *= self.embd_scale
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            for il, L in enumerate(self.layers):
+                h = rms_norm(x, L.attn_norm, hp.rms_eps)
+                if isinstance(L.mixer, Mamba2Mixer):
+                    o = mamba2_mixer(L.mixer, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+                else:
+                    o = self._attention(L.mixer, mem, il, ub, h)
+                if rs is not None:
+                    o *= rs
+                x += o
+                h = rms_norm(x, L.ffn_norm, hp.rms_eps)
+                o = L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
+                if rs is not None:
+                    o *= rs
+                x += o
+        return self._head(x, ub, embd)
+
+    def _logits(self, xo: np.ndarray) -> np.ndarray:
+        """The output layer, then Granite's logit scale (ggml_scale by its reciprocal, as llama.cpp)."""
+        logits = super()._logits(xo)
+        if self.hp.logit_scale:
+            logits *= np.float32(1.0 / self.hp.logit_scale)
+        return logits
