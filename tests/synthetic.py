@@ -2,7 +2,7 @@
 
 `write_mamba` (Mamba-1, arch "mamba"), `write_jamba` (arch "jamba": Mamba and attention layers, each with
 a dense SwiGLU FFN), `write_mamba2` (Mamba-2, arch "mamba2") and `write_granitehybrid` (Mamba-2 and attention
-layers with Granite's scales) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
+layers with Granite's scales; `write_granitehybrid_moe` with experts and a shared expert) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
 the tokenizer is copied from a real GGUF. Keys, tensor names and shapes are the ones llama.cpp's loader
 reads (src/models/mamba.cpp, jamba.cpp, mamba2.cpp, granite-hybrid.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
 are in tests/data/recurrent/ (made by its record.py). `content_hash` names a model's weights and
@@ -319,6 +319,37 @@ def write_granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, 
     0 and 2, attention with RoPE (4 query and 2 KV heads of 16) in layers 1 and 3, a dense SwiGLU FFN of 128
     after every mixer, Granite's scales (GRANITE_SCALES); vocab_gguf's tokenizer. The same seed gives the same
     tensors; overrides as write_mamba's."""
+    return _granitehybrid(path, vocab_gguf, seed, overrides, moe=False)
+
+
+def write_granitehybrid_moe(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                            overrides: dict | None = None) -> Path:
+    """write_granitehybrid's model with Granite-4.0-H-Tiny's FFN: a mixture of GRANITE_MOE[0] experts of 128
+    (GRANITE_MOE[1] used) and a shared expert of GRANITE_MOE[2] in every layer."""
+    return _granitehybrid(path, vocab_gguf, seed, overrides, moe=True)
+
+
+GRANITE_MOE = (4, 2, 96)   # experts, used, the shared expert's FFN length
+
+
+def _moe_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
+    """A mixture of experts' tensors with its norm and a shared expert (GRANITE_MOE; each expert of N_FF)."""
+    p = f"blk.{il}."
+    n_exp, _, n_sh = GRANITE_MOE
+    return {
+        p + "ffn_norm.weight": _norm(rng, N_EMBD),
+        p + "ffn_gate_inp.weight": _normal(rng, (n_exp, N_EMBD), 1.0),
+        p + "ffn_gate_exps.weight": _normal(rng, (n_exp, N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_up_exps.weight": _normal(rng, (n_exp, N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_down_exps.weight": _normal(rng, (n_exp, N_EMBD, N_FF), _RESIDUAL_GAIN * N_FF ** -0.5),
+        p + "ffn_gate_shexp.weight": _normal(rng, (n_sh, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_up_shexp.weight": _normal(rng, (n_sh, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_down_shexp.weight": _normal(rng, (N_EMBD, n_sh), _RESIDUAL_GAIN * n_sh ** -0.5),
+    }
+
+
+def _granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int, overrides: dict | None,
+                   moe: bool) -> Path:
     rng = np.random.default_rng(seed)
     tokenizer = _tokenizer(vocab_gguf)
     tensors = _embeddings(rng, tokenizer)
@@ -328,7 +359,7 @@ def write_granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, 
             tensors.update(_attn_block(rng, il))
         else:
             tensors.update(_mamba2_block(rng, il))
-        tensors.update(_ffn_block(rng, il))
+        tensors.update(_moe_block(rng, il) if moe else _ffn_block(rng, il))
 
     def hparams(w: gguf.GGUFWriter) -> None:
         w.add_feed_forward_length(N_FF)
@@ -341,6 +372,10 @@ def write_granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, 
         w.add_residual_scale(GRANITE_SCALES["residual_scale"])
         w.add_logit_scale(GRANITE_SCALES["logit_scale"])
         w.add_attention_scale(GRANITE_SCALES["attention.scale"])
+        if moe:
+            w.add_expert_count(GRANITE_MOE[0])
+            w.add_expert_used_count(GRANITE_MOE[1])
+            w.add_expert_shared_feed_forward_length(GRANITE_MOE[2])
 
     over = {"granitehybrid.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
     return _write(path, "granitehybrid", tokenizer, tensors, hparams, over)

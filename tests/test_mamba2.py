@@ -21,10 +21,10 @@ from helpers import check_greedy_up_to_near_tie, check_prompt_logits, prompt_log
 from llamax import Batch, Context, Model
 from llamax._native import cpu
 from llamax._native import ssd
-from synthetic import content_hash, write_granitehybrid, write_mamba2
+from synthetic import content_hash, write_granitehybrid, write_granitehybrid_moe, write_mamba2
 
 DATA = Path(__file__).parent / "data" / "recurrent"
-WRITERS = {"mamba2": write_mamba2, "granitehybrid": write_granitehybrid}
+WRITERS = {"mamba2": write_mamba2, "granitehybrid": write_granitehybrid, "granitehybrid_moe": write_granitehybrid_moe}
 TEXT = "The quick brown fox jumps over the lazy dog. A state folds every token"
 DRAFT = [42, 7, 1999, 300, 11]
 
@@ -240,7 +240,8 @@ def test_a_rolled_back_tail_continues_with_the_bits_of_a_decode_without_it(model
 @pytest.mark.parametrize("writer,key,value,match", [
     (write_mamba2, "mamba2.ssm.group_count", (3, "UINT32"), "group_count 3 must divide"),
     (write_mamba2, "mamba2.ssm.group_count", (None, None), "group_count"),
-    (write_granitehybrid, "granitehybrid.expert_count", (4, "UINT32"), "mixture of experts"),
+    (write_granitehybrid_moe, "granitehybrid.expert_used_count", (5, "UINT32"), "expert_used_count 5 exceeds"),
+    (write_granitehybrid, "granitehybrid.expert_count", (4, "UINT32"), "expert_used_count' is missing"),
     (write_granitehybrid, "granitehybrid.rope.scaling.type", ("yarn", "STRING"), "rope.scaling.type"),
 ])
 def test_bad_hyperparameters_are_model_errors_naming_them(tmp_path, smollm2_gguf, writer, key, value, match):

@@ -89,6 +89,8 @@ class HParams:
     n_expert: int = field(default=0, metadata={"omit_default": True})
     n_expert_used: int = field(default=0, metadata={"omit_default": True})
     n_ff_exp: int = field(default=0, metadata={"omit_default": True})
+    # the shared expert's FFN length beside a mixture of experts (granitehybrid's; 0: none)
+    n_ff_shexp: int = field(default=0, metadata={"omit_default": True})
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -270,14 +272,14 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
     without RoPE; every layer has a dense FFN), LLM_ARCH_MAMBA2 (Mamba-2: every layer recurrent) and
     LLM_ARCH_GRANITE_HYBRID (Mamba-2 layers where attention.head_count_kv is 0, attention with RoPE
-    unless rope.scaling.finetuned is false, Granite's scales, dense FFNs).
+    unless rope.scaling.finetuned is false, Granite's scales, dense FFNs or experts).
 
     Checks: block_count, embedding_length, context_length and the ssm sizes (conv_kernel at most
     the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; Mamba-1:
     no ssm.group_count; Mamba-2: ssm.group_count a positive integer dividing time_step_rank (its heads),
     which divides inner_size; for the hybrids, head_count and feed_forward_length one value (or one
     per layer, all equal), head_count_kv one per layer, the same for every attention layer and dividing
-    head_count; granitehybrid: no experts; a vocabulary."""
+    head_count; granitehybrid's experts as _read_granitehybrid; a vocabulary."""
     from llamax._native import ssm as _ssm
 
     f = g.path.name
@@ -338,13 +340,19 @@ def _read_granitehybrid(g: GGUFFile, k: _Keys, n_layer: int, head: int) -> dict[
     """granitehybrid's attention and scales (llama_model_granite_hybrid::load_arch_hparams): RoPE (NORM) in every
     attention layer unless rope.scaling.finetuned is false, rope.dimension_count (even, at most the head size),
     rope.freq_base, a linear rope.scaling.factor; attention.scale, embedding_scale, residual_scale, logit_scale
-    (0 or absent: none). A mixture of experts (expert_count > 0, Granite-4.0-H-Tiny's experts and shared expert)
-    is refused."""
+    (0 or absent: none). A mixture of experts when expert_count > 0 (Granite-4.0-H-Tiny / Small): expert_used_count
+    of them (at most the count), each of feed_forward_length, and a shared expert of
+    expert_shared_feed_forward_length (0 or absent: none); the router's softmax weights normalised over the
+    chosen experts, unscaled (llama.cpp reads no expert_weights_scale for granitehybrid)."""
     f = g.path.name
-    if k.integer("expert_count", 0, minimum=0) > 0:
-        raise ModelError(f"{f}: {k.key('expert_count')} {k.integer('expert_count', 0, minimum=0)}: a mixture of "
-                         f"experts (granitehybrid's MoE FFN with a shared expert), which llamax's granitehybrid does "
-                         f"not support (dense FFNs only)")
+    moe: dict[str, Any] = {}
+    n_expert = k.integer("expert_count", 0, minimum=0)
+    if n_expert:
+        n_used = k.integer("expert_used_count")
+        if n_used > n_expert:
+            raise ModelError(f"{f}: {k.key('expert_used_count')} {n_used} exceeds {k.key('expert_count')} {n_expert}")
+        moe = dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=k.per_layer("feed_forward_length", n_layer),
+                   n_ff_shexp=k.integer("expert_shared_feed_forward_length", 0, minimum=0))
     n_rot = k.integer("rope.dimension_count", head)
     if n_rot % 2 or n_rot > head:
         raise ModelError(f"{f}: {k.key('rope.dimension_count')} {n_rot} must be even and at most the head size {head}")
@@ -359,7 +367,7 @@ def _read_granitehybrid(g: GGUFFile, k: _Keys, n_layer: int, head: int) -> dict[
     return dict(n_rot=n_rot, rope_kind="norm", rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True),
                 rope_freq_scale=freq_scale, nope_layers=() if rope else tuple(range(n_layer)),
                 kq_scale=k.number("attention.scale", 0.0), embd_scale=k.number("embedding_scale", 0.0),
-                residual_scale=k.number("residual_scale", 0.0), logit_scale=k.number("logit_scale", 0.0))
+                residual_scale=k.number("residual_scale", 0.0), logit_scale=k.number("logit_scale", 0.0), **moe)
 
 
 # ---- the tensors against the hyperparameters ---------------------------------------------------------
@@ -448,6 +456,27 @@ GRANITEHYBRID = TensorTable(
                 "attn_output.weight": ("n_embd_q", "n_embd")},
     recr_layer=MAMBA2_MIXER)
 
+
+
+def granitehybrid_table(hp: HParams) -> TensorTable:
+    """GRANITEHYBRID, with a mixture of experts in place of the dense FFN when hp.n_expert (the router and the
+    experts' gate, up and down), and the shared expert's when hp.n_ff_shexp."""
+    if not hp.n_expert:
+        return GRANITEHYBRID
+    ffn = {"attn_norm.weight": ("n_embd",),
+           "ffn_norm.weight": ("n_embd",),
+           "ffn_gate_inp.weight": ("n_embd", "n_expert"),
+           "ffn_gate_exps.weight": ("n_embd", "n_ff_exp", "n_expert"),
+           "ffn_up_exps.weight": ("n_embd", "n_ff_exp", "n_expert"),
+           "ffn_down_exps.weight": ("n_ff_exp", "n_embd", "n_expert")}
+    if hp.n_ff_shexp:
+        ffn |= {"ffn_gate_shexp.weight": ("n_embd", "n_ff_shexp"),
+                "ffn_up_shexp.weight": ("n_embd", "n_ff_shexp"),
+                "ffn_down_shexp.weight": ("n_ff_shexp", "n_embd")}
+    return TensorTable(GRANITEHYBRID.model, ffn, GRANITEHYBRID.optional, GRANITEHYBRID.attn_layer,
+                       GRANITEHYBRID.recr_layer)
+
+
 #: llama.cpp's LLM_ARCH_JAMBA tensors with dense FFNs: every layer a norm, a mixer and a SwiGLU FFN; the mixer
 #: is attention (no biases) or Mamba-1 with RMS norms of dt, B and C
 JAMBA = TensorTable(
@@ -511,6 +540,7 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
         "n_rot/2": (hp.n_rot // 2, f"n_rot / 2 = {hp.n_rot // 2} from {a}.rope.dimension_count"),
         "n_expert": (hp.n_expert, f"n_expert {hp.n_expert} from {a}.expert_count"),
         "n_ff_exp": (hp.n_ff_exp, f"n_ff_exp {hp.n_ff_exp} from {a}.expert_feed_forward_length"),
+        "n_ff_shexp": (hp.n_ff_shexp, f"n_ff_shexp {hp.n_ff_shexp} from {a}.expert_shared_feed_forward_length"),
         **ssm,
     }
 

@@ -7,8 +7,9 @@ attention.head_count_kv is 0, its states in the hybrid memory's recurrent part; 
 hybrid memory's KV cache, with RoPE (NORM) unless rope.scaling.finetuned is false, and the kq scale
 attention.scale (1/sqrt(head size) when 0). Before the layers the embedding rows [times embedding_scale];
 after them the final RMSNorm and the output (tied to the token embedding when the GGUF has no
-output.weight) [divided by logit_scale]. Granite-4.0-H's mixture of experts is not supported (read_ssm
-refuses expert_count by name).
+output.weight) [divided by logit_scale]. With expert_count (Granite-4.0-H-Tiny / Small) the FFN is a mixture of experts (the
+native MoE of csrc/moe.h: softmax router, the chosen experts' weights normalised) plus a shared expert,
+added, as llama.cpp's build_layer_ffn.
 
 The hybrid memory's KV cache is made without RoPE (Model.create_memory), so it cannot shift positions
 (can_shift False: a context shift is refused rather than done without rotating K).
@@ -22,7 +23,7 @@ import numpy as np
 from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax.memory import HybridMemory
-from llamax.model.gguf import GRANITEHYBRID, GGUFFile, HParams
+from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
 from llamax.model.linear import Linear, rms_norm
 from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
 from llamax.model.model import Model
@@ -36,6 +37,45 @@ class _Attention:
         self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
 
 
+class _SwiGLU:
+    """A dense SwiGLU FFN: down(silu(gate(h)) * up(h)) (llama.cpp's build_ffn, LLM_FFN_SILU, LLM_FFN_PAR)."""
+
+    def __init__(self, g: GGUFFile, gate: str, up: str, down: str, n_ff: int, n_threads: int) -> None:
+        self.w_gate_up = Linear.concat(g, [gate, up], n_threads)
+        self.w_down = Linear.load(g, down, n_threads)
+        self.n_ff = n_ff
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        return self.w_down(_layer.gated(self.w_gate_up(h), self.n_ff, "silu"))
+
+
+class _Experts:
+    """The mixture of experts (llama.cpp's build_moe_ffn: softmax router, the chosen experts' weights normalised,
+    SiLU-gated experts; the native MoE of csrc/moe.h), plus the shared expert when the file has one."""
+
+    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
+        from llamax._native.moe import MoE
+
+        p = f"blk.{il}."
+
+        def experts(name: str) -> tuple[np.ndarray, int]:
+            raw = g.raw(p + name)
+            return raw.reshape(hp.n_expert, -1, raw.shape[1]), g.ggml_type(p + name)
+
+        raws = {n: experts(f"ffn_{n}_exps.weight") for n in ("gate", "up", "down")}
+        self.moe = MoE((np.ascontiguousarray(g.raw(p + "ffn_gate_inp.weight")), g.ggml_type(p + "ffn_gate_inp.weight")),
+                       raws["gate"], raws["up"], raws["down"], n_used=hp.n_expert_used, norm_w=True, act="silu")
+        self.shared = (_SwiGLU(g, p + "ffn_gate_shexp.weight", p + "ffn_up_shexp.weight", p + "ffn_down_shexp.weight",
+                               hp.n_ff_shexp, n_threads) if hp.n_ff_shexp else None)
+        self.n_threads = n_threads
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        o = self.moe.forward(h, n_threads=self.n_threads)
+        if self.shared is not None:
+            o += self.shared(h)
+        return o
+
+
 class _Layer:
     def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
         p = f"blk.{il}."
@@ -43,15 +83,17 @@ class _Layer:
         self.mixer: Mamba2Mixer | _Attention = (Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers
                                                 else _Attention(g, il, n_threads))
         self.ffn_norm = g.f32(p + "ffn_norm.weight")
-        self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
-        self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
+        self.ffn: _SwiGLU | _Experts = (_Experts(g, il, hp, n_threads) if hp.n_expert else
+                                        _SwiGLU(g, p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight",
+                                                hp.n_ff, n_threads))
 
 
 class GraniteHybrid(Model, arch="granitehybrid"):
-    """A granitehybrid-architecture model (Mamba-2 and attention layers, dense FFNs, Granite's scales) over a
-    HybridMemory."""
+    """A granitehybrid-architecture model (Mamba-2 and attention layers, dense FFNs or experts, Granite's scales)
+    over a HybridMemory."""
 
-    TENSORS = GRANITEHYBRID
+    def tensor_table(self, g: GGUFFile, hp: HParams) -> TensorTable:
+        return granitehybrid_table(hp)
 
     def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
         super().__init__(g, hp, n_threads)
@@ -97,7 +139,7 @@ class GraniteHybrid(Model, arch="granitehybrid"):
                     o *= rs
                 x += o
                 h = rms_norm(x, L.ffn_norm, hp.rms_eps)
-                o = L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
+                o = L.ffn(h)
                 if rs is not None:
                     o *= rs
                 x += o
