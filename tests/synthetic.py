@@ -2,9 +2,10 @@
 
 `write_mamba` (Mamba-1, arch "mamba"), `write_jamba` (arch "jamba": Mamba and attention layers, each with
 a dense SwiGLU FFN), `write_mamba2` (Mamba-2, arch "mamba2") and `write_granitehybrid` (Mamba-2 and attention
-layers with Granite's scales; `write_granitehybrid_moe` with experts and a shared expert) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
+layers with Granite's scales; `write_granitehybrid_moe` with experts and a shared expert) and `write_nemotron_h` (Mamba-2, attention and
+FFN layers) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
 the tokenizer is copied from a real GGUF. Keys, tensor names and shapes are the ones llama.cpp's loader
-reads (src/models/mamba.cpp, jamba.cpp, mamba2.cpp, granite-hybrid.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
+reads (src/models/mamba.cpp, jamba.cpp, mamba2.cpp, granite-hybrid.cpp, nemotron-h.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
 are in tests/data/recurrent/ (made by its record.py). `content_hash` names a model's weights and
 hyperparameters independently of the file layout. `write_truncated` copies a real GGUF with only its first
 blocks (a smaller model of the same vocabulary, e.g. a draft model for speculative decoding).
@@ -379,6 +380,42 @@ def _granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed:
 
     over = {"granitehybrid.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
     return _write(path, "granitehybrid", tokenizer, tensors, hparams, over)
+
+
+NEMOTRON_H_PATTERN = "M*-M"   # llama.cpp's converter's letters: Mamba-2, attention, FFN, Mamba-2
+
+
+def write_nemotron_h(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                     overrides: dict | None = None) -> Path:
+    """A 4-layer Nemotron-H model (arch "nemotron_h", NEMOTRON_H_PATTERN): Mamba-2 mixers (sizes as write_mamba2's)
+    in layers 0 and 3, attention without RoPE (4 query and 2 KV heads of 16) in layer 1, a ReLU^2 FFN of 128 (up,
+    down) in layer 2, each after an RMS norm; vocab_gguf's tokenizer. The same seed gives the same tensors;
+    overrides as write_mamba's."""
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il, kind in enumerate(NEMOTRON_H_PATTERN):
+        p = f"blk.{il}."
+        tensors[p + "attn_norm.weight"] = _norm(rng, N_EMBD)
+        if kind == "M":
+            tensors.update(_mamba2_block(rng, il))
+        elif kind == "*":
+            tensors.update(_attn_block(rng, il))
+        else:
+            tensors[p + "ffn_up.weight"] = _normal(rng, (N_FF, N_EMBD), N_EMBD ** -0.5)
+            tensors[p + "ffn_down.weight"] = _normal(rng, (N_EMBD, N_FF), _RESIDUAL_GAIN * N_FF ** -0.5)
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_head_count(N_HEAD)
+        w.add_head_count_kv([N_HEAD_KV if c == "*" else 0 for c in NEMOTRON_H_PATTERN])
+        w.add_feed_forward_length([N_FF if c == "-" else 0 for c in NEMOTRON_H_PATTERN])
+        w.add_key_length(HEAD_DIM)
+        w.add_value_length(HEAD_DIM)
+        w.add_layer_norm_eps(RMS_EPS)
+        w.add_ssm_group_count(MAMBA2_N_GROUP)
+
+    over = {"nemotron_h.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
+    return _write(path, "nemotron_h", tokenizer, tensors, hparams, over)
 
 
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}

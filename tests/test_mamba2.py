@@ -1,4 +1,5 @@
-"""Mamba-2 (arch "mamba2") and the Granite hybrid (arch "granitehybrid") built on it.
+"""Mamba-2 (arch "mamba2") and the hybrids built on it: Granite 4.0-H (arch "granitehybrid", dense and with experts)
+and Nemotron-H (arch "nemotron_h").
 
 The Mamba-2 scan kernel (llamax._native.ssd, csrc/ssd.h) against a numpy reference, its AVX2 step against the
 scalar twin (the same bits), the same bits for any thread count and any split of a sequence into calls, and its
@@ -21,10 +22,12 @@ from helpers import check_greedy_up_to_near_tie, check_prompt_logits, prompt_log
 from llamax import Batch, Context, Model
 from llamax._native import cpu
 from llamax._native import ssd
-from synthetic import content_hash, write_granitehybrid, write_granitehybrid_moe, write_mamba2
+from synthetic import (content_hash, write_granitehybrid, write_granitehybrid_moe, write_mamba2, write_nemotron_h,
+                       write_truncated)
 
 DATA = Path(__file__).parent / "data" / "recurrent"
-WRITERS = {"mamba2": write_mamba2, "granitehybrid": write_granitehybrid, "granitehybrid_moe": write_granitehybrid_moe}
+WRITERS = {"mamba2": write_mamba2, "granitehybrid": write_granitehybrid, "granitehybrid_moe": write_granitehybrid_moe,
+           "nemotron_h": write_nemotron_h}
 TEXT = "The quick brown fox jumps over the lazy dog. A state folds every token"
 DRAFT = [42, 7, 1999, 300, 11]
 
@@ -199,6 +202,8 @@ def test_the_memories_have_llama_cpps_shapes(models):
     assert isinstance(hyb, llamax.HybridMemory)
     assert hyb.recr.layer_ids == [0, 2] and hyb.attn.layer_ids == [1, 3]
     assert hyb.recr.conv[0].shape == (1, 192, 3) and hyb.recr.ssm[0].shape == (1, 8, 16, 16)
+    nem = Context(models["nemotron_h"], n_ctx=256).memory   # "M*-M": the FFN layer 2 is no recurrent layer
+    assert isinstance(nem, llamax.HybridMemory) and nem.recr.layer_ids == [0, 3] and nem.attn.layer_ids == [1, 2]
 
 
 @pytest.mark.parametrize("name", sorted(WRITERS))
@@ -237,17 +242,20 @@ def test_a_rolled_back_tail_continues_with_the_bits_of_a_decode_without_it(model
 
 
 # ---- loading -------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("writer,key,value,match", [
-    (write_mamba2, "mamba2.ssm.group_count", (3, "UINT32"), "group_count 3 must divide"),
-    (write_mamba2, "mamba2.ssm.group_count", (None, None), "group_count"),
-    (write_granitehybrid_moe, "granitehybrid.expert_used_count", (5, "UINT32"), "expert_used_count 5 exceeds"),
-    (write_granitehybrid, "granitehybrid.expert_count", (4, "UINT32"), "expert_used_count' is missing"),
-    (write_granitehybrid, "granitehybrid.rope.scaling.type", ("yarn", "STRING"), "rope.scaling.type"),
+U32, ARR = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.ARRAY
+
+
+@pytest.mark.parametrize("name,key,entry,match", [
+    ("mamba2", "mamba2.ssm.group_count", (U32, None, 3), "group_count 3 must divide"),
+    ("mamba2", "mamba2.ssm.group_count", None, "group_count"),
+    ("granitehybrid_moe", "granitehybrid.expert_used_count", (U32, None, 5), "expert_used_count 5 exceeds"),
+    ("granitehybrid", "granitehybrid.expert_count", (U32, None, 4), "expert_used_count' is missing"),
+    ("nemotron_h", "nemotron_h.feed_forward_length", (ARR, U32, [0, 0, 128, 64]), "differs between the layers"),
+    ("nemotron_h", "nemotron_h.attention.layer_norm_epsilon", None, "layer_norm_epsilon"),
 ])
-def test_bad_hyperparameters_are_model_errors_naming_them(tmp_path, smollm2_gguf, writer, key, value, match):
-    v, t = value
-    path = writer(tmp_path / "bad.gguf", smollm2_gguf,
-                  overrides={key: (v, None if t is None else getattr(gguf.GGUFValueType, t))})
+def test_bad_hyperparameters_are_model_errors_naming_them(tmp_path, paths, name, key, entry, match):
+    """A model's file with one key changed (entry: type, array element type, value) or dropped (None)."""
+    path = write_truncated(tmp_path / "bad.gguf", paths[name], 4, metadata={key: entry})
     with pytest.raises(llamax.ModelError, match=match):
         Model.load(path)
 

@@ -22,9 +22,9 @@ from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
 #: the recurrent architectures, each a Model subclass in llamax/model/<arch>.py; the transformer families
 #: are described by data (llamax/model/family.py) and run by llamax/model/decoder.py
-RECURRENT_ARCHS = ("mamba", "jamba", "mamba2", "granitehybrid")
+RECURRENT_ARCHS = ("mamba", "jamba", "mamba2", "granitehybrid", "nemotron_h")
 #: the recurrent architectures whose recurrent layers are Mamba-2 ones (ssm.group_count; heads of the scan)
-MAMBA2_ARCHS = ("mamba2", "granitehybrid")
+MAMBA2_ARCHS = ("mamba2", "granitehybrid", "nemotron_h")
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "granitemoe",
                "olmo2")
 #: every architecture with a forward pass
@@ -71,6 +71,8 @@ class HParams:
     # ssm_d_inner / ssm_dt_rank channels
     ssm_n_group: int = field(default=0, metadata={"omit_default": True})
     recurrent_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
+    # the layers that are an FFN alone (nemotron_h: neither attention nor a recurrent state)
+    ffn_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
     # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
     # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
     attn_scale: float = field(default=0.0, compare=False)
@@ -272,7 +274,8 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
     without RoPE; every layer has a dense FFN), LLM_ARCH_MAMBA2 (Mamba-2: every layer recurrent) and
     LLM_ARCH_GRANITE_HYBRID (Mamba-2 layers where attention.head_count_kv is 0, attention with RoPE
-    unless rope.scaling.finetuned is false, Granite's scales, dense FFNs or experts).
+    unless rope.scaling.finetuned is false, Granite's scales, dense FFNs or experts) and LLM_ARCH_NEMOTRON_H
+    (each layer attention without RoPE, Mamba-2 or an FFN alone: _read_nemotron_h_layers).
 
     Checks: block_count, embedding_length, context_length and the ssm sizes (conv_kernel at most
     the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; Mamba-1:
@@ -308,6 +311,9 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
                     n_ff=k.per_layer("feed_forward_length", n_layer))
     if k.arch == "granitehybrid":
         extra = _read_granitehybrid(g, k, n_layer, attn["n_embd_head_k"])
+    ffn_only: tuple[int, ...] = ()
+    if k.arch == "nemotron_h":
+        attn, recurrent, ffn_only = _read_nemotron_h_layers(g, k, n_layer)
     n_group = 0
     if k.arch in MAMBA2_ARCHS:
         n_group = k.integer("ssm.group_count")
@@ -328,12 +334,67 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     return HParams(
         arch=k.arch, n_layer=n_layer, n_embd=k.integer("embedding_length"), **attn,
         n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
-        rms_eps=k.number("attention.layer_norm_rms_epsilon"),
+        rms_eps=k.number("attention.layer_norm_rms_epsilon", k.number("attention.layer_norm_epsilon")
+                         if k.arch == "nemotron_h" else ModelError),
         **(extra or dict(n_rot=0, rope_kind="none", rope_freq_base=10000.0)),
         tied_output="output.weight" not in g.tensors,
         ssm_d_conv=d_conv, ssm_d_inner=k.integer("ssm.inner_size"), ssm_d_state=k.integer("ssm.state_size"),
         ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms, ssm_n_group=n_group,
-        recurrent_layers=recurrent)
+        recurrent_layers=recurrent, ffn_layers=ffn_only)
+
+
+def _per_layer_list(g: GGUFFile, k: _Keys, key: str, n_layer: int) -> list[int]:
+    """A key of one count >= 0 per layer (or one count for all), as a list of n_layer."""
+    v = g.get(k.key(key))
+    v = v if isinstance(v, list) else [v] * n_layer
+    if len(v) != n_layer or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+        raise ModelError(f"{g.path.name}: {k.key(key)} is {_brief_value(v)}: expected one count >= 0 per layer")
+    return v
+
+
+def _one_value(g: GGUFFile, k: _Keys, key: str, v: list[int], layers: list[int]) -> int:
+    """The one value of a per-layer key over some layers (0 when there are none)."""
+    vals = {v[il] for il in layers}
+    if len(vals) > 1:
+        raise ModelError(f"{g.path.name}: {k.key(key)} differs between the layers that use it ({_brief(v)}); "
+                         f"llamax supports one value for all of them")
+    return vals.pop() if vals else 0
+
+
+def _read_nemotron_h_layers(g: GGUFFile, k: _Keys, n_layer: int) -> tuple[dict[str, Any], tuple[int, ...],
+                                                                            tuple[int, ...]]:
+    """nemotron_h's three kinds of layer (llama_model_nemotron_h::load_arch_hparams): an FFN alone where
+    feed_forward_length is not 0, attention (no RoPE) where head_count_kv is not 0, else Mamba-2. Returns the
+    attention sizes (head_count, head_count_kv and feed_forward_length one value over the layers that use them,
+    the head size key_length, else embedding_length / head_count), the recurrent layers and the FFN layers.
+    Experts (expert_count, a Nemotron-H MoE) are refused."""
+    f = g.path.name
+    if k.integer("expert_count", 0, minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('expert_count')} is set: a mixture of experts, which llamax's nemotron_h "
+                         f"does not support")
+    kv = _per_layer_list(g, k, "attention.head_count_kv", n_layer)
+    ff = _per_layer_list(g, k, "feed_forward_length", n_layer)
+    ffn = [il for il in range(n_layer) if ff[il] > 0]
+    att = [il for il in range(n_layer) if ff[il] == 0 and kv[il] > 0]
+    recurrent = tuple(il for il in range(n_layer) if ff[il] == 0 and kv[il] == 0)
+    n_head = _one_value(g, k, "attention.head_count", _per_layer_list(g, k, "attention.head_count", n_layer), att)
+    n_head_kv = _one_value(g, k, "attention.head_count_kv", kv, att)
+    n_embd = k.integer("embedding_length")
+    head = 0
+    if att:
+        if n_head % n_head_kv:
+            raise ModelError(f"{f}: {k.key('attention.head_count_kv')} {n_head_kv} does not divide "
+                             f"{k.key('attention.head_count')} {n_head}")
+        if not k.has("attention.key_length") and n_embd % n_head:
+            raise ModelError(f"{f}: {k.key('embedding_length')} {n_embd} is not a multiple of "
+                             f"{k.key('attention.head_count')} {n_head} (the head size, as no key_length is given)")
+        head = k.integer("attention.key_length", n_embd // n_head)
+        if k.integer("attention.value_length", head) != head:
+            raise ModelError(f"{f}: {k.key('attention.value_length')} differs from {k.key('attention.key_length')} "
+                             f"{head}; llamax's nemotron_h takes one head size")
+    attn = dict(n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head,
+                n_ff=_one_value(g, k, "feed_forward_length", ff, ffn))
+    return attn, recurrent, tuple(ffn)
 
 
 def _read_granitehybrid(g: GGUFFile, k: _Keys, n_layer: int, head: int) -> dict[str, Any]:
@@ -384,10 +445,13 @@ class TensorTable:
     # a hybrid model's two kinds of layer: these per attention layer / per recurrent layer (hp.recurrent_layers)
     attn_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
     recr_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # and per FFN-only layer (hp.ffn_layers, nemotron_h)
+    ffn_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def with_layer(self, extra: dict[str, tuple[str, ...]]) -> "TensorTable":
         """This table with more per-layer tensors."""
-        return TensorTable(self.model, self.layer | extra, self.optional, self.attn_layer, self.recr_layer)
+        return TensorTable(self.model, self.layer | extra, self.optional, self.attn_layer, self.recr_layer,
+                           self.ffn_layer)
 
 
 #: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
@@ -476,6 +540,19 @@ def granitehybrid_table(hp: HParams) -> TensorTable:
     return TensorTable(GRANITEHYBRID.model, ffn, GRANITEHYBRID.optional, GRANITEHYBRID.attn_layer,
                        GRANITEHYBRID.recr_layer)
 
+
+#: llama.cpp's LLM_ARCH_NEMOTRON_H tensors without biases or experts: every layer a norm and one of attention
+#: (no RoPE), Mamba-2 or a ReLU^2 FFN (up, down)
+NEMOTRON_H = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",)},
+    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
+                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+                "attn_output.weight": ("n_embd_q", "n_embd")},
+    recr_layer=MAMBA2_MIXER,
+    ffn_layer={"ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")})
 
 #: llama.cpp's LLM_ARCH_JAMBA tensors with dense FFNs: every layer a norm, a mixer and a SwiGLU FFN; the mixer
 #: is attention (no biases) or Mamba-1 with RMS norms of dt, B and C
@@ -587,7 +664,8 @@ def check_tensors(g: GGUFFile, hp: HParams, table: TensorTable) -> None:
     for name, spec in table.optional.items():
         check(name, spec, False)
     for il in range(hp.n_layer):
-        kind = table.recr_layer if il in hp.recurrent_layers else table.attn_layer
+        kind = (table.recr_layer if il in hp.recurrent_layers else table.ffn_layer if il in hp.ffn_layers
+                else table.attn_layer)
         for name, spec in (table.layer | kind).items():
             check(f"blk.{il}.{name}", spec, True)
     for name in g.tensors:

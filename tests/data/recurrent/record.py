@@ -1,5 +1,5 @@
 """Record llama.cpp's outputs on the synthetic recurrent models (tests/synthetic.py, seed 0): Mamba, Jamba,
-Mamba-2 and Granite hybrid (dense and with experts).
+Mamba-2, Granite hybrid (dense and with experts) and Nemotron-H.
 
 Run by hand with llama-cpp-python's interpreter, never by the tests (README.md beside this file):
 
@@ -35,7 +35,8 @@ PROMPTS = {
              "the crust is deep brown and the bottom sounds hollow when tapped."),
 }
 WRITERS = {"mamba": synthetic.write_mamba, "jamba": synthetic.write_jamba, "mamba2": synthetic.write_mamba2,
-           "granitehybrid": synthetic.write_granitehybrid, "granitehybrid_moe": synthetic.write_granitehybrid_moe}
+           "granitehybrid": synthetic.write_granitehybrid, "granitehybrid_moe": synthetic.write_granitehybrid_moe,
+           "nemotron_h": synthetic.write_nemotron_h}
 LLAMA_CPP_COMMITS = {"0.3.36": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"}
 N_CTX, N_BATCH, N_THREADS, N_GREEDY, TOP_K = 2048, 512, 2, 32, 5
 # llama.cpp's own spread: the reference run (one batch of N_BATCH, N_THREADS) against these
