@@ -202,8 +202,28 @@ def test_the_memories_have_llama_cpps_shapes(models):
     assert isinstance(hyb, llamax.HybridMemory)
     assert hyb.recr.layer_ids == [0, 2] and hyb.attn.layer_ids == [1, 3]
     assert hyb.recr.conv[0].shape == (1, 192, 3) and hyb.recr.ssm[0].shape == (1, 8, 16, 16)
-    nem = Context(models["nemotron_h"], n_ctx=256).memory   # "M*-M": the FFN layer 2 is no recurrent layer
-    assert isinstance(nem, llamax.HybridMemory) and nem.recr.layer_ids == [0, 3] and nem.attn.layer_ids == [1, 2]
+    nem = Context(models["nemotron_h"], n_ctx=256).memory   # "M*-M": the FFN layer 2 keeps nothing, as in llama.cpp
+    assert isinstance(nem, llamax.HybridMemory) and nem.recr.layer_ids == [0, 3] and nem.attn.layer_ids == [1]
+    assert hyb.can_shift and not nem.can_shift          # RoPE (granitehybrid) or none (nemotron_h) in the attention
+
+
+def test_a_granitehybrid_sequence_shifted_by_seq_add_continues_as_one_decoded_at_the_shifted_positions(models):
+    """seq_add rotates the cached K by the shift and moves the recurrent states' positions: the next token's
+    logits are those of a context that decoded the prompt at the shifted positions (within the tolerance: the
+    rotation of the f16 cache rounds)."""
+    m = models["granitehybrid"]
+    prompt, shift = m.tokenize(TEXT), 7
+    n = len(prompt)
+    a = Context(m, n_ctx=256, n_threads=2)
+    a.decode(Batch(prompt))
+    a.memory.seq_add(0, 0, n, shift)
+    assert a.memory.seq_pos_max(0) == n - 1 + shift
+    b = Context(m, n_ctx=256, n_threads=2)
+    b.decode(Batch(prompt, pos=list(range(shift, n + shift))))
+    for c in (a, b):
+        c.decode(Batch([5], pos=[n + shift], logits=[True]))
+    tol = tolerance(json.loads((DATA / "granitehybrid.json").read_text()))
+    assert np.abs(a.get_logits() - b.get_logits()).max() <= tol
 
 
 @pytest.mark.parametrize("name", sorted(WRITERS))

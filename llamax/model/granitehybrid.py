@@ -11,8 +11,8 @@ output.weight) [divided by logit_scale]. With expert_count (Granite-4.0-H-Tiny /
 native MoE of csrc/moe.h: softmax router, the chosen experts' weights normalised) plus a shared expert,
 added, as llama.cpp's build_layer_ffn.
 
-The hybrid memory's KV cache is made without RoPE (Model.create_memory), so it cannot shift positions
-(can_shift False: a context shift is refused rather than done without rotating K).
+The hybrid memory's KV cache has the attention layers' RoPE, so it shifts positions (seq_add / seq_div rotate
+the cached K, the recurrent states' positions move); without RoPE (rope.scaling.finetuned false) it cannot.
 """
 from __future__ import annotations
 
@@ -25,8 +25,10 @@ from llamax._native import rope as _rope
 from llamax.memory import HybridMemory
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
 from llamax.model.linear import Linear, rms_norm
-from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
+from llamax.memory import Memory
+from llamax.model.mamba2 import Mamba2Mixer, hybrid_memory, mamba2_mixer
 from llamax.model.model import Model
+from llamax.params import ContextParams
 from llamax.rope import RoPE
 
 
@@ -104,6 +106,12 @@ class GraniteHybrid(Model, arch="granitehybrid"):
         self.rope = None if hp.nope_layers else RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.embd_scale = np.float32(hp.embd_scale) if hp.embd_scale else None
         self.residual_scale = np.float32(hp.residual_scale) if hp.residual_scale else None
+
+    def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
+        """A hybrid memory whose KV cache has the attention layers' RoPE for its K-shift (hybrid_memory; ropes:
+        unused, every attention layer has the one RoPE)."""
+        hp = self.hparams
+        return hybrid_memory(hp, params, [il for il in range(hp.n_layer) if il not in hp.recurrent_layers], self.rope)
 
     def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
         hp, n = self.hp, h.shape[0]
