@@ -285,3 +285,21 @@ def test_llamax_run_picks_mamba2(paths):
                         "--temp", "0", "-c", "128", "-t", "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "llama_memory_recurrent: size =" in r.stderr
+
+
+@pytest.mark.parametrize("name", ["mamba2", "granitehybrid"])
+def test_a_sequence_state_round_trip_continues_bit_for_bit(models, name):
+    """The [n_head, head_dim, d_state] states (and the hybrid's K/V) saved for one sequence and set into another
+    context's other sequence continue with the same bits."""
+    m = models[name]
+    toks = m.tokenize(TEXT)
+    ctx = Context(m, n_ctx=256, n_seq_max=2, n_threads=2)
+    ctx.decode(Batch(toks, seq_ids=0))
+    blob = ctx.state_seq_get_data(0)
+    ctx.decode(Batch([5, 6], seq_ids=0, logits=[True, True]))
+    want = ctx.get_logits().copy()
+    other = Context(m, n_ctx=256, n_seq_max=2, n_threads=2)
+    other.decode(Batch([9, 9, 9], seq_ids=0))
+    other.state_seq_set_data(blob, 1)
+    other.decode(Batch([5, 6], seq_ids=1, logits=[True, True]))
+    assert np.array_equal(other.get_logits(), want)
