@@ -1,9 +1,11 @@
 """Tiny synthetic GGUF models of llama.cpp's recurrent architectures, for the tests.
 
-`write_mamba` (Mamba-1, arch "mamba") and `write_jamba` (arch "jamba": Mamba and attention layers, each with
-a dense SwiGLU FFN) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
+`write_mamba` (Mamba-1, arch "mamba"), `write_jamba` (arch "jamba": Mamba and attention layers, each with
+a dense SwiGLU FFN), `write_mamba2` (Mamba-2, arch "mamba2") and `write_granitehybrid` (Mamba-2 and attention
+layers with Granite's scales; `write_granitehybrid_moe` with experts and a shared expert) and `write_nemotron_h` (Mamba-2, attention and
+FFN layers) write a model from a seed with gguf's GGUFWriter, the same tensors for the same seed;
 the tokenizer is copied from a real GGUF. Keys, tensor names and shapes are the ones llama.cpp's loader
-reads (src/models/mamba.cpp, jamba.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
+reads (src/models/mamba.cpp, jamba.cpp, mamba2.cpp, granite-hybrid.cpp, nemotron-h.cpp at llama.cpp 0c1e57098). llama.cpp's outputs on the seed-0 models
 are in tests/data/recurrent/ (made by its record.py). `content_hash` names a model's weights and
 hyperparameters independently of the file layout. `write_truncated` copies a real GGUF with only its first
 blocks (a smaller model of the same vocabulary, e.g. a draft model for speculative decoding).
@@ -260,6 +262,160 @@ def write_jamba(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: in
         w.add_head_count_kv([N_HEAD_KV if il in JAMBA_ATTN_LAYERS else 0 for il in range(N_LAYER)])
 
     return _write(path, "jamba", tokenizer, tensors, hparams)
+
+
+# Mamba-2 (write_mamba2, write_granitehybrid): d_inner 128 in 8 heads of 16 channels, B and C in 2 groups
+MAMBA2_N_HEAD = 8
+MAMBA2_N_GROUP = 2
+MAMBA2_CONV_DIM = D_INNER + 2 * MAMBA2_N_GROUP * D_STATE
+GRANITEHYBRID_ATTN_LAYERS = (1, 3)
+# Granite's scales (embedding, residual, logit, attention), away from 1 so that each one matters
+GRANITE_SCALES = {"embedding_scale": 1.5, "residual_scale": 0.5, "logit_scale": 1.25, "attention.scale": 0.2}
+
+
+def _mamba2_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
+    """One Mamba-2 mixer's tensors (numpy shapes, i.e. ggml's reversed), initialised as Mamba-2 does: A =
+    -[1, 16) per head (the converter stores -exp(A_log)), D = 1, dt's bias the inverse softplus of dt in
+    [1e-3, 1e-1] (log-uniform); the in-projection's B and C rows larger (_BC_GAIN), the grouped norm near 1."""
+    p = f"blk.{il}."
+    gs = MAMBA2_N_GROUP * D_STATE
+    in_scale = np.repeat([1.0, _BC_GAIN, 1.0], [2 * D_INNER, 2 * gs, MAMBA2_N_HEAD])[:, None] * N_EMBD ** -0.5
+    dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), MAMBA2_N_HEAD))
+    return {
+        p + "ssm_in.weight": _normal(rng, (2 * D_INNER + 2 * gs + MAMBA2_N_HEAD, N_EMBD), in_scale),
+        p + "ssm_conv1d.weight": _normal(rng, (MAMBA2_CONV_DIM, D_CONV), D_CONV ** -0.5),
+        p + "ssm_conv1d.bias": _normal(rng, (MAMBA2_CONV_DIM,), 0.1),
+        p + "ssm_dt.bias": (dt + np.log(-np.expm1(-dt))).astype(np.float32),
+        p + "ssm_a": -rng.uniform(1.0, 16.0, (MAMBA2_N_HEAD, 1)).astype(np.float32),
+        p + "ssm_d": np.ones((MAMBA2_N_HEAD, 1), np.float32),
+        p + "ssm_norm.weight": np.stack([_norm(rng, D_INNER // MAMBA2_N_GROUP) for _ in range(MAMBA2_N_GROUP)]),
+        p + "ssm_out.weight": _normal(rng, (N_EMBD, D_INNER), _RESIDUAL_GAIN * D_INNER ** -0.5),
+    }
+
+
+def write_mamba2(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                 overrides: dict | None = None) -> Path:
+    """A 4-layer Mamba-2 model (arch "mamba2", n_embd 64, d_inner 128 in 8 heads of 16, d_state 16, 2 groups,
+    d_conv 4) with vocab_gguf's tokenizer, written to path; the same seed gives the same tensors. overrides as
+    write_mamba's."""
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il in range(N_LAYER):
+        tensors[f"blk.{il}.attn_norm.weight"] = _norm(rng, N_EMBD)
+        tensors.update(_mamba2_block(rng, il))
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_feed_forward_length(0)  # unused; written as llama.cpp's converter does
+        w.add_head_count(0)
+        w.add_ssm_group_count(MAMBA2_N_GROUP)
+
+    over = {"mamba2.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
+    return _write(path, "mamba2", tokenizer, tensors, hparams, over)
+
+
+def write_granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                        overrides: dict | None = None) -> Path:
+    """A 4-layer Granite hybrid model (arch "granitehybrid"): Mamba-2 mixers (sizes as write_mamba2's) in layers
+    0 and 2, attention with RoPE (4 query and 2 KV heads of 16) in layers 1 and 3, a dense SwiGLU FFN of 128
+    after every mixer, Granite's scales (GRANITE_SCALES); vocab_gguf's tokenizer. The same seed gives the same
+    tensors; overrides as write_mamba's."""
+    return _granitehybrid(path, vocab_gguf, seed, overrides, moe=False)
+
+
+def write_granitehybrid_moe(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                            overrides: dict | None = None) -> Path:
+    """write_granitehybrid's model with Granite-4.0-H-Tiny's FFN: a mixture of GRANITE_MOE[0] experts of 128
+    (GRANITE_MOE[1] used) and a shared expert of GRANITE_MOE[2] in every layer."""
+    return _granitehybrid(path, vocab_gguf, seed, overrides, moe=True)
+
+
+GRANITE_MOE = (4, 2, 96)   # experts, used, the shared expert's FFN length
+
+
+def _moe_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
+    """A mixture of experts' tensors with its norm and a shared expert (GRANITE_MOE; each expert of N_FF)."""
+    p = f"blk.{il}."
+    n_exp, _, n_sh = GRANITE_MOE
+    return {
+        p + "ffn_norm.weight": _norm(rng, N_EMBD),
+        p + "ffn_gate_inp.weight": _normal(rng, (n_exp, N_EMBD), 1.0),
+        p + "ffn_gate_exps.weight": _normal(rng, (n_exp, N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_up_exps.weight": _normal(rng, (n_exp, N_FF, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_down_exps.weight": _normal(rng, (n_exp, N_EMBD, N_FF), _RESIDUAL_GAIN * N_FF ** -0.5),
+        p + "ffn_gate_shexp.weight": _normal(rng, (n_sh, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_up_shexp.weight": _normal(rng, (n_sh, N_EMBD), N_EMBD ** -0.5),
+        p + "ffn_down_shexp.weight": _normal(rng, (N_EMBD, n_sh), _RESIDUAL_GAIN * n_sh ** -0.5),
+    }
+
+
+def _granitehybrid(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int, overrides: dict | None,
+                   moe: bool) -> Path:
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il in range(N_LAYER):
+        tensors[f"blk.{il}.attn_norm.weight"] = _norm(rng, N_EMBD)
+        if il in GRANITEHYBRID_ATTN_LAYERS:
+            tensors.update(_attn_block(rng, il))
+        else:
+            tensors.update(_mamba2_block(rng, il))
+        tensors.update(_moe_block(rng, il) if moe else _ffn_block(rng, il))
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_feed_forward_length(N_FF)
+        w.add_head_count(N_HEAD)
+        # a layer with no KV heads is a Mamba-2 layer
+        w.add_head_count_kv([N_HEAD_KV if il in GRANITEHYBRID_ATTN_LAYERS else 0 for il in range(N_LAYER)])
+        w.add_ssm_group_count(MAMBA2_N_GROUP)
+        w.add_rope_freq_base(10000.0)
+        w.add_embedding_scale(GRANITE_SCALES["embedding_scale"])
+        w.add_residual_scale(GRANITE_SCALES["residual_scale"])
+        w.add_logit_scale(GRANITE_SCALES["logit_scale"])
+        w.add_attention_scale(GRANITE_SCALES["attention.scale"])
+        if moe:
+            w.add_expert_count(GRANITE_MOE[0])
+            w.add_expert_used_count(GRANITE_MOE[1])
+            w.add_expert_shared_feed_forward_length(GRANITE_MOE[2])
+
+    over = {"granitehybrid.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
+    return _write(path, "granitehybrid", tokenizer, tensors, hparams, over)
+
+
+NEMOTRON_H_PATTERN = "M*-M"   # llama.cpp's converter's letters: Mamba-2, attention, FFN, Mamba-2
+
+
+def write_nemotron_h(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
+                     overrides: dict | None = None) -> Path:
+    """A 4-layer Nemotron-H model (arch "nemotron_h", NEMOTRON_H_PATTERN): Mamba-2 mixers (sizes as write_mamba2's)
+    in layers 0 and 3, attention without RoPE (4 query and 2 KV heads of 16) in layer 1, a ReLU^2 FFN of 128 (up,
+    down) in layer 2, each after an RMS norm; vocab_gguf's tokenizer. The same seed gives the same tensors;
+    overrides as write_mamba's."""
+    rng = np.random.default_rng(seed)
+    tokenizer = _tokenizer(vocab_gguf)
+    tensors = _embeddings(rng, tokenizer)
+    for il, kind in enumerate(NEMOTRON_H_PATTERN):
+        p = f"blk.{il}."
+        tensors[p + "attn_norm.weight"] = _norm(rng, N_EMBD)
+        if kind == "M":
+            tensors.update(_mamba2_block(rng, il))
+        elif kind == "*":
+            tensors.update(_attn_block(rng, il))
+        else:
+            tensors[p + "ffn_up.weight"] = _normal(rng, (N_FF, N_EMBD), N_EMBD ** -0.5)
+            tensors[p + "ffn_down.weight"] = _normal(rng, (N_EMBD, N_FF), _RESIDUAL_GAIN * N_FF ** -0.5)
+
+    def hparams(w: gguf.GGUFWriter) -> None:
+        w.add_head_count(N_HEAD)
+        w.add_head_count_kv([N_HEAD_KV if c == "*" else 0 for c in NEMOTRON_H_PATTERN])
+        w.add_feed_forward_length([N_FF if c == "-" else 0 for c in NEMOTRON_H_PATTERN])
+        w.add_key_length(HEAD_DIM)
+        w.add_value_length(HEAD_DIM)
+        w.add_layer_norm_eps(RMS_EPS)
+        w.add_ssm_group_count(MAMBA2_N_GROUP)
+
+    over = {"nemotron_h.ssm.time_step_rank": (MAMBA2_N_HEAD, gguf.GGUFValueType.UINT32), **(overrides or {})}
+    return _write(path, "nemotron_h", tokenizer, tensors, hparams, over)
 
 
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16}

@@ -22,7 +22,9 @@ from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
 #: the recurrent architectures, each a Model subclass in llamax/model/<arch>.py; the transformer families
 #: are described by data (llamax/model/family.py) and run by llamax/model/decoder.py
-RECURRENT_ARCHS = ("mamba", "jamba")
+RECURRENT_ARCHS = ("mamba", "jamba", "mamba2", "granitehybrid", "nemotron_h")
+#: the recurrent architectures whose recurrent layers are Mamba-2 ones (ssm.group_count; heads of the scan)
+MAMBA2_ARCHS = ("mamba2", "granitehybrid", "nemotron_h")
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "granitemoe",
                "olmo2")
 #: every architecture with a forward pass
@@ -65,7 +67,12 @@ class HParams:
     ssm_d_state: int = field(default=0, metadata={"omit_default": True})
     ssm_dt_rank: int = field(default=0, metadata={"omit_default": True})
     ssm_dt_b_c_rms: bool = field(default=False, metadata={"omit_default": True})
+    # Mamba-2 (llama.cpp's ssm_n_group; 0: a Mamba-1): the groups of B and C; its scan has ssm_dt_rank heads of
+    # ssm_d_inner / ssm_dt_rank channels
+    ssm_n_group: int = field(default=0, metadata={"omit_default": True})
     recurrent_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
+    # the layers that are an FFN alone (nemotron_h: neither attention nor a recurrent state)
+    ffn_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
     # llama.cpp's f_attention_scale: the factor Q is multiplied by before attention (0: 1/sqrt(n_embd_head_k)).
     # Derived from the fields above, so it is left out of comparisons (and of the model fingerprint).
     attn_scale: float = field(default=0.0, compare=False)
@@ -84,6 +91,8 @@ class HParams:
     n_expert: int = field(default=0, metadata={"omit_default": True})
     n_expert_used: int = field(default=0, metadata={"omit_default": True})
     n_ff_exp: int = field(default=0, metadata={"omit_default": True})
+    # the shared expert's FFN length beside a mixture of experts (granitehybrid's; 0: none)
+    n_ff_shexp: int = field(default=0, metadata={"omit_default": True})
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -91,13 +100,22 @@ class HParams:
         return self.n_embd_head_k * self.n_head_kv
 
     @property
-    def r_shape(self) -> tuple[int, int]:
-        """One sequence's conv state in a recurrent layer (llama.cpp's n_embd_r, Mamba-1): [d_inner, d_conv - 1]."""
-        return (self.ssm_d_inner, self.ssm_d_conv - 1)
+    def ssm_conv_dim(self) -> int:
+        """The channels of a recurrent layer's convolution: d_inner (Mamba-1: x), d_inner + 2 * n_group *
+        d_state (Mamba-2: x, B and C)."""
+        return self.ssm_d_inner + 2 * self.ssm_n_group * self.ssm_d_state
 
     @property
-    def s_shape(self) -> tuple[int, int]:
-        """One sequence's SSM state in a recurrent layer (llama.cpp's n_embd_s): [d_inner, d_state]."""
+    def r_shape(self) -> tuple[int, int]:
+        """One sequence's conv state in a recurrent layer (llama.cpp's n_embd_r): [ssm_conv_dim, d_conv - 1]."""
+        return (self.ssm_conv_dim, self.ssm_d_conv - 1)
+
+    @property
+    def s_shape(self) -> tuple[int, ...]:
+        """One sequence's SSM state in a recurrent layer (llama.cpp's n_embd_s): [d_inner, d_state] (Mamba-1),
+        [n_head, head_dim, d_state] (Mamba-2: n_head = dt_rank, head_dim = d_inner / n_head)."""
+        if self.ssm_n_group:
+            return (self.ssm_dt_rank, self.ssm_d_inner // self.ssm_dt_rank, self.ssm_d_state)
         return (self.ssm_d_inner, self.ssm_d_state)
 
 
@@ -252,22 +270,27 @@ def _n_vocab(g: GGUFFile) -> int:
 
 
 def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
-    """llama.cpp's hyperparameters of LLM_ARCH_MAMBA (Mamba-1: no attention, every layer recurrent)
-    and LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
-    without RoPE; every layer has a dense FFN).
+    """llama.cpp's hyperparameters of LLM_ARCH_MAMBA (Mamba-1: no attention, every layer recurrent),
+    LLM_ARCH_JAMBA (a layer whose attention.head_count_kv is 0 is a Mamba layer, the others attend
+    without RoPE; every layer has a dense FFN), LLM_ARCH_MAMBA2 (Mamba-2: every layer recurrent) and
+    LLM_ARCH_GRANITE_HYBRID (Mamba-2 layers where attention.head_count_kv is 0, attention with RoPE
+    unless rope.scaling.finetuned is false, Granite's scales, dense FFNs or experts) and LLM_ARCH_NEMOTRON_H
+    (each layer attention without RoPE, Mamba-2 or an FFN alone: _read_nemotron_h_layers).
 
     Checks: block_count, embedding_length, context_length and the ssm sizes (conv_kernel at most
-    the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; no
-    ssm.group_count (Mamba-2 is not supported); for jamba, head_count and feed_forward_length one
-    value (or one per layer, all equal), head_count_kv one per layer, the same for every attention
-    layer and dividing head_count; a vocabulary."""
+    the native kernel's widest, inner_size, state_size, time_step_rank) positive integers; Mamba-1:
+    no ssm.group_count; Mamba-2: ssm.group_count a positive integer dividing time_step_rank (its heads),
+    which divides inner_size; for the hybrids, head_count and feed_forward_length one value (or one
+    per layer, all equal), head_count_kv one per layer, the same for every attention layer and dividing
+    head_count; granitehybrid's experts as _read_granitehybrid; a vocabulary."""
     from llamax._native import ssm as _ssm
 
     f = g.path.name
     n_layer = k.integer("block_count")
     attn: dict[str, Any] = dict(n_head=0, n_head_kv=0, n_embd_head_k=0, n_embd_head_v=0, n_ff=0)
+    extra: dict[str, Any] = {}
     recurrent = tuple(range(n_layer))
-    if k.arch == "jamba":
+    if k.arch in ("jamba", "granitehybrid"):
         kv = g.get(k.key("attention.head_count_kv"))
         kv = kv if isinstance(kv, list) else [kv] * n_layer
         if len(kv) != n_layer or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in kv):
@@ -286,8 +309,21 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
         head = k.integer("embedding_length") // n_head
         attn = dict(n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head,
                     n_ff=k.per_layer("feed_forward_length", n_layer))
-    if k.has("ssm.group_count") and k.integer("ssm.group_count", minimum=0) > 0:
-        raise ModelError(f"{f}: {k.key('ssm.group_count')} is set: a Mamba-2 model, which llamax does not support")
+    if k.arch == "granitehybrid":
+        extra = _read_granitehybrid(g, k, n_layer, attn["n_embd_head_k"])
+    ffn_only: tuple[int, ...] = ()
+    if k.arch == "nemotron_h":
+        attn, recurrent, ffn_only = _read_nemotron_h_layers(g, k, n_layer)
+    n_group = 0
+    if k.arch in MAMBA2_ARCHS:
+        n_group = k.integer("ssm.group_count")
+        n_ssm_head, d_inner = k.integer("ssm.time_step_rank"), k.integer("ssm.inner_size")
+        if n_ssm_head % n_group or d_inner % n_ssm_head:
+            raise ModelError(f"{f}: {k.key('ssm.group_count')} {n_group} must divide {k.key('ssm.time_step_rank')} "
+                             f"{n_ssm_head} (the scan's heads), which must divide {k.key('ssm.inner_size')} {d_inner}")
+    elif k.has("ssm.group_count") and k.integer("ssm.group_count", minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('ssm.group_count')} is set: a Mamba-2 model, but llama.cpp's {k.arch} is "
+                         f"Mamba-1 (llamax runs Mamba-2 as mamba2 / granitehybrid)")
     d_conv = k.integer("ssm.conv_kernel")
     if d_conv > _ssm.MAX_CONV:
         raise ModelError(f"{f}: {k.key('ssm.conv_kernel')} {d_conv} is wider than llamax's convolution "
@@ -298,10 +334,101 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     return HParams(
         arch=k.arch, n_layer=n_layer, n_embd=k.integer("embedding_length"), **attn,
         n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
-        rms_eps=k.number("attention.layer_norm_rms_epsilon"), n_rot=0, rope_kind="none", rope_freq_base=10000.0,
+        rms_eps=k.number("attention.layer_norm_rms_epsilon", k.number("attention.layer_norm_epsilon")
+                         if k.arch == "nemotron_h" else ModelError),
+        **(extra or dict(n_rot=0, rope_kind="none", rope_freq_base=10000.0)),
         tied_output="output.weight" not in g.tensors,
         ssm_d_conv=d_conv, ssm_d_inner=k.integer("ssm.inner_size"), ssm_d_state=k.integer("ssm.state_size"),
-        ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms, recurrent_layers=recurrent)
+        ssm_dt_rank=k.integer("ssm.time_step_rank"), ssm_dt_b_c_rms=dt_b_c_rms, ssm_n_group=n_group,
+        recurrent_layers=recurrent, ffn_layers=ffn_only)
+
+
+def _per_layer_list(g: GGUFFile, k: _Keys, key: str, n_layer: int) -> list[int]:
+    """A key of one count >= 0 per layer (or one count for all), as a list of n_layer."""
+    v = g.get(k.key(key))
+    v = v if isinstance(v, list) else [v] * n_layer
+    if len(v) != n_layer or any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in v):
+        raise ModelError(f"{g.path.name}: {k.key(key)} is {_brief_value(v)}: expected one count >= 0 per layer")
+    return v
+
+
+def _one_value(g: GGUFFile, k: _Keys, key: str, v: list[int], layers: list[int]) -> int:
+    """The one value of a per-layer key over some layers (0 when there are none)."""
+    vals = {v[il] for il in layers}
+    if len(vals) > 1:
+        raise ModelError(f"{g.path.name}: {k.key(key)} differs between the layers that use it ({_brief(v)}); "
+                         f"llamax supports one value for all of them")
+    return vals.pop() if vals else 0
+
+
+def _read_nemotron_h_layers(g: GGUFFile, k: _Keys, n_layer: int) -> tuple[dict[str, Any], tuple[int, ...],
+                                                                            tuple[int, ...]]:
+    """nemotron_h's three kinds of layer (llama_model_nemotron_h::load_arch_hparams): an FFN alone where
+    feed_forward_length is not 0, attention (no RoPE) where head_count_kv is not 0, else Mamba-2. Returns the
+    attention sizes (head_count, head_count_kv and feed_forward_length one value over the layers that use them,
+    the head size key_length, else embedding_length / head_count), the recurrent layers and the FFN layers.
+    Experts (expert_count, a Nemotron-H MoE) are refused."""
+    f = g.path.name
+    if k.integer("expert_count", 0, minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('expert_count')} is set: a mixture of experts, which llamax's nemotron_h "
+                         f"does not support")
+    kv = _per_layer_list(g, k, "attention.head_count_kv", n_layer)
+    ff = _per_layer_list(g, k, "feed_forward_length", n_layer)
+    ffn = [il for il in range(n_layer) if ff[il] > 0]
+    att = [il for il in range(n_layer) if ff[il] == 0 and kv[il] > 0]
+    recurrent = tuple(il for il in range(n_layer) if ff[il] == 0 and kv[il] == 0)
+    n_head = _one_value(g, k, "attention.head_count", _per_layer_list(g, k, "attention.head_count", n_layer), att)
+    n_head_kv = _one_value(g, k, "attention.head_count_kv", kv, att)
+    n_embd = k.integer("embedding_length")
+    head = 0
+    if att:
+        if n_head % n_head_kv:
+            raise ModelError(f"{f}: {k.key('attention.head_count_kv')} {n_head_kv} does not divide "
+                             f"{k.key('attention.head_count')} {n_head}")
+        if not k.has("attention.key_length") and n_embd % n_head:
+            raise ModelError(f"{f}: {k.key('embedding_length')} {n_embd} is not a multiple of "
+                             f"{k.key('attention.head_count')} {n_head} (the head size, as no key_length is given)")
+        head = k.integer("attention.key_length", n_embd // n_head)
+        if k.integer("attention.value_length", head) != head:
+            raise ModelError(f"{f}: {k.key('attention.value_length')} differs from {k.key('attention.key_length')} "
+                             f"{head}; llamax's nemotron_h takes one head size")
+    attn = dict(n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head, n_embd_head_v=head,
+                n_ff=_one_value(g, k, "feed_forward_length", ff, ffn))
+    return attn, recurrent, tuple(ffn)
+
+
+def _read_granitehybrid(g: GGUFFile, k: _Keys, n_layer: int, head: int) -> dict[str, Any]:
+    """granitehybrid's attention and scales (llama_model_granite_hybrid::load_arch_hparams): RoPE (NORM) in every
+    attention layer unless rope.scaling.finetuned is false, rope.dimension_count (even, at most the head size),
+    rope.freq_base, a linear rope.scaling.factor; attention.scale, embedding_scale, residual_scale, logit_scale
+    (0 or absent: none). A mixture of experts when expert_count > 0 (Granite-4.0-H-Tiny / Small): expert_used_count
+    of them (at most the count), each of feed_forward_length, and a shared expert of
+    expert_shared_feed_forward_length (0 or absent: none); the router's softmax weights normalised over the
+    chosen experts, unscaled (llama.cpp reads no expert_weights_scale for granitehybrid)."""
+    f = g.path.name
+    moe: dict[str, Any] = {}
+    n_expert = k.integer("expert_count", 0, minimum=0)
+    if n_expert:
+        n_used = k.integer("expert_used_count")
+        if n_used > n_expert:
+            raise ModelError(f"{f}: {k.key('expert_used_count')} {n_used} exceeds {k.key('expert_count')} {n_expert}")
+        moe = dict(n_expert=n_expert, n_expert_used=n_used, n_ff_exp=k.per_layer("feed_forward_length", n_layer),
+                   n_ff_shexp=k.integer("expert_shared_feed_forward_length", 0, minimum=0))
+    n_rot = k.integer("rope.dimension_count", head)
+    if n_rot % 2 or n_rot > head:
+        raise ModelError(f"{f}: {k.key('rope.dimension_count')} {n_rot} must be even and at most the head size {head}")
+    scaling = g.get(k.key("rope.scaling.type"), "linear")
+    if scaling not in ("none", "linear"):
+        raise ModelError(f"{f}: {k.key('rope.scaling.type')} {_brief_value(scaling)} is not supported for "
+                         f"granitehybrid (none, linear)")
+    freq_scale = 1.0 if scaling == "none" else 1.0 / (k.number("rope.scaling.factor", 1.0) or 1.0)
+    rope = g.get(k.key("rope.scaling.finetuned"), True)
+    if not isinstance(rope, bool):
+        raise ModelError(f"{f}: {k.key('rope.scaling.finetuned')} is {_brief_value(rope)}, not a bool")
+    return dict(n_rot=n_rot, rope_kind="norm", rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True),
+                rope_freq_scale=freq_scale, nope_layers=() if rope else tuple(range(n_layer)),
+                kq_scale=k.number("attention.scale", 0.0), embd_scale=k.number("embedding_scale", 0.0),
+                residual_scale=k.number("residual_scale", 0.0), logit_scale=k.number("logit_scale", 0.0), **moe)
 
 
 # ---- the tensors against the hyperparameters ---------------------------------------------------------
@@ -318,10 +445,13 @@ class TensorTable:
     # a hybrid model's two kinds of layer: these per attention layer / per recurrent layer (hp.recurrent_layers)
     attn_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
     recr_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # and per FFN-only layer (hp.ffn_layers, nemotron_h)
+    ffn_layer: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def with_layer(self, extra: dict[str, tuple[str, ...]]) -> "TensorTable":
         """This table with more per-layer tensors."""
-        return TensorTable(self.model, self.layer | extra, self.optional, self.attn_layer, self.recr_layer)
+        return TensorTable(self.model, self.layer | extra, self.optional, self.attn_layer, self.recr_layer,
+                           self.ffn_layer)
 
 
 #: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
@@ -357,6 +487,73 @@ MAMBA = TensorTable(
     optional={"output.weight": ("n_embd", "n_vocab")},
     layer={"attn_norm.weight": ("n_embd",), **MAMBA_MIXER})
 
+#: a Mamba-2 mixer's tensors (llama.cpp's build_mamba2_layer): the in-projection to z, x, B, C and dt (one per
+#: head), the convolution over x, B and C, the scalar A and D per head, the grouped RMS norm of y
+MAMBA2_MIXER = {"ssm_in.weight": ("n_embd", "d_in_proj"),
+                "ssm_conv1d.weight": ("d_conv", "conv_dim"),
+                "ssm_conv1d.bias": ("conv_dim",),
+                "ssm_dt.bias": ("dt_rank",),
+                "ssm_a": ("1", "dt_rank"),
+                "ssm_d": ("1", "dt_rank"),
+                "ssm_norm.weight": ("d_inner/n_group", "n_group"),
+                "ssm_out.weight": ("d_inner", "n_embd")}
+
+#: llama.cpp's LLM_ARCH_MAMBA2 tensors
+MAMBA2 = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",), **MAMBA2_MIXER})
+
+#: llama.cpp's LLM_ARCH_GRANITE_HYBRID tensors with dense FFNs and no biases: every layer a norm, a mixer and a
+#: SwiGLU FFN; the mixer is attention or Mamba-2
+GRANITEHYBRID = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",),
+           "ffn_norm.weight": ("n_embd",),
+           "ffn_gate.weight": ("n_embd", "n_ff"),
+           "ffn_up.weight": ("n_embd", "n_ff"),
+           "ffn_down.weight": ("n_ff", "n_embd")},
+    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
+                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+                "attn_output.weight": ("n_embd_q", "n_embd")},
+    recr_layer=MAMBA2_MIXER)
+
+
+
+def granitehybrid_table(hp: HParams) -> TensorTable:
+    """GRANITEHYBRID, with a mixture of experts in place of the dense FFN when hp.n_expert (the router and the
+    experts' gate, up and down), and the shared expert's when hp.n_ff_shexp."""
+    if not hp.n_expert:
+        return GRANITEHYBRID
+    ffn = {"attn_norm.weight": ("n_embd",),
+           "ffn_norm.weight": ("n_embd",),
+           "ffn_gate_inp.weight": ("n_embd", "n_expert"),
+           "ffn_gate_exps.weight": ("n_embd", "n_ff_exp", "n_expert"),
+           "ffn_up_exps.weight": ("n_embd", "n_ff_exp", "n_expert"),
+           "ffn_down_exps.weight": ("n_ff_exp", "n_embd", "n_expert")}
+    if hp.n_ff_shexp:
+        ffn |= {"ffn_gate_shexp.weight": ("n_embd", "n_ff_shexp"),
+                "ffn_up_shexp.weight": ("n_embd", "n_ff_shexp"),
+                "ffn_down_shexp.weight": ("n_ff_shexp", "n_embd")}
+    return TensorTable(GRANITEHYBRID.model, ffn, GRANITEHYBRID.optional, GRANITEHYBRID.attn_layer,
+                       GRANITEHYBRID.recr_layer)
+
+
+#: llama.cpp's LLM_ARCH_NEMOTRON_H tensors without biases or experts: every layer a norm and one of attention
+#: (no RoPE), Mamba-2 or a ReLU^2 FFN (up, down)
+NEMOTRON_H = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",)},
+    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
+                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+                "attn_output.weight": ("n_embd_q", "n_embd")},
+    recr_layer=MAMBA2_MIXER,
+    ffn_layer={"ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")})
+
 #: llama.cpp's LLM_ARCH_JAMBA tensors with dense FFNs: every layer a norm, a mixer and a SwiGLU FFN; the mixer
 #: is attention (no biases) or Mamba-1 with RMS norms of dt, B and C
 JAMBA = TensorTable(
@@ -390,6 +587,15 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
             "dt_rank": (dr, f"dt_rank {dr} from {a}.ssm.time_step_rank"),
             "dt_rank+2*d_state": (dr + 2 * ds, f"dt_rank {dr} + 2 * d_state {ds}"),
         }
+        if hp.ssm_n_group:   # Mamba-2: dt_rank is the scan's head count
+            ng, cd = hp.ssm_n_group, hp.ssm_conv_dim
+            ssm.update({
+                "1": (1, "1"),
+                "n_group": (ng, f"n_group {ng} from {a}.ssm.group_count"),
+                "d_inner/n_group": (di // ng, f"d_inner {di} / n_group {ng}"),
+                "conv_dim": (cd, f"d_inner {di} + 2 * n_group {ng} * d_state {ds}"),
+                "d_in_proj": (di + cd + dr, f"2 * d_inner {di} + 2 * n_group {ng} * d_state {ds} + n_head dt_rank {dr}"),
+            })
     else:
         ssm = {}
     head_k = (f"n_embd_head_k {k} = n_embd {hp.n_embd} / n_head {hp.n_head}" if k * hp.n_head == hp.n_embd
@@ -411,6 +617,7 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
         "n_rot/2": (hp.n_rot // 2, f"n_rot / 2 = {hp.n_rot // 2} from {a}.rope.dimension_count"),
         "n_expert": (hp.n_expert, f"n_expert {hp.n_expert} from {a}.expert_count"),
         "n_ff_exp": (hp.n_ff_exp, f"n_ff_exp {hp.n_ff_exp} from {a}.expert_feed_forward_length"),
+        "n_ff_shexp": (hp.n_ff_shexp, f"n_ff_shexp {hp.n_ff_shexp} from {a}.expert_shared_feed_forward_length"),
         **ssm,
     }
 
@@ -457,7 +664,8 @@ def check_tensors(g: GGUFFile, hp: HParams, table: TensorTable) -> None:
     for name, spec in table.optional.items():
         check(name, spec, False)
     for il in range(hp.n_layer):
-        kind = table.recr_layer if il in hp.recurrent_layers else table.attn_layer
+        kind = (table.recr_layer if il in hp.recurrent_layers else table.ffn_layer if il in hp.ffn_layers
+                else table.attn_layer)
         for name, spec in (table.layer | kind).items():
             check(f"blk.{il}.{name}", spec, True)
     for name in g.tensors:

@@ -1,11 +1,12 @@
-"""Record llama.cpp's outputs on the synthetic Mamba and Jamba models (tests/synthetic.py, seed 0).
+"""Record llama.cpp's outputs on the synthetic recurrent models (tests/synthetic.py, seed 0): Mamba, Jamba,
+Mamba-2, Granite hybrid (dense and with experts) and Nemotron-H.
 
 Run by hand with llama-cpp-python's interpreter, never by the tests (README.md beside this file):
 
-    /tmp/llcpp/bin/python tests/data/recurrent/record.py [VOCAB_GGUF]
+    /tmp/llcpp/bin/python tests/data/recurrent/record.py [VOCAB_GGUF] [MODEL ...]
 
 VOCAB_GGUF (default: the SmolLM2-135M registry GGUF) lends its tokenizer to the models. Writes
-<model>.npz and <model>.json next to this file for model in mamba, jamba.
+<model>.npz and <model>.json next to this file for each MODEL of WRITERS (default: every one).
 """
 import hashlib
 import json
@@ -33,6 +34,9 @@ PROMPTS = {
              "round loaf, let it rise again while the oven heats, cut a shallow cross in the top and bake it until "
              "the crust is deep brown and the bottom sounds hollow when tapped."),
 }
+WRITERS = {"mamba": synthetic.write_mamba, "jamba": synthetic.write_jamba, "mamba2": synthetic.write_mamba2,
+           "granitehybrid": synthetic.write_granitehybrid, "granitehybrid_moe": synthetic.write_granitehybrid_moe,
+           "nemotron_h": synthetic.write_nemotron_h}
 LLAMA_CPP_COMMITS = {"0.3.36": "0c1e57098bba43ac29e6e3b677cdceebdd22334f"}
 N_CTX, N_BATCH, N_THREADS, N_GREEDY, TOP_K = 2048, 512, 2, 32, 5
 # llama.cpp's own spread: the reference run (one batch of N_BATCH, N_THREADS) against these
@@ -147,7 +151,12 @@ def _sha256(path: Path) -> str:
 
 
 def main() -> None:
-    vocab = Path(sys.argv[1]) if len(sys.argv) > 1 else VOCAB
+    args = sys.argv[1:]
+    vocab = next((Path(a) for a in args if a.endswith(".gguf")), VOCAB)
+    only = [a for a in args if not a.endswith(".gguf")]   # model names to record (default: all)
+    unknown = set(only) - set(WRITERS)
+    if unknown:
+        sys.exit(f"unknown model {sorted(unknown)}: expected some of {', '.join(WRITERS)}")
     about = {
         "vocab": {"vocab_gguf": vocab.name, "vocab_gguf_sha256": _sha256(vocab)},
         "versions": {"llama_cpp_python": llama_cpp.__version__,
@@ -157,7 +166,9 @@ def main() -> None:
                      "gguf": metadata.version("gguf")},
     }
     with tempfile.TemporaryDirectory() as tmp:
-        for arch, write in (("mamba", synthetic.write_mamba), ("jamba", synthetic.write_jamba)):
+        for arch, write in WRITERS.items():
+            if only and arch not in only:
+                continue
             record(arch, write(Path(tmp) / f"{arch}.gguf", vocab), about)
             print(f"recorded {arch}", flush=True)
 

@@ -1,0 +1,108 @@
+"""The mamba2 architecture (llama.cpp's build_mamba2_layer, Mamba-2) over a recurrent memory.
+
+Per layer: RMSNorm -> in-projection to z, x|B|C and dt (one dt per head) -> causal depthwise convolution
+of x, B and C together over the sequence's conv state, + bias, SiLU (csrc/ssm.h's convolution) -> dt +
+bias -> the Mamba-2 selective scan over the sequence's SSM state (csrc/ssd.h: n_head = ssm.time_step_rank
+heads of d_inner / n_head channels, a scalar A and D per head, B and C shared by the heads of each of
+ssm.group_count groups), + x * D, gated by SiLU(z) -> RMS norm of y per group (ssm_norm) ->
+out-projection -> residual. Then RMSNorm and the output (tied to the token embedding when the GGUF has no
+output.weight).
+
+The memory's rows (llama.cpp's n_embd_r / n_embd_s): conv [d_inner + 2 * n_group * d_state, d_conv - 1],
+ssm [n_head, head_dim, d_state] (HParams.r_shape / s_shape). The ubatch comes split equally (n_seqs
+sequences of n_t tokens), so the native steps run each sequence's tokens in order through its own state;
+when the memory keeps rollback rows (reserve_rollback) both steps write the state after each of a
+sequence's last tokens into them, as Mamba-1's do. As for Mamba-1 (llamax/model/mamba.py), a row's bits
+do not depend on the rest of the batch: a prompt gives the same logits in one batch, token by token or
+in chunks, and for any thread count.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from llamax._native import ssd as _ssd
+from llamax._native import ssm as _ssm
+from llamax.memory import HybridMemory, KVCache, RecurrentMemory
+from llamax.memory.recurrent import RecurrentView
+from llamax.model.gguf import MAMBA2, GGUFFile, HParams
+from llamax.model.linear import rms_norm
+from llamax.model.mamba import _product
+from llamax.model.model import Model
+from llamax.params import ContextParams
+from llamax.rope import RoPE
+
+
+class Mamba2Mixer:
+    """A Mamba-2 mixer's weights (llama.cpp's build_mamba2_layer)."""
+
+    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+        p = f"blk.{il}."
+        self.ssm_in = _product(g, p + "ssm_in.weight", n_threads)     # -> [z | x, B, C | dt]
+        self.conv_w = g.f32(p + "ssm_conv1d.weight")                   # [conv_dim, d_conv]
+        self.conv_b = g.f32(p + "ssm_conv1d.bias")                     # [conv_dim]
+        self.dt_b = g.f32(p + "ssm_dt.bias")                           # [n_head]
+        self.A = np.ascontiguousarray(g.f32(p + "ssm_a").reshape(-1))  # [n_head]: -exp(A_log)
+        self.D = np.ascontiguousarray(g.f32(p + "ssm_d").reshape(-1))  # [n_head]
+        self.norm = g.f32(p + "ssm_norm.weight")                       # [n_group, d_inner / n_group]
+        self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
+
+
+def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams,
+                 n_threads: int) -> np.ndarray:
+    """One Mamba-2 mixer (llama.cpp's build_mamba2_layer) on the normed hidden states h [n, n_embd] of an
+    equally split ubatch, its states read and updated in view (and the rollback rows written when the view
+    has them); returns [n, n_embd] (before the residual)."""
+    di, ds, ng, cd = hp.ssm_d_inner, hp.ssm_d_state, hp.ssm_n_group, hp.ssm_conv_dim
+    n = h.shape[0]
+    zxbcdt = L.ssm_in(h)                                                    # [n, d_inner + conv_dim + n_head]
+    xbc = _ssm.conv(view.conv, view.cells, zxbcdt[:, di:di + cd], L.conv_w, L.conv_b, n_t, n_threads,
+                    hist=view.conv_hist, hist_row=view.hist_row)            # [n, conv_dim]
+    dt = zxbcdt[:, di + cd:] + L.dt_b                                       # [n, n_head]
+    y = _ssd.scan(view.ssm, view.cells, xbc[:, :di], dt, L.A, xbc[:, di:di + ng * ds], xbc[:, di + ng * ds:],
+                  L.D, zxbcdt[:, :di], n_t, ng, n_threads, hist=view.ssm_hist, hist_row=view.hist_row)
+    # the grouped RMS norm: each group of d_inner / n_group channels normed, then times its own weights
+    gs = di // ng
+    y = rms_norm(y.reshape(n * ng, gs), np.ones(gs, np.float32), hp.rms_eps).reshape(n, ng, gs)
+    y *= L.norm
+    return L.ssm_out(y.reshape(n, di))
+
+
+def hybrid_memory(hp: HParams, params: ContextParams, attn_layers: list[int],
+                  rope: RoPE | None = None) -> HybridMemory | RecurrentMemory:
+    """The memory of a hybrid built on Mamba-2 (llama.cpp's llama_memory_hybrid with the arch's layer filters): a
+    RecurrentMemory of hp.recurrent_layers and a KV cache of attn_layers only (nemotron_h's FFN layers are in
+    neither), with rope for its K-shift (None: the cache cannot shift); the RecurrentMemory alone without
+    attention layers. Sized as Model.create_memory sizes its parts."""
+    recr = RecurrentMemory(hp.n_layer, hp.r_shape, hp.s_shape, n_seq_max=params.n_seq_max,
+                           layer_ids=hp.recurrent_layers, n_threads=params.n_threads)
+    if not attn_layers:
+        return recr
+    attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
+                   head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
+                   type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn,
+                   n_threads=params.n_threads, rope=rope)
+    return HybridMemory(attn, recr)
+
+
+class Mamba2(Model, arch="mamba2"):
+    """A mamba2-architecture model (Mamba-2): its weights and forward pass over a RecurrentMemory."""
+
+    TENSORS = MAMBA2
+
+    def __init__(self, g: GGUFFile, hp: HParams, n_threads: int) -> None:
+        super().__init__(g, hp, n_threads)
+        self.hp = hp
+        self._load_head(g)
+        self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
+        self.layers = [Mamba2Mixer(g, il, n_threads) for il in range(hp.n_layer)]
+
+    def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
+        the ubatch's tokens into their sequences' states."""
+        hp = self.hp
+        x = self.tok_embd.rows(ub.token)
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            for il, (norm, L) in enumerate(zip(self.norms, self.layers)):
+                h = rms_norm(x, norm, hp.rms_eps)
+                x += mamba2_mixer(L, h, mem.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+        return self._head(x, ub, embd)
