@@ -204,7 +204,7 @@ def test_the_memories_have_llama_cpps_shapes(models):
     assert hyb.recr.conv[0].shape == (1, 192, 3) and hyb.recr.ssm[0].shape == (1, 8, 16, 16)
     nem = Context(models["nemotron_h"], n_ctx=256).memory   # "M*-M": the FFN layer 2 keeps nothing, as in llama.cpp
     assert isinstance(nem, llamax.HybridMemory) and nem.recr.layer_ids == [0, 3] and nem.attn.layer_ids == [1]
-    assert hyb.can_shift and not nem.can_shift          # RoPE (granitehybrid) or none (nemotron_h) in the attention
+    assert hyb.can_shift and nem.can_shift   # a K-shift (granitehybrid's RoPE), or positions that only mask (nemotron_h)
 
 
 def test_a_granitehybrid_sequence_shifted_by_seq_add_continues_as_one_decoded_at_the_shifted_positions(models):

@@ -22,11 +22,10 @@ import numpy as np
 
 from llamax._native import layer as _layer
 from llamax._native import rope as _rope
-from llamax.memory import HybridMemory
+from llamax.memory import HybridMemory, Memory
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
 from llamax.model.linear import Linear, rms_norm
-from llamax.memory import Memory
-from llamax.model.mamba2 import Mamba2Mixer, hybrid_memory, mamba2_mixer
+from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
 from llamax.model.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
@@ -108,10 +107,8 @@ class GraniteHybrid(Model, arch="granitehybrid"):
         self.residual_scale = np.float32(hp.residual_scale) if hp.residual_scale else None
 
     def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
-        """A hybrid memory whose KV cache has the attention layers' RoPE for its K-shift (hybrid_memory; ropes:
-        unused, every attention layer has the one RoPE)."""
-        hp = self.hparams
-        return hybrid_memory(hp, params, [il for il in range(hp.n_layer) if il not in hp.recurrent_layers], self.rope)
+        """Model.create_memory with the attention layers' RoPE for the KV cache's K-shift (ropes: as given)."""
+        return super().create_memory(params, ropes if ropes is not None else [self.rope] * self.hparams.n_layer)
 
     def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
         hp, n = self.hp, h.shape[0]

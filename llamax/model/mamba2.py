@@ -22,14 +22,11 @@ import numpy as np
 
 from llamax._native import ssd as _ssd
 from llamax._native import ssm as _ssm
-from llamax.memory import HybridMemory, KVCache, RecurrentMemory
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA2, GGUFFile, HParams
 from llamax.model.linear import rms_norm
 from llamax.model.mamba import _product
 from llamax.model.model import Model
-from llamax.params import ContextParams
-from llamax.rope import RoPE
 
 
 class Mamba2Mixer:
@@ -65,23 +62,6 @@ def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, h
     y = rms_norm(y.reshape(n * ng, gs), np.ones(gs, np.float32), hp.rms_eps).reshape(n, ng, gs)
     y *= L.norm
     return L.ssm_out(y.reshape(n, di))
-
-
-def hybrid_memory(hp: HParams, params: ContextParams, attn_layers: list[int],
-                  rope: RoPE | None = None) -> HybridMemory | RecurrentMemory:
-    """The memory of a hybrid built on Mamba-2 (llama.cpp's llama_memory_hybrid with the arch's layer filters): a
-    RecurrentMemory of hp.recurrent_layers and a KV cache of attn_layers only (nemotron_h's FFN layers are in
-    neither), with rope for its K-shift (None: the cache cannot shift); the RecurrentMemory alone without
-    attention layers. Sized as Model.create_memory sizes its parts."""
-    recr = RecurrentMemory(hp.n_layer, hp.r_shape, hp.s_shape, n_seq_max=params.n_seq_max,
-                           layer_ids=hp.recurrent_layers, n_threads=params.n_threads)
-    if not attn_layers:
-        return recr
-    attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
-                   head_dim_v=hp.n_embd_head_v, n_seq_max=params.n_seq_max, unified=params.kv_unified,
-                   type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn,
-                   n_threads=params.n_threads, rope=rope)
-    return HybridMemory(attn, recr)
 
 
 class Mamba2(Model, arch="mamba2"):

@@ -174,8 +174,8 @@ class Model(ModelInfo):
     # ---- llama_model's two jobs for a context ----------------------------------------------------
     def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
         """The memory a context of these (derived) parameters gets (llama_model::create_memory): a
-        recurrent memory when every layer keeps a state (Mamba), a hybrid memory when some do (Jamba),
-        else a KV cache (the interleaved SWA cache when the model has sliding-window layers). ropes:
+        recurrent memory when every layer keeps a state (Mamba), a hybrid memory when some do (Jamba; its KV
+        cache holds the attention layers only, not nemotron_h's FFN-only ones), else a KV cache (the interleaved SWA cache when the model has sliding-window layers). ropes:
         each layer's RoPE for the cache's K-shift (None in a list: a layer without RoPE); None: the
         hyperparameters' one RoPE for every layer (its sliding layers' for those)."""
         hp = self.hparams
@@ -187,7 +187,9 @@ class Model(ModelInfo):
                                    layer_ids=hp.recurrent_layers, n_threads=params.n_threads)
             if len(hp.recurrent_layers) == hp.n_layer:
                 return recr
-            attn_layers = [il for il in range(hp.n_layer) if il not in hp.recurrent_layers]
+            attn_layers = [il for il in range(hp.n_layer) if il not in hp.recurrent_layers and il not in hp.ffn_layers]
+            if not attn_layers:   # recurrent and FFN-only layers (llama.cpp's layer filters)
+                return recr
             attn_ropes = [ropes[il] for il in attn_layers] if ropes is not None else [None] * len(attn_layers)
             attn = KVCache(len(attn_layers), hp.n_head_kv, hp.n_embd_head_k, params.n_ctx_seq, layer_ids=attn_layers,
                            rope=attn_ropes, **common)   # without ropes (Jamba): NoPE, positions only mask

@@ -8,7 +8,7 @@ memory's KV cache; an FFN alone where feed_forward_length is not 0: down(relu(up
 the output (tied to the token embedding when the GGUF has no output.weight).
 
 As llama.cpp's hybrid memory for nemotron_h, the KV cache has the attention layers only, the recurrent memory
-the Mamba-2 layers only (the FFN layers keep nothing). Without RoPE the cache cannot shift positions.
+the Mamba-2 layers only (the FFN layers keep nothing). Without RoPE a shift only renumbers positions.
 """
 from __future__ import annotations
 
@@ -19,11 +19,8 @@ import numpy as np
 from llamax.memory import HybridMemory
 from llamax.model.gguf import NEMOTRON_H, GGUFFile, HParams
 from llamax.model.linear import Linear, rms_norm
-from llamax.memory import Memory
-from llamax.model.mamba2 import Mamba2Mixer, hybrid_memory, mamba2_mixer
+from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
 from llamax.model.model import Model
-from llamax.params import ContextParams
-from llamax.rope import RoPE
 
 
 class _Attention:
@@ -63,12 +60,6 @@ class NemotronH(Model, arch="nemotron_h"):
             _ReluSqrFFN(g, il, n_threads) if il in hp.ffn_layers else _Attention(g, il, n_threads)
             for il in range(hp.n_layer)]
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k) if hp.n_embd_head_k else 1.0
-
-    def create_memory(self, params: ContextParams, ropes: list[RoPE | None] | None = None) -> Memory:
-        """A hybrid memory whose KV cache has the attention layers only (hybrid_memory; ropes unused: no RoPE)."""
-        hp = self.hparams
-        return hybrid_memory(hp, params, [il for il in range(hp.n_layer)
-                                          if il not in hp.recurrent_layers and il not in hp.ffn_layers])
 
     def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
         hp, n = self.hp, h.shape[0]
