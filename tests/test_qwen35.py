@@ -225,6 +225,34 @@ def test_a_sequence_cut_back_inside_the_window_continues_with_the_same_bits(case
         assert np.array_equal(ctx.get_logits(), plain.get_logits())
 
 
+def test_sequences_side_by_side_give_each_the_bits_it_gets_alone(case):
+    """Two sequences in one batch (split equally, both in one ubatch, then the longer one's rest) give each
+    the logits it gets decoded alone: each reads and writes only its own cell and K/V cells."""
+    model, ref = case[1], case[3]
+    a, b = ref["short__tokens"].tolist(), ref["medium__tokens"].tolist()[:13]
+    alone = [prompt_logits(model, t)[-1] for t in (a, b)]
+    ctx = Context(model, n_ctx=256, n_seq_max=2, n_threads=2)
+    ctx.decode(Batch(a + b, seq_ids=[0] * len(a) + [1] * len(b),
+                     logits=[False] * (len(a) - 1) + [True] + [False] * (len(b) - 1) + [True]))
+    both = ctx.get_logits()
+    assert np.array_equal(both[0], alone[0]) and np.array_equal(both[1], alone[1])
+
+
+def test_a_saved_state_continues_with_the_same_bits(case):
+    """state_get_data / state_set_data carry the delta nets' conv and rule states and the attention layers'
+    K/V: a restored context's next logits are the original's."""
+    model, ref = case[1], case[3]
+    ctx = Context(model, n_ctx=128, n_threads=2)
+    ctx.decode(Batch(ref["short__tokens"].tolist()))
+    data = ctx.state_get_data()
+    ctx.decode(Batch([5], logits=[True]))
+    want = ctx.get_logits().copy()
+    other = Context(model, n_ctx=128, n_threads=2)
+    other.state_set_data(data)
+    other.decode(Batch([5], logits=[True]))
+    assert np.array_equal(other.get_logits(), want)
+
+
 # ---- the loader's refusals ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("overrides, extra, match", [
     ({"qwen35.expert_count": (4, gguf.GGUFValueType.UINT32)}, None, "mixture of experts"),

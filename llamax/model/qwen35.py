@@ -29,7 +29,7 @@ import math
 import numpy as np
 
 from llamax._native import delta_net as _dn
-from llamax._native import gemm, matmul
+from llamax._native import gemm
 from llamax._native import layer as _layer
 from llamax._native import rope as _rope
 from llamax._native import ssm as _ssm
@@ -37,6 +37,7 @@ from llamax.memory import HybridMemory, KVCache, Memory, RecurrentMemory
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import QWEN35, GGUFFile, HParams
 from llamax.model.linear import Linear, rms_norm
+from llamax.model.mamba import OrderedProduct
 from llamax.model.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
@@ -44,23 +45,16 @@ from llamax.rope import RoPE
 
 class _Product:
     """y = x @ W.T for weights stacked along n_out: the GEMM when every one's type has it (Linear), else the
-    ordered float32 product (matmul.mul_mat_f32_ordered); either way a row's bits do not depend on the
-    other rows."""
+    ordered float32 product (mamba.OrderedProduct), as mamba's products choose; either way a row's bits do
+    not depend on the other rows."""
 
     def __init__(self, g: GGUFFile, names: list[str], n_threads: int) -> None:
-        self.n_threads = n_threads
-        if all(gemm.supported(g.ggml_type(n)) for n in names):
-            self.linear: Linear | None = Linear.concat(g, names, n_threads)
-            self.w = None
-        else:
-            self.linear = None
-            self.w = np.ascontiguousarray(np.concatenate([g.f32(n, n_threads) for n in names]), dtype=np.float32)
+        self.f: Linear | OrderedProduct = (
+            Linear.concat(g, names, n_threads) if all(gemm.supported(g.ggml_type(n)) for n in names)
+            else OrderedProduct(np.concatenate([g.f32(n, n_threads) for n in names]), n_threads))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        if self.linear is not None:
-            return self.linear(x)
-        assert self.w is not None
-        return matmul.mul_mat_f32_ordered(self.w, np.ascontiguousarray(x, dtype=np.float32), self.n_threads)
+        return self.f(x)
 
 
 class DeltaNet:
@@ -87,7 +81,15 @@ def l2_norm(x: np.ndarray, eps: float) -> np.ndarray:
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+    """ggml_sigmoid: 1 / (1 + e^-x) (0 where e^-x overflows)."""
+    with np.errstate(over="ignore"):
+        return np.float32(1.0) / (np.float32(1.0) + np.exp(-x))
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    """ggml_silu: x / (1 + e^-x)."""
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1.0) + np.exp(-x))
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -123,8 +125,7 @@ def delta_net_mixer(L: DeltaNet, h: np.ndarray, view: RecurrentView, n_t: int, h
     o = _dn.rule(view.ssm, view.cells, q, k, x[:, 2 * ki:], g, beta, n_t, n_threads,
                  hist=view.ssm_hist, hist_row=view.hist_row)                        # [n, n_v_heads, d_state]
     o = rms_norm(o, L.norm, hp.rms_eps)
-    zs = z.reshape(n, nv, ds)
-    o *= zs / (np.float32(1.0) + np.exp(-zs))                                        # silu(z)
+    o *= _silu(z.reshape(n, nv, ds))
     return L.w_out(o.reshape(n, nv * ds))
 
 
