@@ -9,6 +9,7 @@ gate, Q/K RMS norms, partial interleaved M-RoPE whose sections give every rotate
 the output gated by a sigmoid); each layer has a post-attention norm and a dense SwiGLU FFN. llama.cpp's
 outputs on the seed-0 model are in tests/data/qwen35/ (made by its record.py).
 """
+import functools
 import os
 from pathlib import Path
 
@@ -40,6 +41,16 @@ KEY_DIM = N_GROUP * D_STATE
 CONV_DIM = 2 * KEY_DIM + D_INNER
 
 _RESIDUAL_GAIN = 8.0
+#: the weights written as Q8_0 in the quantized variant (write_qwen35(..., q8_0=Q8_0_WEIGHTS)): every matrix
+#: but token_embd (Q4_0) and the delta nets' beta / alpha (float32, as converters keep them small)
+Q8_0_WEIGHTS = ("attn_qkv.weight", "attn_gate.weight", "ssm_out.weight", "attn_q.weight", "attn_k.weight",
+                "attn_v.weight", "attn_output.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+
+
+@functools.lru_cache(maxsize=4)
+def _vocab(vocab_gguf: str) -> dict:
+    """The tokenizer keys of a vocabulary GGUF (synthetic._tokenizer), read once per path (only read after)."""
+    return _tokenizer(vocab_gguf)
 
 
 def _gdn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
@@ -73,14 +84,16 @@ def _attn_block(rng: np.random.Generator, il: int) -> dict[str, np.ndarray]:
 
 
 def write_qwen35(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: int = 0,
-                 overrides: dict | None = None, extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+                 overrides: dict | None = None, extra_tensors: dict[str, np.ndarray] | None = None,
+                 q8_0: tuple[str, ...] = ()) -> Path:
     """The 4-layer qwen35 model (n_embd 64; delta nets of 2 key and 4 value heads of 16, d_conv 4; attention of
     4 query and 2 KV heads of 16, RoPE over 8 dimensions; FFN 128) with vocab_gguf's tokenizer, written to
     path; the same seed gives the same tensors. overrides maps a metadata key to (value, gguf.GGUFValueType),
-    or to (None, None) to leave it out; extra_tensors adds tensors (numpy shapes), for the loader's tests."""
+    or to (None, None) to leave it out; extra_tensors adds tensors (numpy shapes), for the loader's tests;
+    the tensors whose names end with one of q8_0 are written as Q8_0 (the rest float32, token_embd Q4_0)."""
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokenizer = _tokenizer(vocab_gguf)
+    tokenizer = _vocab(str(vocab_gguf))
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][2])
     tensors = {"token_embd.weight": _normal(rng, (n_vocab, N_EMBD), 1.0), "output_norm.weight": _norm(rng, N_EMBD)}
     for il in range(N_LAYER):
@@ -117,4 +130,7 @@ def write_qwen35(path: str | os.PathLike, vocab_gguf: str | os.PathLike, seed: i
             w.kv_data[0].pop(key, None)
         else:
             w.kv_data[0][key] = gguf.GGUFValue(value, vtype, None)
+    for name in [n for n in tensors if q8_0 and n.endswith(q8_0)]:
+        w.add_tensor(name, gguf.quants.quantize(tensors.pop(name), gguf.GGMLQuantizationType.Q8_0),
+                     raw_dtype=gguf.GGMLQuantizationType.Q8_0)
     return finish(w, tokenizer, tensors, path)

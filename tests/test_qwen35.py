@@ -17,7 +17,7 @@ from llamax._native import delta_net as dn
 from llamax.errors import ModelError
 from helpers import check_greedy_up_to_near_tie, check_prompt_logits, prompt_logits, spread_tolerance
 from synthetic import content_hash
-from synthetic_qwen35 import write_qwen35
+from synthetic_qwen35 import Q8_0_WEIGHTS, write_qwen35
 
 DATA = Path(__file__).parent / "data" / "qwen35"
 
@@ -194,6 +194,26 @@ def test_logits_are_the_same_bits_for_any_thread_count_and_chunking(path, case):
     assert np.array_equal(prompt_logits(model, toks, n_ubatch=5), want)
     one = Model.load(path, n_threads=1)
     assert np.array_equal(prompt_logits(one, toks, n_threads=1), want)
+
+
+def test_quantized_weights_take_the_gemm_beside_the_float_ones_with_the_same_bits_for_any_chunking(tmp_path,
+                                                                                                   smollm2_gguf, case):
+    """With Q8_0 matrices (the delta nets' beta / alpha left float32) a layer's one in-projection runs the GEMM
+    and the ordered float product side by side, the columns in the file's order: the logits are the same bits
+    in one batch, in chunks and on one thread, and pick the float32 model's tokens on its clear rows."""
+    model, ref, tol = case[1], case[3], case[4]
+    path = write_qwen35(tmp_path / "q8.gguf", smollm2_gguf, q8_0=Q8_0_WEIGHTS)
+    q8 = Model.load(path, n_threads=2)
+    assert [type(f).__name__ for f in q8.layers[0].mixer.w_in.parts] == ["Linear", "OrderedProduct"]
+    toks = ref["medium__tokens"].tolist()
+    want = prompt_logits(q8, toks)
+    assert np.array_equal(prompt_logits(q8, toks, chunks=[1] * 9 + [len(toks) - 9]), want)
+    assert np.array_equal(prompt_logits(Model.load(path, n_threads=1), toks, n_threads=1), want)
+    f32 = prompt_logits(model, toks)
+    top2 = np.sort(f32, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 10 * tol        # Q8_0's own error is well below this
+    assert clear.sum() > len(toks) // 2
+    assert np.array_equal(want[clear].argmax(axis=1), f32[clear].argmax(axis=1))
 
 
 def test_a_sequence_cut_back_inside_the_window_continues_with_the_same_bits(case):

@@ -44,17 +44,26 @@ from llamax.rope import RoPE
 
 
 class _Product:
-    """y = x @ W.T for weights stacked along n_out: the GEMM when every one's type has it (Linear), else the
-    ordered float32 product (mamba.OrderedProduct), as mamba's products choose; either way a row's bits do
-    not depend on the other rows."""
+    """y = x @ W.T for weights stacked along n_out, each run of consecutive weights through the product
+    mamba's choose for it: the GEMM where the type has it (Linear), else the ordered float32 product
+    (mamba.OrderedProduct); either way a row's bits do not depend on the other rows."""
 
     def __init__(self, g: GGUFFile, names: list[str], n_threads: int) -> None:
-        self.f: Linear | OrderedProduct = (
-            Linear.concat(g, names, n_threads) if all(gemm.supported(g.ggml_type(n)) for n in names)
-            else OrderedProduct(np.concatenate([g.f32(n, n_threads) for n in names]), n_threads))
+        runs: list[tuple[bool, list[str]]] = []
+        for n in names:
+            quantized = gemm.supported(g.ggml_type(n))
+            if runs and runs[-1][0] == quantized:
+                runs[-1][1].append(n)
+            else:
+                runs.append((quantized, [n]))
+        self.parts: list[Linear | OrderedProduct] = [
+            Linear.concat(g, run, n_threads) if quantized
+            else OrderedProduct(np.concatenate([g.f32(n, n_threads) for n in run]), n_threads)
+            for quantized, run in runs]
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return self.f(x)
+        ys = [f(x) for f in self.parts]
+        return ys[0] if len(ys) == 1 else np.concatenate(ys, axis=1)
 
 
 class DeltaNet:
