@@ -1,10 +1,12 @@
 /* delta_net.c: the gated delta rule of a linear-attention layer (see delta_net.h).
  *
  * The (sequence, head) pairs run in parallel; a pair runs its tokens in order on one thread, so no sum
- * depends on the thread count. Per token, each state row j takes two passes: the decay and the dot
- * with k (giving delta[j]), then the rank-one update and the dot with q (a row needs no other row). The passes run in AVX2 lanes
- * when the CPU has them, or through their scalar twins (the same fused steps, the same lane sums:
- * the same bits); exp is libm's expf, as ggml's CPU path.
+ * depends on the thread count. Per token, each state row j takes two passes, back to back (a row
+ * needs no other row): the decay and the dot with k (giving delta[j]), then the rank-one update and the
+ * dot with q. The passes run in AVX2 lanes when the CPU has them, or through their scalar twins (the
+ * same fused steps, the same lane sums: the same bits); exp is libm's expf, as ggml's CPU path. The
+ * state streams through the cache once per token (d * d floats per head): that, not the arithmetic,
+ * bounds the kernel.
  */
 #include "delta_net.h"
 

@@ -1,6 +1,6 @@
 /* delta_net.h: the gated delta rule of a Qwen3.5 / Qwen3-Next linear-attention layer (llama.cpp's
- * ggml_gated_delta_net, its CPU kernel's order of operations), reading and writing the per-sequence
- * states of a recurrent memory.
+ * ggml_gated_delta_net: its CPU kernel's steps, the sums in an order of our own, below), reading and
+ * writing the per-sequence states of a recurrent memory.
  *
  * The state of one sequence is a d x d matrix per value head, stored as llama.cpp stores it
  * (transposed: row j holds S[:, j], the key dimension i fastest):
