@@ -22,7 +22,7 @@ from llamax.model.gguf_reader import GGUFReader, GGUFValueType
 
 #: the recurrent architectures, each a Model subclass in llamax/model/<arch>.py; the transformer families
 #: are described by data (llamax/model/family.py) and run by llamax/model/decoder.py
-RECURRENT_ARCHS = ("mamba", "jamba", "mamba2", "granitehybrid", "nemotron_h")
+RECURRENT_ARCHS = ("mamba", "jamba", "mamba2", "granitehybrid", "nemotron_h", "qwen35")
 #: the recurrent architectures whose recurrent layers are Mamba-2 ones (ssm.group_count; heads of the scan)
 MAMBA2_ARCHS = ("mamba2", "granitehybrid", "nemotron_h")
 DENSE_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3", "smollm3", "granite", "granitemoe",
@@ -67,8 +67,8 @@ class HParams:
     ssm_d_state: int = field(default=0, metadata={"omit_default": True})
     ssm_dt_rank: int = field(default=0, metadata={"omit_default": True})
     ssm_dt_b_c_rms: bool = field(default=False, metadata={"omit_default": True})
-    # Mamba-2 (llama.cpp's ssm_n_group; 0: a Mamba-1): the groups of B and C; its scan has ssm_dt_rank heads of
-    # ssm_d_inner / ssm_dt_rank channels
+    # llama.cpp's ssm_n_group (0: a Mamba-1): Mamba-2's groups of B and C (its scan has ssm_dt_rank heads of
+    # ssm_d_inner / ssm_dt_rank channels); a gated delta net's key heads (qwen35)
     ssm_n_group: int = field(default=0, metadata={"omit_default": True})
     recurrent_layers: tuple[int, ...] = field(default=(), metadata={"omit_default": True})
     # the layers that are an FFN alone (nemotron_h: neither attention nor a recurrent state)
@@ -113,7 +113,8 @@ class HParams:
     @property
     def s_shape(self) -> tuple[int, ...]:
         """One sequence's SSM state in a recurrent layer (llama.cpp's n_embd_s): [d_inner, d_state] (Mamba-1),
-        [n_head, head_dim, d_state] (Mamba-2: n_head = dt_rank, head_dim = d_inner / n_head)."""
+        [n_head, head_dim, d_state] (Mamba-2: n_head = dt_rank, head_dim = d_inner / n_head; a gated delta net's
+        [n_v_heads, d_state, d_state], its d_inner being n_v_heads * d_state)."""
         if self.ssm_n_group:
             return (self.ssm_dt_rank, self.ssm_d_inner // self.ssm_dt_rank, self.ssm_d_state)
         return (self.ssm_d_inner, self.ssm_d_state)
@@ -285,6 +286,8 @@ def read_ssm(g: GGUFFile, k: _Keys) -> HParams:
     head_count; granitehybrid's experts as _read_granitehybrid; a vocabulary."""
     from llamax._native import ssm as _ssm
 
+    if k.arch == "qwen35":
+        return read_qwen35(g, k)
     f = g.path.name
     n_layer = k.integer("block_count")
     attn: dict[str, Any] = dict(n_head=0, n_head_kv=0, n_embd_head_k=0, n_embd_head_v=0, n_ff=0)
@@ -431,6 +434,102 @@ def _read_granitehybrid(g: GGUFFile, k: _Keys, n_layer: int, head: int) -> dict[
                 residual_scale=k.number("residual_scale", 0.0), logit_scale=k.number("logit_scale", 0.0), **moe)
 
 
+def _imrope_sections_cover(sections: list[int], n_rot: int) -> bool:
+    """Whether interleaved M-RoPE with these 4 sections (ggml's ggml_mrope_cache_init, imrope) gives every
+    rotated pair i < n_rot / 2 one of the first three positions, all the token's position for text (llama.cpp
+    sets the 4th to 0): then it is NEOX RoPE over n_rot dimensions."""
+    t, h, w, _ = sections
+    n = sum(sections)
+    for i in range(n_rot // 2):
+        sector = i % n if n else i
+        if not ((sector % 3 == 1 and sector < 3 * h) or (sector % 3 == 2 and sector < 3 * w)
+                or (sector % 3 == 0 and sector < 3 * t)):
+            return False
+    return True
+
+
+def read_qwen35(g: GGUFFile, k: _Keys) -> HParams:
+    """llama.cpp's hyperparameters of LLM_ARCH_QWEN35 (Qwen3.5, dense FFNs): gated-delta-net layers (the
+    recurrent ones: attention.recurrent_layers, else every layer but each full_attention_interval-th,
+    default 4) and full-attention layers (Q with a gate, Q/K norms, partial interleaved M-RoPE).
+
+    Checks: block_count, embedding_length, context_length, head_count, head_count_kv (one value, or one
+    per layer, all equal; dividing head_count), key_length == value_length (default embedding_length /
+    head_count), feed_forward_length, the ssm sizes (conv_kernel at most the native convolution's widest;
+    inner_size = time_step_rank * state_size; group_count dividing time_step_rank) positive integers;
+    rope.dimension_count even and at most the head size; rope.dimension_sections 4 counts that give every
+    rotated pair the token's position; no expert_count (qwen35moe is not supported), no rope scaling, no
+    nextn_predict_layers (the MTP head); at least one recurrent and one attention layer; a vocabulary."""
+    from llamax._native import ssm as _ssm
+
+    f = g.path.name
+    n_layer = k.integer("block_count")
+    if k.has("expert_count") and k.integer("expert_count", minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('expert_count')} is set: a mixture of experts (qwen35moe), which llamax's "
+                         "qwen35 does not support")
+    if k.has("nextn_predict_layers") and k.integer("nextn_predict_layers", minimum=0) > 0:
+        raise ModelError(f"{f}: {k.key('nextn_predict_layers')} is set: llamax does not run the MTP layers")
+    scaling = g.get(k.key("rope.scaling.type"), "none")
+    if scaling != "none":
+        raise ModelError(f"{f}: {k.key('rope.scaling.type')} is {_brief_value(scaling)}; llamax's qwen35 "
+                         "supports none")
+    n_embd = k.integer("embedding_length")
+    n_head = k.per_layer("attention.head_count", n_layer)
+    n_head_kv = k.per_layer("attention.head_count_kv", n_layer)
+    if n_head % n_head_kv:
+        raise ModelError(f"{f}: {k.key('attention.head_count')} {n_head} must be a multiple of head_count_kv "
+                         f"{n_head_kv}")
+    if not k.has("attention.key_length") and n_embd % n_head:
+        raise ModelError(f"{f}: {k.key('embedding_length')} {n_embd} is not a multiple of head_count {n_head}")
+    head_k = k.integer("attention.key_length", n_embd // n_head)
+    head_v = k.integer("attention.value_length", head_k)
+    if head_k != head_v:
+        raise ModelError(f"{f}: {k.key('attention.key_length')} {head_k} != value_length {head_v}")
+    n_rot = k.integer("rope.dimension_count", head_k)
+    if n_rot % 2 or n_rot > head_k:
+        raise ModelError(f"{f}: {k.key('rope.dimension_count')} {n_rot} must be even and at most the head size "
+                         f"{head_k}")
+    sections = g.get(k.key("rope.dimension_sections"))
+    if not isinstance(sections, list) or len(sections) != 4 or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in sections) or not any(sections[:3]):
+        raise ModelError(f"{f}: {k.key('rope.dimension_sections')} is {_brief_value(sections)}: expected 4 "
+                         "counts >= 0, one of the first three positive")
+    if not _imrope_sections_cover(sections, n_rot):
+        raise ModelError(f"{f}: {k.key('rope.dimension_sections')} {sections} leave some of the {n_rot // 2} "
+                         "rotated pairs to the 4th position (vision input), which llamax does not support")
+    rec = g.get(k.key("attention.recurrent_layers"), None)
+    if rec is not None:
+        rec = rec if isinstance(rec, list) else [rec] * n_layer
+        if len(rec) != n_layer or any(not isinstance(x, (bool, int)) for x in rec):
+            raise ModelError(f"{f}: {k.key('attention.recurrent_layers')} is {_brief_value(rec)}: expected one "
+                             "flag per layer")
+        recurrent = tuple(il for il, x in enumerate(rec) if x)
+    else:
+        interval = k.integer("full_attention_interval", 4)
+        recurrent = tuple(il for il in range(n_layer) if (il + 1) % interval != 0)
+    if not recurrent or len(recurrent) == n_layer:
+        raise ModelError(f"{f}: the layers are all {'attention' if not recurrent else 'recurrent'} layers; "
+                         "llamax's qwen35 runs a mix of both")
+    d_conv = k.integer("ssm.conv_kernel")
+    if d_conv > _ssm.MAX_CONV:
+        raise ModelError(f"{f}: {k.key('ssm.conv_kernel')} {d_conv} is wider than llamax's convolution "
+                         f"({_ssm.MAX_CONV})")
+    d_inner, d_state = k.integer("ssm.inner_size"), k.integer("ssm.state_size")
+    dt_rank, n_group = k.integer("ssm.time_step_rank"), k.integer("ssm.group_count")
+    if d_inner != dt_rank * d_state or dt_rank % n_group:
+        raise ModelError(f"{f}: {k.key('ssm.inner_size')} {d_inner} must be time_step_rank {dt_rank} * state_size "
+                         f"{d_state}, and group_count {n_group} must divide time_step_rank")
+    kq_scale = k.number("attention.scale", 0.0)
+    return HParams(
+        arch=k.arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_embd_head_k=head_k,
+        n_embd_head_v=head_v, n_ff=k.per_layer("feed_forward_length", n_layer),
+        n_ctx_train=k.integer("context_length"), n_vocab=_n_vocab(g),
+        rms_eps=k.number("attention.layer_norm_rms_epsilon"), n_rot=n_rot, rope_kind="neox",
+        rope_freq_base=k.number("rope.freq_base", 10000.0, positive=True), tied_output="output.weight" not in g.tensors,
+        ssm_d_conv=d_conv, ssm_d_inner=d_inner, ssm_d_state=d_state, ssm_dt_rank=dt_rank, ssm_n_group=n_group,
+        recurrent_layers=recurrent, kq_scale=kq_scale)
+
+
 # ---- the tensors against the hyperparameters ---------------------------------------------------------
 @dataclass(frozen=True)
 class TensorTable:
@@ -574,6 +673,34 @@ JAMBA = TensorTable(
                 "ssm_c_norm.weight": ("d_state",)})
 
 
+#: llama.cpp's LLM_ARCH_QWEN35 tensors (dense FFNs): every layer a norm, a mixer, a post-attention norm and a
+#: SwiGLU FFN; the mixer is a gated delta net (its q, k, v in one projection, the output gate, the convolution,
+#: the decay's bias and scale, beta and alpha, the gated norm) or attention (Q with its gate, Q/K norms)
+QWEN35 = TensorTable(
+    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
+    optional={"output.weight": ("n_embd", "n_vocab")},
+    layer={"attn_norm.weight": ("n_embd",),
+           "post_attention_norm.weight": ("n_embd",),
+           "ffn_gate.weight": ("n_embd", "n_ff"),
+           "ffn_up.weight": ("n_embd", "n_ff"),
+           "ffn_down.weight": ("n_ff", "n_embd")},
+    attn_layer={"attn_q.weight": ("n_embd", "2*n_embd_q"),
+                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
+                "attn_output.weight": ("n_embd_q", "n_embd"),
+                "attn_q_norm.weight": ("n_embd_head_k",),
+                "attn_k_norm.weight": ("n_embd_head_k",)},
+    recr_layer={"attn_qkv.weight": ("n_embd", "conv_dim"),
+                "attn_gate.weight": ("n_embd", "d_inner"),
+                "ssm_conv1d.weight": ("d_conv", "conv_dim"),
+                "ssm_dt.bias": ("dt_rank",),
+                "ssm_a": ("dt_rank",),
+                "ssm_beta.weight": ("n_embd", "dt_rank"),
+                "ssm_alpha.weight": ("n_embd", "dt_rank"),
+                "ssm_norm.weight": ("d_state",),
+                "ssm_out.weight": ("d_inner", "n_embd")})
+
+
 def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
     """llama.cpp's names of the dimensions (LLAMA_LOAD_LOCALS): each value and where it comes from."""
     a, k, v = hp.arch, hp.n_embd_head_k, hp.n_embd_head_v
@@ -587,13 +714,14 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
             "dt_rank": (dr, f"dt_rank {dr} from {a}.ssm.time_step_rank"),
             "dt_rank+2*d_state": (dr + 2 * ds, f"dt_rank {dr} + 2 * d_state {ds}"),
         }
-        if hp.ssm_n_group:   # Mamba-2: dt_rank is the scan's head count
+        if hp.ssm_n_group:   # Mamba-2 (dt_rank: the scan's heads) or a gated delta net (q, k: n_group heads, v)
             ng, cd = hp.ssm_n_group, hp.ssm_conv_dim
             ssm.update({
                 "1": (1, "1"),
                 "n_group": (ng, f"n_group {ng} from {a}.ssm.group_count"),
                 "d_inner/n_group": (di // ng, f"d_inner {di} / n_group {ng}"),
-                "conv_dim": (cd, f"d_inner {di} + 2 * n_group {ng} * d_state {ds}"),
+                "conv_dim": (cd, f"conv_dim {cd} = d_inner {di} + 2 * n_group {ng} from {a}.ssm.group_count "
+                                 f"* d_state {ds}"),
                 "d_in_proj": (di + cd + dr, f"2 * d_inner {di} + 2 * n_group {ng} * d_state {ds} + n_head dt_rank {dr}"),
             })
     else:
@@ -606,6 +734,7 @@ def _dims(hp: HParams) -> dict[str, tuple[int, str]]:
         "n_ff": (hp.n_ff, f"n_ff {hp.n_ff} from {a}.feed_forward_length"),
         "n_embd_head_k": (k, head_k),
         "n_embd_q": (hp.n_head * k, f"n_embd_q {hp.n_head * k} = n_head {hp.n_head} * n_embd_head_k {k}"),
+        "2*n_embd_q": (2 * hp.n_head * k, f"2 * n_embd_q {hp.n_head * k} (Q and its gate)"),
         "n_embd_k_gqa": (hp.n_head_kv * k, f"n_embd_k_gqa {hp.n_head_kv * k} = n_head_kv {hp.n_head_kv} * "
                                            f"n_embd_head_k {k}"),
         "n_embd_v_gqa": (hp.n_head_kv * v, f"n_embd_v_gqa {hp.n_head_kv * v} = n_head_kv {hp.n_head_kv} * "
