@@ -1,4 +1,5 @@
-"""The Engine on recurrent and hybrid models (the synthetic Mamba and Jamba of tests/synthetic.py):
+"""The Engine on recurrent and hybrid models (the synthetic Mamba, Jamba, Mamba-2, granitehybrid, nemotron_h
+of tests/synthetic.py and the qwen35 of tests/synthetic_qwen35.py):
 continuous batching, exact prefix reuse from state checkpoints, speculative decoding, cancellation,
 suspension, slot files, context shift and prefix handover. A request's tokens equal its solo run's,
 greedy, bit for bit, whatever ran beside it and whatever it restored."""
@@ -6,9 +7,11 @@ import pytest
 
 from llamax import Engine, LlamaxError, Model, Speculative, StateError
 from llamax.serving.reuse import CHECKPOINT_EVERY, CheckpointReuse
-from synthetic import write_jamba, write_mamba
+from synthetic import write_granitehybrid, write_jamba, write_mamba, write_mamba2, write_nemotron_h
+from synthetic_qwen35 import write_qwen35
 
-WRITERS = {"mamba": write_mamba, "jamba": write_jamba}
+WRITERS = {"mamba": write_mamba, "jamba": write_jamba, "mamba2": write_mamba2, "granitehybrid": write_granitehybrid,
+           "nemotron_h": write_nemotron_h, "qwen35": write_qwen35}
 GREEDY = dict(temperature=0, ignore_eos=True)
 
 
@@ -79,10 +82,11 @@ def test_without_cache_ram_nothing_is_reused(rmodel, solo):
 def test_speculative_decoding_rolls_states_back_exactly(rmodel, solo):
     spec = Speculative(kind="ngram", n_max=6, ngram_min=1, adaptive=False)   # drafts at every chance
     eng = Engine(rmodel, n_ctx=1024, n_parallel=2, speculative=spec)
-    p = doc(40) * 4
-    reqs = [eng.submit(p, max_tokens=32, **GREEDY), eng.submit(p[:100], max_tokens=32, **GREEDY)]
+    p0 = doc(40)
+    p = p0 + solo(p0, 32) + doc(7, seed=9) + p0          # what follows p0 once: drafted after it again
+    reqs = [eng.submit(p, max_tokens=32, **GREEDY), eng.submit(p0 * 3, max_tokens=32, **GREEDY)]
     out = [r.result() for r in reqs]
-    assert out[0].tokens == solo(p, 32) and out[1].tokens == solo(p[:100], 32)
+    assert out[0].tokens == solo(p, 32) and out[1].tokens == solo(p0 * 3, 32)
     assert sum(o.n_drafted for o in out) > 0 and sum(o.n_accepted for o in out) < sum(o.n_drafted for o in out)
 
 
