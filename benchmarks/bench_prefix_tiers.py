@@ -36,7 +36,7 @@ def kv_workload(model, n_prompts, length, n_ctx, cache_ram):
 
 
 def chat_workload(model, turns, cache_ram):
-    eng = Engine(model, n_ctx=4096, n_parallel=2, cache_ram=cache_ram)
+    eng = Engine(model, n_ctx=2048, n_parallel=2, cache_ram=cache_ram)
     convs = [prompts(1, 600, seed=c)[0] for c in range(4)]
     toks = []
     t0 = time.perf_counter()

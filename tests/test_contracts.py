@@ -98,7 +98,7 @@ def test_plan_and_seq_ops_from_two_threads(kind):
     assert r.stdout.startswith("ok")
 
 
-NOT_LOCKED = {"summary", "breakdown", "cache_of", "can_shift", "n_cells", "n_seq_max", "generation",
+NOT_LOCKED = {"summary", "breakdown", "cache_of", "can_shift", "exact_cut", "n_cells", "n_seq_max", "generation",
               "lock", "n_threads_resolved", "fingerprint"}  # constants of the object (fingerprint: the context's model)
 
 

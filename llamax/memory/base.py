@@ -154,6 +154,15 @@ class Memory(abc.ABC):
 
     # ---- shape ----------------------------------------------------------------------------------
     @property
+    def exact_cut(self) -> bool:
+        """True when a sequence's state cut back to any shorter prefix [0, m) (seq_rm of its tail) is
+        what a decode of that prefix alone leaves, whatever ran since: a KV cache without a sliding
+        window. Not a sliding-window cache (the slot finder reuses cells the window hid, so the window
+        before a cut may be gone) nor a recurrent state (it cannot be cut). The host-RAM tier keeps
+        evicted prefixes only for these."""
+        return False
+
+    @property
     @abc.abstractmethod
     def can_shift(self) -> bool:
         """True if seq_add / seq_div may change positions (K can be rotated)."""

@@ -105,6 +105,11 @@ class KVCacheISWA(KVMemory):
         return self.base.n_seq_max
 
     @property
+    def exact_cut(self) -> bool:
+        """swa_full: the sliding layers keep every cell too (see Memory.exact_cut)."""
+        return self.swa_full and self.base.exact_cut
+
+    @property
     def can_shift(self) -> bool:
         """Both caches have a RoPE, and the SWA cache is full size or slides a standard window (a
         chunked window's cells are not a suffix of the sequence, so a small cache cannot shift them)."""

@@ -213,6 +213,11 @@ class KVCache(KVMemory):
         return self._n_seq_max
 
     @property
+    def exact_cut(self) -> bool:
+        """No sliding window (see Memory.exact_cut)."""
+        return self.n_swa == 0
+
+    @property
     def can_shift(self) -> bool:
         """A RoPE was given (for every layer, or per layer: a cache whose layers are all NoPE shifts
         positions only)."""

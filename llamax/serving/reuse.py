@@ -160,7 +160,8 @@ class RadixReuse:
     its sequence; TIER_MIN_TOKENS or more), and a lookup whose prompt shares more with a kept state
     than with the tree restores that state into a scratch sequence of the tree, cut back to the
     shared prefix, when the tier's cost model finds it cheaper than computing the difference; the
-    tree then holds it like any prefix.
+    tree then holds it like any prefix. Only over a memory whose states cut back exactly
+    (memory.exact_cut): not Gemma 3's sliding-window cache without swa_full.
 
     Args:
         memory: the context's memory (unified, n_seq_max 256).
@@ -181,7 +182,8 @@ class RadixReuse:
         self.seq_ids = self.tree.seq_ids
         self._locks: dict[int, int] = {}       # slot seq -> the tree's lock handle of its prefix
         self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
-        self.tier = tier if tier is not None and tier.enabled and state is not None else None
+        self.tier = (tier if tier is not None and tier.enabled and state is not None and memory.exact_cut
+                     else None)   # a sliding window's cells cannot be cut back exactly: not kept
         self.state = state
         if self.tier is not None:
             self.tree.on_evict = self._keep
@@ -237,17 +239,20 @@ class RadixReuse:
             t0 = time.perf_counter()
             self.state.write(hit.entry.data, scratch)
             self.tier.cost.saw_restore(len(hit.entry.data), time.perf_counter() - t0)
-            if self.mem.seq_pos_min(scratch) != 0 or self.mem.seq_pos_max(scratch) < hit.n - 1:
+            # what of [0, hit.n) the restored cells give a next token (a sliding window's cells may cover
+            # only the entry's own end: cut back, the window before the cut would be missing)
+            n = self.mem.reusable_prefix(scratch, hit.n)
+            if n <= (hit.match.n if hit.match is not None else 0):   # nothing more than the tree gives
                 return None
-            self.mem.seq_rm(scratch, hit.n, -1)   # the entry's tail past the shared prefix
-            tree.insert(list(hit.tokens), scratch, hit.n)
+            self.mem.seq_rm(scratch, n, -1)   # the entry's tail past the shared prefix
+            tree.insert(list(hit.tokens[:n]), scratch, n)
         except StateError as e:  # no room for its cells as they were placed
             log.info("llamax prefix cache: a state of %d tokens from RAM did not fit the cells: %s", hit.n, e)
             return None
         finally:
             tree.give_back(scratch)
-        self.tier.restored(hit.entry, hit.n)
-        m = tree.match(list(hit.tokens), hit.n)
+        self.tier.restored(hit.entry, n)
+        m = tree.match(list(hit.tokens), n)
         return Hit(m.n, m)
 
     def attach(self, seq: int, hit: Hit) -> int:
