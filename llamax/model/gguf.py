@@ -553,20 +553,21 @@ class TensorTable:
                            self.ffn_layer)
 
 
+#: the head every table has: the embedding, the final norm, the output (tied when absent)
+HEAD = {"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)}
+HEAD_OPTIONAL = {"output.weight": ("n_embd", "n_vocab")}
+#: a dense SwiGLU FFN's weights
+SWIGLU = {"ffn_gate.weight": ("n_embd", "n_ff"), "ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")}
+#: plain attention's Q, K, V and output weights (no biases)
+ATTN_QKVO = {"attn_q.weight": ("n_embd", "n_embd_q"), "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+             "attn_v.weight": ("n_embd", "n_embd_v_gqa"), "attn_output.weight": ("n_embd_q", "n_embd")}
+
 #: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
 #: biases or RoPE factors): output.weight absent means the output is token_embd
 DENSE_DECODER = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
-    layer={"attn_norm.weight": ("n_embd",),
-           "attn_q.weight": ("n_embd", "n_embd_q"),
-           "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-           "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-           "attn_output.weight": ("n_embd_q", "n_embd"),
-           "ffn_norm.weight": ("n_embd",),
-           "ffn_gate.weight": ("n_embd", "n_ff"),
-           "ffn_up.weight": ("n_embd", "n_ff"),
-           "ffn_down.weight": ("n_ff", "n_embd")})
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
+    layer={"attn_norm.weight": ("n_embd",), **ATTN_QKVO, "ffn_norm.weight": ("n_embd",), **SWIGLU})
 
 
 #: a Mamba-1 mixer's tensors (llama.cpp's build_mamba_layer); ssm_a and ssm_d have no ".weight"
@@ -582,8 +583,8 @@ MAMBA_MIXER = {"ssm_in.weight": ("n_embd", "2*d_inner"),
 
 #: llama.cpp's LLM_ARCH_MAMBA tensors (Mamba-1)
 MAMBA = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",), **MAMBA_MIXER})
 
 #: a Mamba-2 mixer's tensors (llama.cpp's build_mamba2_layer): the in-projection to z, x, B, C and dt (one per
@@ -599,24 +600,18 @@ MAMBA2_MIXER = {"ssm_in.weight": ("n_embd", "d_in_proj"),
 
 #: llama.cpp's LLM_ARCH_MAMBA2 tensors
 MAMBA2 = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",), **MAMBA2_MIXER})
 
 #: llama.cpp's LLM_ARCH_GRANITE_HYBRID tensors with dense FFNs and no biases: every layer a norm, a mixer and a
 #: SwiGLU FFN; the mixer is attention or Mamba-2
 GRANITEHYBRID = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",),
-           "ffn_norm.weight": ("n_embd",),
-           "ffn_gate.weight": ("n_embd", "n_ff"),
-           "ffn_up.weight": ("n_embd", "n_ff"),
-           "ffn_down.weight": ("n_ff", "n_embd")},
-    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
-                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-                "attn_output.weight": ("n_embd_q", "n_embd")},
+           "ffn_norm.weight": ("n_embd",), **SWIGLU},
+    attn_layer=ATTN_QKVO,
     recr_layer=MAMBA2_MIXER)
 
 
@@ -643,30 +638,21 @@ def granitehybrid_table(hp: HParams) -> TensorTable:
 #: llama.cpp's LLM_ARCH_NEMOTRON_H tensors without biases or experts: every layer a norm and one of attention
 #: (no RoPE), Mamba-2 or a ReLU^2 FFN (up, down)
 NEMOTRON_H = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",)},
-    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
-                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-                "attn_output.weight": ("n_embd_q", "n_embd")},
+    attn_layer=ATTN_QKVO,
     recr_layer=MAMBA2_MIXER,
     ffn_layer={"ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")})
 
 #: llama.cpp's LLM_ARCH_JAMBA tensors with dense FFNs: every layer a norm, a mixer and a SwiGLU FFN; the mixer
 #: is attention (no biases) or Mamba-1 with RMS norms of dt, B and C
 JAMBA = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",),
-           "ffn_norm.weight": ("n_embd",),
-           "ffn_gate.weight": ("n_embd", "n_ff"),
-           "ffn_up.weight": ("n_embd", "n_ff"),
-           "ffn_down.weight": ("n_ff", "n_embd")},
-    attn_layer={"attn_q.weight": ("n_embd", "n_embd_q"),
-                "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-                "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
-                "attn_output.weight": ("n_embd_q", "n_embd")},
+           "ffn_norm.weight": ("n_embd",), **SWIGLU},
+    attn_layer=ATTN_QKVO,
     recr_layer={**MAMBA_MIXER,
                 "ssm_dt_norm.weight": ("dt_rank",),
                 "ssm_b_norm.weight": ("d_state",),
@@ -677,13 +663,10 @@ JAMBA = TensorTable(
 #: SwiGLU FFN; the mixer is a gated delta net (its q, k, v in one projection, the output gate, the convolution,
 #: the decay's bias and scale, beta and alpha, the gated norm) or attention (Q with its gate, Q/K norms)
 QWEN35 = TensorTable(
-    model={"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)},
-    optional={"output.weight": ("n_embd", "n_vocab")},
+    model=HEAD,
+    optional=HEAD_OPTIONAL,
     layer={"attn_norm.weight": ("n_embd",),
-           "post_attention_norm.weight": ("n_embd",),
-           "ffn_gate.weight": ("n_embd", "n_ff"),
-           "ffn_up.weight": ("n_embd", "n_ff"),
-           "ffn_down.weight": ("n_ff", "n_embd")},
+           "post_attention_norm.weight": ("n_embd",), **SWIGLU},
     attn_layer={"attn_q.weight": ("n_embd", "2*n_embd_q"),
                 "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
                 "attn_v.weight": ("n_embd", "n_embd_v_gqa"),
