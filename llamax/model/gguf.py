@@ -554,13 +554,14 @@ class TensorTable:
 
 
 #: the head every table has: the embedding, the final norm, the output (tied when absent)
-HEAD = {"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)}
-HEAD_OPTIONAL = {"output.weight": ("n_embd", "n_vocab")}
+Shapes = dict[str, tuple[str, ...]]
+HEAD: Shapes = {"token_embd.weight": ("n_embd", "n_vocab"), "output_norm.weight": ("n_embd",)}
+HEAD_OPTIONAL: Shapes = {"output.weight": ("n_embd", "n_vocab")}
 #: a dense SwiGLU FFN's weights
-SWIGLU = {"ffn_gate.weight": ("n_embd", "n_ff"), "ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")}
+SWIGLU: Shapes = {"ffn_gate.weight": ("n_embd", "n_ff"), "ffn_up.weight": ("n_embd", "n_ff"), "ffn_down.weight": ("n_ff", "n_embd")}
 #: plain attention's Q, K, V and output weights (no biases)
-ATTN_QKVO = {"attn_q.weight": ("n_embd", "n_embd_q"), "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
-             "attn_v.weight": ("n_embd", "n_embd_v_gqa"), "attn_output.weight": ("n_embd_q", "n_embd")}
+ATTN_QKVO: Shapes = {"attn_q.weight": ("n_embd", "n_embd_q"), "attn_k.weight": ("n_embd", "n_embd_k_gqa"),
+                     "attn_v.weight": ("n_embd", "n_embd_v_gqa"), "attn_output.weight": ("n_embd_q", "n_embd")}
 
 #: the dense decoder both architectures start from (llama.cpp's llama load_arch_tensors without
 #: biases or RoPE factors): output.weight absent means the output is token_embd
