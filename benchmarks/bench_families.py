@@ -1,4 +1,4 @@
-"""Speed of every transformer family at real dimensions: `llamax bench` beside llama.cpp's llama-bench.
+"""Speed of every family at real dimensions (transformers and Mamba-2 ones): `llamax bench` beside llama-bench.
 
 For each family and qtype given, the synthetic model of family_models.py is written (or found in its cache
 directory), then the two programs alternate rep by rep, each run as a subprocess on the same file with the same
@@ -7,7 +7,8 @@ settings and one timed rep per run (both warm up first):
     llamax bench -m FILE -p P -n N -r 1 -t T -fa on  -b 2048 -ub 512 -ctk f16 -ctv f16 -o json
     llama-bench  -m FILE -p P -n N -r 1 -t T -fa 1   -b 2048 -ub 512 -ctk f16 -ctv f16 -o json
 
-(--fa off runs both without flash attention). The table gives, per model, the file size, the median pp and tg
+(--fa off runs both without flash attention; the K/V options apply to the attention layers only, so a pure
+Mamba-2 model runs the same either way). The table gives, per model, the file size, the median pp and tg
 t/s of each side over --reps rounds and llamax's ratio to llama.cpp; --json prints every sample instead.
 A side that fails (e.g. an architecture it cannot load) shows its error in the table, and the other
 models still run.

@@ -1,12 +1,15 @@
-"""Synthetic GGUF models at the real dimensions of each transformer family, for speed measurements.
+"""Synthetic GGUF models at the real dimensions of each transformer and Mamba-2 family, for speed measurements.
 
 `write(path, family, qtype, seed)` writes the model FAMILIES[family] — random weights, the shapes, keys and
 tensor names of the real model it is named after — quantized as real GGUFs are: every 2D weight and every 3D
 expert tensor (token_embd and output included) in Q8_0 or Q4_0 (gguf.quants.quantize, ggml's reference
-quantization); norms, biases, RoPE factors and the MoE router (ffn_gate_inp) float32. The tokenizer is the
-SmolLM2 registry model's, padded to the family's real n_vocab with unused tokens "[PAD<id>]" (token type 5,
-UNUSED, as llama.cpp's converter pads a vocabulary), so the embedding and output matrices have their real
-size. Weights are normal with std 1/sqrt(fan_in) (token_embd std 1), norms near 1, biases small; a tensor's
+quantization); norms, biases, RoPE factors and the MoE router (ffn_gate_inp) float32. In a Mamba-2 mixer
+ssm_in and ssm_out are quantized, the rest float32 as llama.cpp's converter leaves it (ssm_conv1d weight and
+bias, ssm_dt.bias, ssm_a, ssm_d, the grouped ssm_norm). The tokenizer is the SmolLM2 registry model's, padded
+to the family's real n_vocab with unused tokens "[PAD<id>]" (token type 5, UNUSED, as llama.cpp's converter
+pads a vocabulary), so the embedding and output matrices have their real size. Weights are normal with std
+1/sqrt(fan_in) (token_embd std 1), norms near 1, biases small; in a Mamba-2 mixer A = -[1, 16) per head, D = 1
+and dt's bias the inverse softplus of dt log-uniform in [1e-3, 1e-1], as Mamba-2 initialises them. A tensor's
 values come from (seed, its name) alone.
 
 The tensors are generated, quantized and written one at a time (a few row blocks at a time for the large
@@ -28,6 +31,12 @@ Families (the model whose dimensions they take; "of N" = fewer layers than the r
     gemma3     gemma-3-1b          post norms, per-head Q/K norms, SWA 512 on 5 of 6 layers
     phi3       Phi-4-mini          8 of 32 layers; fused attn_qkv and ffn_up, LongRoPE, partial RoPE (96 of 128)
     qwen3moe   (a small Qwen3-MoE) 8 layers, 64 experts of n_ff 512, 8 used, untied
+    mamba2     mamba2-370m         48 Mamba-2 layers of d_inner 2048 (32 heads of 64), d_state 128, 1 group,
+                                   d_conv 4; no FFN, tied
+    granitehybrid                  Granite-4.0-H-1B, 20 of 40 layers: Mamba-2 mixers of d_inner 3072 (48 heads
+                                   of 64), d_state 128, 1 group, d_conv 4; attention (12 heads, 4 KV, head 128,
+                                   no RoPE) in layers 9 and 19 (the real 9:1 pattern); a dense SwiGLU FFN of
+                                   4096 after every mixer; Granite's scales (illustrative values), tied
 """
 from __future__ import annotations
 
@@ -90,10 +99,25 @@ class Family:
     softcaps: tuple = ()             # (attention logit softcap, final logit softcap)
     granite: tuple = ()              # (embedding, residual, attention, logit) scales
     moe: tuple = ()                  # (n_expert, n_expert_used, n_ff_exp)
+    ssm: tuple = ()                  # Mamba-2 mixers: (d_inner, d_state, n_ssm_head, n_group, d_conv)
+    attn_layers: tuple = ()          # with ssm: the attention layers (the others Mamba-2; none: all Mamba-2)
 
     @property
     def head(self) -> int:
-        return self.head_dim or self.n_embd // self.n_head
+        return self.head_dim or (self.n_embd // self.n_head if self.n_head else 0)
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(self.ssm)
+
+    def is_attn(self, il: int) -> bool:
+        """Layer il has attention (else a Mamba-2 mixer, in a model with ssm)."""
+        return not self.ssm or il in self.attn_layers
+
+
+#: fields added for the recurrent families: left out of a spec at their default, so the files of the
+#: transformer families written before them stay current
+_RECURRENT_FIELDS = ("ssm", "attn_layers")
 
 
 FAMILIES: dict[str, Family] = {
@@ -124,6 +148,14 @@ FAMILIES: dict[str, Family] = {
     "qwen3moe": Family("a small Qwen3-MoE", "qwen3moe", n_embd=1024, n_layer=8, n_head=16, n_head_kv=4,
                        head_dim=128, n_ff=3072, n_vocab=151936, n_ctx_train=40960, rope_base=1e6, rms_eps=1e-6,
                        tied=False, qk_norm="head", moe=(64, 8, 512)),
+    # as llama.cpp's converter writes Mamba-2: context 2**20, feed_forward_length and head_count 0, no KV heads
+    "mamba2": Family("mamba2-370m", "mamba2", n_embd=1024, n_layer=48, n_head=0, n_head_kv=0, n_ff=0,
+                     n_vocab=50288, n_ctx_train=2 ** 20, rope_base=0.0, rms_eps=1e-5, ssm=(2048, 128, 32, 1, 4)),
+    # Granite 4.0's converter writes no RoPE (rope.scaling.finetuned false) and context 2**20 for a hybrid
+    "granitehybrid": Family("Granite-4.0-H-1B (20 of 40 layers)", "granitehybrid", n_embd=1536, n_layer=20,
+                            n_head=12, n_head_kv=4, n_ff=4096, n_vocab=100352, n_ctx_train=2 ** 20,
+                            rope_base=10000.0, rms_eps=1e-5, granite=(12.0, 0.22, 0.0078125, 6.0),
+                            ssm=(3072, 128, 48, 1, 4), attn_layers=(9, 19)),
 }
 
 
@@ -134,7 +166,8 @@ class _Tensor:
 
     name: str
     shape: tuple[int, ...]
-    kind: str                 # "weight" (normal * scale, quantized), "norm", "bias", "router", "values"
+    kind: str                 # "weight" (normal * scale, quantized), "dense" (normal * scale, float32), "norm",
+                              # "bias", "router", "ssm_a", "ssm_dt_bias", "values"
     scale: float = 1.0
     values: np.ndarray | None = None     # kind "values": the data itself (RoPE factors)
 
@@ -158,6 +191,17 @@ def _tensors(f: Family) -> list[_Tensor]:
         t.append(_w("output.weight", (f.n_vocab, E)))
     for il in range(f.n_layer):
         p = f"blk.{il}."
+        if f.is_recurrent:
+            t.append(_Tensor(p + "attn_norm.weight", (E,), "norm"))
+            if not f.is_attn(il):
+                t += _mamba2_tensors(f, p)
+            else:
+                t += [_w(p + "attn_q.weight", (nq, E)), _w(p + "attn_k.weight", (nkv, E)),
+                      _w(p + "attn_v.weight", (nkv, E)), _w(p + "attn_output.weight", (E, nq))]
+            if f.n_ff:
+                t += [_Tensor(p + "ffn_norm.weight", (E,), "norm"), _w(p + "ffn_gate.weight", (f.n_ff, E)),
+                      _w(p + "ffn_up.weight", (f.n_ff, E)), _w(p + "ffn_down.weight", (E, f.n_ff))]
+            continue
         if f.pre_norms:
             t.append(_Tensor(p + "attn_norm.weight", (E,), "norm"))
         if f.fused:
@@ -203,6 +247,22 @@ def _tensors(f: Family) -> list[_Tensor]:
     return t
 
 
+def _mamba2_tensors(f: Family, p: str) -> list[_Tensor]:
+    """One Mamba-2 mixer's tensors (numpy shapes, ggml's reversed), as llama.cpp's converter writes them: the
+    in-projection [z; x, B, C; dt] and ssm_out quantized, the rest float32."""
+    E = f.n_embd
+    d_inner, d_state, n_head, n_group, d_conv = f.ssm
+    conv_dim = d_inner + 2 * n_group * d_state
+    return [_w(p + "ssm_in.weight", (d_inner + conv_dim + n_head, E)),
+            _Tensor(p + "ssm_conv1d.weight", (conv_dim, d_conv), "dense", d_conv ** -0.5),
+            _Tensor(p + "ssm_conv1d.bias", (conv_dim,), "bias"),
+            _Tensor(p + "ssm_dt.bias", (n_head,), "ssm_dt_bias"),
+            _Tensor(p + "ssm_a", (n_head, 1), "ssm_a"),
+            _Tensor(p + "ssm_d", (n_head, 1), "values", values=np.ones((n_head, 1), np.float32)),
+            _Tensor(p + "ssm_norm.weight", (n_group, d_inner // n_group), "norm"),
+            _w(p + "ssm_out.weight", (E, d_inner))]
+
+
 def _rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, zlib.crc32(name.encode())])
 
@@ -216,8 +276,13 @@ def _data(t: _Tensor, seed: int, qtype: gguf.GGMLQuantizationType) -> np.ndarray
         return (1.0 + 0.1 * rng.standard_normal(t.shape, dtype=np.float32)).astype(np.float32)
     if t.kind == "bias":
         return (0.1 * rng.standard_normal(t.shape, dtype=np.float32)).astype(np.float32)
-    if t.kind == "router":
+    if t.kind in ("router", "dense"):
         return (t.scale * rng.standard_normal(t.shape, dtype=np.float32)).astype(np.float32)
+    if t.kind == "ssm_a":          # -exp(A_log), A in [1, 16) as Mamba-2 initialises it
+        return -rng.uniform(1.0, 16.0, t.shape).astype(np.float32)
+    if t.kind == "ssm_dt_bias":    # softplus(bias) = dt, dt log-uniform in [1e-3, 1e-1]
+        dt = np.exp(rng.uniform(np.log(1e-3), np.log(1e-1), t.shape))
+        return (dt + np.log(-np.expm1(-dt))).astype(np.float32)
     n_cols = t.shape[-1]
     n_rows = int(np.prod(t.shape[:-1]))
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -279,7 +344,8 @@ def spec(family: str, qtype: str = "q8_0", seed: int = 0) -> dict:
         raise ValueError(f"unknown qtype {qtype!r} (known: {', '.join(QTYPES)})")
     return {"writer_version": WRITER_VERSION, "family": family, "qtype": qtype, "seed": seed,
             "vocab": {"model": VOCAB_MODEL, "sha256": models.spec(VOCAB_MODEL).sha256},
-            "hparams": dataclasses.asdict(FAMILIES[family])}
+            "hparams": {k: v for k, v in dataclasses.asdict(FAMILIES[family]).items()
+                        if not (k in _RECURRENT_FIELDS and not v)}}
 
 
 def _spec_sha256(s: dict) -> str:
@@ -326,9 +392,21 @@ def _write_gguf(path: Path, f: Family, tensors: list[_Tensor], tokenizer: list, 
     w.add_block_count(f.n_layer)
     w.add_feed_forward_length(f.n_ff)
     w.add_head_count(f.n_head)
-    w.add_head_count_kv(f.n_head_kv)
+    if f.is_recurrent:   # Mamba-2's keys; a layer with no KV heads is a Mamba-2 layer
+        d_inner, d_state, n_head, n_group, d_conv = f.ssm
+        w.add_ssm_conv_kernel(d_conv)
+        w.add_ssm_inner_size(d_inner)
+        w.add_ssm_state_size(d_state)
+        w.add_ssm_time_step_rank(n_head)
+        w.add_ssm_group_count(n_group)
+        if f.attn_layers:
+            w.add_head_count_kv([f.n_head_kv if f.is_attn(il) else 0 for il in range(f.n_layer)])
+            w.add_rope_scaling_finetuned(False)
+    else:
+        w.add_head_count_kv(f.n_head_kv)
     w.add_layer_norm_rms_eps(f.rms_eps)
-    w.add_rope_freq_base(f.rope_base)
+    if f.rope_base:
+        w.add_rope_freq_base(f.rope_base)
     if f.head_dim:
         w.add_key_length(f.head_dim)
         w.add_value_length(f.head_dim)
