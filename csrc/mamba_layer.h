@@ -16,7 +16,9 @@
  * product.h for a weight kept in GGUF blocks, lx_mul_mat_f32_ordered of matmul.h for a float32 one:
  * either gives a row the same bits whatever the other rows and n_threads), lx_ssm_conv and
  * lx_ssm_scan (ssm.h, with their rollback history rows), and float additions of the biases and
- * residuals. Holds no policy: the memory chose the cells and the history rows.
+ * residuals. The generation step (one token per sequence) on several threads runs in one parallel
+ * region, each thread on a block of the channels and columns (mamba_layer.c): the same bits. Holds no
+ * policy: the memory chose the cells and the history rows.
  *
  * A ubatch of a recurrent memory is split equally: n_seqs sequences of n_t tokens, token j of
  * sequence s at row s * n_t + j, its state in cell cells[s] (ssm.h).
@@ -78,8 +80,8 @@ typedef struct {
 int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                          int64_t n_seqs, int64_t n_t);
 
-/* bytes of work lx_mamba_layer_forward needs for n_tokens rows */
-size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n_tokens,
+/* bytes of work lx_mamba_layer_forward needs for n_seqs sequences of n_t tokens on n_threads */
+size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n_seqs, int64_t n_t,
                                 int n_threads);
 
 /* Run the layer on x [n_seqs * n_t][n_embd] in place, reading and updating the states of st (and

@@ -165,3 +165,48 @@ def test_the_stack_alone_equals_the_model_step(paths):
     ctx.decode(Batch([5, 6, 7], seq_ids=1, logits=[True] * 3))
     want = model._out(h, embd=False)
     np.testing.assert_array_equal(ctx.get_logits(), want)
+
+
+def _quantized(path, n_threads):
+    """The synthetic Mamba with its products in the other engines of product.h: ssm_in Q8_0 in the r8
+    layout (the GEMM over interleaved rows), ssm_out Q5_1 GGUF rows (the GEMM), ssm_x and ssm_dt f16
+    parts (the float product), and Q4_0 r8 for ssm_out of the last layer (a group straddling nothing)."""
+    from llamax._native import gemm
+    from llamax.model.linear import Linear, Part
+
+    model = Model.load(path, n_threads=n_threads)
+
+    def linear(w, t, r8=False):
+        w = np.asarray(w, np.float32)
+        if t == gguf.GGMLQuantizationType.F16:
+            raw = np.ascontiguousarray(w.astype(np.float16).view(np.uint8))
+        else:
+            raw = np.ascontiguousarray(gguf.quants.quantize(w, t))
+        if r8:
+            raw = gemm.pack_r8(raw, int(t))
+        return Linear([Part(raw, int(t), w.shape[0], r8)], w.shape[1], n_threads)
+
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(3)
+    for il, L in enumerate(model.layers):
+        di, E = model.hp.ssm_d_inner, model.hp.n_embd
+        L.ssm_in = linear(rng.standard_normal((2 * di, E)) * 0.2, T.Q8_0, r8=True)
+        L.ssm_out = linear(rng.standard_normal((E, di)) * 0.1, T.Q4_0 if il == 3 else T.Q5_1, r8=il == 3)
+        L.ssm_x = linear(L.ssm_x.w, T.F16)
+        L.ssm_dt = linear(L.ssm_dt.w, T.F16)
+    model.stack = MambaStack([native_layer(L, norm, model.hp) for norm, L in zip(model.norms, model.layers)])
+    return model
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_quantized_products_give_the_python_composition_bits(paths, n_threads, monkeypatch):
+    """The GEMM (GGUF rows and r8) and the float product of f16 parts, split by rows over the threads in
+    the generation step: the same bits as the Python composition's whole products."""
+    model = _quantized(paths["mamba"], n_threads)
+    for chunk, ub in ((64, 512), (5, 3)):
+        logits, bufs = _run(model, chunk, ub)
+        with monkeypatch.context() as m:
+            m.setattr(type(model), "forward", type(model).forward_reference)
+            ref_logits, ref_bufs = _run(model, chunk, ub)
+        for got, want in zip(logits + bufs, ref_logits + ref_bufs):
+            np.testing.assert_array_equal(got, want)

@@ -45,7 +45,7 @@ cdef extern from "mamba_layer.h" nogil:
 
     int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                              int64_t n_seqs, int64_t n_t)
-    size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n_tokens,
+    size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n_seqs, int64_t n_t,
                                     int n_threads)
     lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                                      float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads)

@@ -205,7 +205,7 @@ cdef class MambaStack:
                     raise ValueError(f"layer {il}: a cell out of range or repeated, or a history row out of "
                                      f"range (cells {views[il].cells.tolist()}, hist_row "
                                      f"{None if views[il].hist_row is None else views[il].hist_row.tolist()})")
-                s = lx_mamba_layer_work_size(&self.params[il], &self.weights[il], n, nt)
+                s = lx_mamba_layer_work_size(&self.params[il], &self.weights[il], n_seqs, n_t, nt)
                 need = s if s > need else need
             # one buffer per calling thread, grown as needed: a decode step allocates nothing
             work = getattr(self._work, "buf", None)
