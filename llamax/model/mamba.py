@@ -82,6 +82,7 @@ def native_layer(L: MambaMixer, norm: np.ndarray, hp: HParams, ffn: dict | None 
     weight norm (Falcon-Mamba's unweighted dt/B/C norms as weights of ones: the same bits), and ffn
     (ffn_norm, w_gate_up: Linear, w_down: Linear, n_ff) when a SwiGLU FFN block follows the mixer
     (Jamba)."""
+    norms: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
     if hp.ssm_dt_b_c_rms:
         norms = (np.ones(hp.ssm_dt_rank, np.float32), np.ones(hp.ssm_d_state, np.float32),
                  np.ones(hp.ssm_d_state, np.float32))
