@@ -238,23 +238,16 @@ static void add_cols(float *x, int64_t E, const float *o, int64_t e0, int64_t e1
     for (int64_t t = 0; t < n; ++t) add_rows(x + t * E + e0, o + t * (e1 - e0), e1 - e0);
 }
 
-static void forward_parallel(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st, float *x,
-                             int64_t n, const layout *L, uint8_t *base, int nt) {
+/* thread tid's share (of nth) of one layer's generation step, inside the caller's parallel region
+ * (the barriers below bind to it) */
+static void layer_share(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st, float *x,
+                        int64_t n, const layout *L, uint8_t *base, int tid, int nth) {
     const int64_t E = p->n_embd, di = p->d_inner, ds = p->d_state, dr = p->dt_rank, ldb = dr + 2 * ds, f = p->n_ff;
     const int64_t nw = p->d_conv - 1;
     float *xz = (float *) (base + L->off[B_XZ]), *xc = (float *) (base + L->off[B_XC]);
     float *dt = (float *) (base + L->off[B_DT]), *y = (float *) (base + L->off[B_Y]);
     float *act = (float *) (base + L->off[B_ACT]);
-    (void) nt;
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nt)
-#endif
     {
-#ifdef _OPENMP
-        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-#else
-        const int tid = 0, nth = 1;
-#endif
         uint8_t *tb = base + L->t_base + (size_t) tid * L->t_size;
 #define TBUF(i) ((float *) (tb + L->t_off[i]))
         float *h = TBUF(T_H), *xdb = TBUF(T_XDB), *dt_in = TBUF(T_DTIN), *bn = TBUF(T_BN), *cn = TBUF(T_CN);
@@ -343,19 +336,38 @@ static void forward_parallel(const lx_mamba_params *p, const lx_mamba_weights *w
     }
 }
 
+/* every layer's generation step in one parallel region, a barrier between layers */
+static void forward_parallel(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                             int n_layer, float *x, int64_t n, uint8_t *base, int nt) {
+    (void) nt;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+        const int tid = 0, nth = 1;
+#endif
+        for (int il = 0; il < n_layer; ++il) {
+            const layout L = plan(&p[il], &w[il], n, nt, 1);
+            if (il) {
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+            }
+            layer_share(&p[il], &w[il], &st[il], x, n, &L, base, tid, nth);
+        }
+    }
+}
+
 /* ---- the entry ---------------------------------------------------------------------------- */
 
-lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
-                                 float *x, int64_t n_seqs, int64_t n_t, void *work, int nt) {
-    if (!lx_mamba_layer_valid(p, w, st, n_seqs, n_t) || !x || !work || nt < 1) return LX_ERR_INVALID;
+/* one layer, each step over all rows in turn (the first path) */
+static void forward_serial(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st, float *x,
+                           int64_t n_seqs, int64_t n_t, uint8_t *base, int nt) {
     const int64_t n = n_seqs * n_t;
-    const int par = parallel_path(p, w, n_t, nt);
-    const layout L = plan(p, w, n, nt, par);
-    uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
-    if (par) {
-        forward_parallel(p, w, st, x, n, &L, base, nt);
-        return LX_OK;
-    }
+    const layout L = plan(p, w, n, nt, 0);
 #define BUF(i) ((float *) (base + L.off[i]))
     float *h = BUF(B_H), *xz = BUF(B_XZ), *xc = BUF(B_XC), *xdb = BUF(B_XDB), *dt_in = BUF(B_DTIN);
     float *bn = BUF(B_BN), *cn = BUF(B_CN), *dt = BUF(B_DT), *y = BUF(B_Y), *o = BUF(B_O);
@@ -396,5 +408,25 @@ lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weight
         product(&w->w_down, act, o, n, tmp, pw, nt);
         add_rows(x, o, n * E);
     }
+}
+
+lx_status lx_mamba_stack_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                                 int n_layer, float *x, int64_t n_seqs, int64_t n_t, void *work, int nt) {
+    if (n_layer < 1 || !x || !work || nt < 1) return LX_ERR_INVALID;
+    int par = 1;
+    for (int il = 0; il < n_layer; ++il) {
+        if (!lx_mamba_layer_valid(&p[il], &w[il], &st[il], n_seqs, n_t) || p[il].n_embd != p[0].n_embd)
+            return LX_ERR_INVALID;
+        par = par && parallel_path(&p[il], &w[il], n_t, nt);
+    }
+    uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    if (par) forward_parallel(p, w, st, n_layer, x, n_seqs * n_t, base, nt);
+    else
+        for (int il = 0; il < n_layer; ++il) forward_serial(&p[il], &w[il], &st[il], x, n_seqs, n_t, base, nt);
     return LX_OK;
+}
+
+lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                                 float *x, int64_t n_seqs, int64_t n_t, void *work, int nt) {
+    return lx_mamba_stack_forward(p, w, st, 1, x, n_seqs, n_t, work, nt);
 }

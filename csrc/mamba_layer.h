@@ -17,7 +17,8 @@
  * either gives a row the same bits whatever the other rows and n_threads), lx_ssm_conv and
  * lx_ssm_scan (ssm.h, with their rollback history rows), and float additions of the biases and
  * residuals. The generation step (one token per sequence) on several threads runs in one parallel
- * region, each thread on a block of the channels and columns (mamba_layer.c): the same bits. Holds no
+ * region (one for all the layers of lx_mamba_stack_forward), each thread on a block of the channels
+ * and columns (mamba_layer.c): the same bits. Holds no
  * policy: the memory chose the cells and the history rows.
  *
  * A ubatch of a recurrent memory is split equally: n_seqs sequences of n_t tokens, token j of
@@ -89,5 +90,13 @@ size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights
  * or LX_ERR_INVALID when lx_mamba_layer_valid fails (nothing written then). */
 lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                                  float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads);
+
+/* Run n_layer layers in turn on x (p, w, st: [n_layer] each, one n_embd), as lx_mamba_layer_forward
+ * each; the generation step on several threads runs them all in one parallel region, a barrier between
+ * layers. work: the largest lx_mamba_layer_work_size of the layers. Returns LX_OK, or LX_ERR_INVALID
+ * when a layer fails lx_mamba_layer_valid or the n_embd differ (every layer checked first: nothing
+ * written then). */
+lx_status lx_mamba_stack_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                                 int n_layer, float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads);
 
 #endif /* LX_MAMBA_LAYER_H */

@@ -49,3 +49,5 @@ cdef extern from "mamba_layer.h" nogil:
                                     int n_threads)
     lx_status lx_mamba_layer_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                                      float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads)
+    lx_status lx_mamba_stack_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                                     int n_layer, float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads)

@@ -82,7 +82,7 @@ cdef int _product(lx_mamba_product *m, object spec, int64_t n_in, int64_t n_out,
 
 
 cdef class MambaStack:
-    """A model's Mamba-1 layers for the native step (one C call per layer, GIL released)."""
+    """A model's Mamba-1 layers for the native step (one C call for all of them, GIL released)."""
 
     cdef lx_mamba_params *params
     cdef lx_mamba_weights *weights
@@ -195,7 +195,6 @@ cdef class MambaStack:
         cdef size_t need = 0, s
         cdef int il
         cdef lx_status st = LX_OK
-        cdef int failed = -1
         cdef float *xp = <float *> cnp.PyArray_DATA(<cnp.ndarray> x)
         cdef void *wp
         try:
@@ -212,17 +211,12 @@ cdef class MambaStack:
             if work is None or work.size < need:
                 work = self._work.buf = np.empty(need, dtype=np.uint8)
             wp = cnp.PyArray_DATA(<cnp.ndarray> work)
-            with nogil:
-                for il in range(self.n_layer):
-                    st = lx_mamba_layer_forward(&self.params[il], &self.weights[il], &sts[il], xp, n_seqs, n_t,
-                                                wp, nt)
-                    if st != LX_OK:
-                        failed = il
-                        break
+            with nogil:   # every layer in one call (one parallel region for a generation step)
+                st = lx_mamba_stack_forward(self.params, self.weights, sts, self.n_layer, xp, n_seqs, n_t, wp, nt)
         finally:
             free(sts)
-        if failed >= 0:   # not reached: every layer was checked above
-            raise ValueError(f"layer {failed}: the native step refused its arguments")
+        if st != LX_OK:   # not reached: every layer was checked above
+            raise ValueError("the native step refused its arguments")
         return x
 
 
