@@ -89,14 +89,15 @@ class Jamba(Model, arch="jamba"):
         x = self.tok_embd.rows(ub.token)
         last = len(self.native) - 1
         with mem.lock:   # the cells stay as the views show them until every layer ran
+            kv = mem.attn.layer_views(ub)   # the attention layers' views (one check and one mask)
             for il, step in enumerate(self.native):
                 if isinstance(step, MambaStack):
                     step.forward(x, [mem.recr.recurrent_view(il, ub)], ub.n_seq_tokens, self.n_threads)
                 elif il == last:   # only the rows with outputs go on after its attention
-                    return self._out(step.forward(x, ub.pos, [mem.attn.layer_view(il, ub)],
-                                                  out_rows=np.flatnonzero(ub.output), n_threads=self.n_threads), embd)
+                    return self._out(step.forward(x, ub.pos, [kv[il]], out_rows=np.flatnonzero(ub.output),
+                                                  n_threads=self.n_threads), embd)
                 else:
-                    step.forward(x, ub.pos, [mem.attn.layer_view(il, ub)], n_threads=self.n_threads)
+                    step.forward(x, ub.pos, [kv[il]], n_threads=self.n_threads)
         return self._head(x, ub, embd)
 
     def forward_reference(self, mem, ub, embd: bool = False) -> np.ndarray:
