@@ -11,8 +11,8 @@
  *    dt-projection and their scan (ssm.h's kernels called on that block of channels: every channel
  *    is independent, see ssm.h), each thread computes the small x-projection and the dt/B/C norms
  *    whole for itself, and its columns of the out-projection and of the residual; a barrier before
- *    the x-projection and one before the out-projection (two more around Jamba's FFN: its gate/up
- *    rows by blocks, then the down rows by columns). Every output of a product is one row of W
+ *    the x-projection and one before the out-projection (Jamba's FFN: thread 0 runs the
+ *    out-projection, the residual and the FFN whole, so no more). Every output of a product is one row of W
  *    against one row of x whatever rows are computed with it (product.h, matmul.h), and every other
  *    step is per element or per row, so the bits are the first path's.
  *
@@ -246,7 +246,6 @@ static void layer_share(const lx_mamba_params *p, const lx_mamba_weights *w, con
     const int64_t nw = p->d_conv - 1;
     float *xz = (float *) (base + L->off[B_XZ]), *xc = (float *) (base + L->off[B_XC]);
     float *dt = (float *) (base + L->off[B_DT]), *y = (float *) (base + L->off[B_Y]);
-    float *act = (float *) (base + L->off[B_ACT]);
     {
         uint8_t *tb = base + L->t_base + (size_t) tid * L->t_size;
 #define TBUF(i) ((float *) (tb + L->t_off[i]))
@@ -305,33 +304,22 @@ static void layer_share(const lx_mamba_params *p, const lx_mamba_weights *w, con
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        /* this thread's columns of the out-projection and the residual */
+        /* this thread's columns of the out-projection and the residual; with Jamba's FFN after them,
+         * thread 0 runs both whole (its small products split would need two more barriers) */
+        if (f > 0) e0 = tid == 0 ? 0 : E, e1 = E;
         product_rows(&w->ssm_out, y, n, e0, e1, t1, pw);
         if (e1 > e0) add_cols(x, E, t1, e0, e1, n);
-
-        if (f > 0) {   /* Jamba's FFN: gate/up rows by blocks, then the down rows by columns */
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-            int64_t f0, f1;
-            block(f, nth, tid, &f0, &f1);
-            const int64_t fw = f1 - f0;
+        if (f > 0 && tid == 0) {
             lx_rms_norm(x, w->ffn_norm, h, n, E, p->eps, 1);
-            if (fw > 0) {
-                product_rows(&w->w_gate_up, h, n, f0, f1, t1, pw);
-                product_rows(&w->w_gate_up, h, n, f + f0, f + f1, t2, pw);
-                for (int64_t s = 0; s < n; ++s) {
-                    memcpy(gu + s * 2 * fw, t1 + s * fw, (size_t) fw * sizeof(float));
-                    memcpy(gu + s * 2 * fw + fw, t2 + s * fw, (size_t) fw * sizeof(float));
-                }
-                lx_gated(LX_ACT_SILU, NULL, gu, at, n, fw, 1);
-                put_cols(at, fw, act, f, f0, n);
+            product_rows(&w->w_gate_up, h, n, 0, f, t1, pw);
+            product_rows(&w->w_gate_up, h, n, f, 2 * f, t2, pw);
+            for (int64_t s = 0; s < n; ++s) {
+                memcpy(gu + s * 2 * f, t1 + s * f, (size_t) f * sizeof(float));
+                memcpy(gu + s * 2 * f + f, t2 + s * f, (size_t) f * sizeof(float));
             }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-            product_rows(&w->w_down, act, n, e0, e1, t1, pw);
-            if (e1 > e0) add_cols(x, E, t1, e0, e1, n);
+            lx_gated(LX_ACT_SILU, NULL, gu, at, n, f, 1);
+            product_rows(&w->w_down, at, n, 0, E, t1, pw);
+            add_cols(x, E, t1, 0, E, n);
         }
     }
 }
