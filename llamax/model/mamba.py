@@ -14,6 +14,10 @@ The products' bits do not depend on the rest of the batch: the GEMM for the quan
 the ordered float product (matmul.mul_mat_f32_ordered) for the weights GGUFs keep unquantized (ssm_x,
 ssm_dt, and any f32 / f16 one). So a prompt gives the same logits in one batch, token by token or in
 chunks.
+
+forward runs every layer in one native call (llamax._native.mamba_layer, csrc/mamba_layer.h: no
+Python between the layers); forward_reference composes the same steps in Python (mamba_mixer), the
+reference the native step equals bit for bit (tests/test_mamba_layer.py).
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from llamax._native import gemm, matmul
 from llamax._native import ssm as _ssm
+from llamax._native.mamba_layer import MambaStack
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA, GGUFFile, HParams
 from llamax.model.linear import Linear, rms_norm
@@ -67,6 +72,35 @@ class MambaMixer:
                                                   ("ssm_dt_norm.weight", "ssm_b_norm.weight", "ssm_c_norm.weight"))
 
 
+def _native_product(P: Linear | OrderedProduct) -> list | np.ndarray:
+    """A product as the native layer takes it: a Linear's parts, or an OrderedProduct's float32 matrix."""
+    return P.w if isinstance(P, OrderedProduct) else list(P.parts)
+
+
+def native_layer(L: MambaMixer, norm: np.ndarray, hp: HParams, ffn: dict | None = None) -> dict:
+    """The dict of one layer for llamax._native.mamba_layer.MambaStack: the mixer L after the RMSNorm of
+    weight norm (Falcon-Mamba's unweighted dt/B/C norms as weights of ones: the same bits), and ffn
+    (ffn_norm, w_gate_up: Linear, w_down: Linear, n_ff) when a SwiGLU FFN block follows the mixer
+    (Jamba)."""
+    norms: tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]
+    if hp.ssm_dt_b_c_rms:
+        norms = (np.ones(hp.ssm_dt_rank, np.float32), np.ones(hp.ssm_d_state, np.float32),
+                 np.ones(hp.ssm_d_state, np.float32))
+    elif L.dt_norm is not None and L.b_norm is not None and L.c_norm is not None:
+        norms = (L.dt_norm, L.b_norm, L.c_norm)
+    else:
+        norms = (None, None, None)
+    d = dict(n_embd=hp.n_embd, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, dt_rank=hp.ssm_dt_rank,
+             d_conv=L.conv_w.shape[1], eps=hp.rms_eps, norm=norm, ssm_in=_native_product(L.ssm_in),
+             conv_w=L.conv_w, conv_b=L.conv_b, ssm_x=_native_product(L.ssm_x), dt_norm=norms[0], b_norm=norms[1],
+             c_norm=norms[2], ssm_dt=_native_product(L.ssm_dt), dt_b=L.dt_b, A=L.A, D=L.D,
+             ssm_out=_native_product(L.ssm_out))
+    if ffn is not None:
+        d.update(n_ff=ffn["n_ff"], ffn_norm=ffn["ffn_norm"], w_gate_up=_native_product(ffn["w_gate_up"]),
+                 w_down=_native_product(ffn["w_down"]))
+    return d
+
+
 def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
     """One Mamba-1 mixer (llama.cpp's build_mamba_layer) on the normed hidden states h [n, n_embd] of an
     equally split ubatch, its states read and updated in view (and the rollback rows written when the view has
@@ -99,10 +133,20 @@ class Mamba(Model, arch="mamba"):
         self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
         self.layers = [MambaMixer(g, il, n_threads) for il in range(hp.n_layer)]
+        self.stack = MambaStack([native_layer(L, norm, hp) for norm, L in zip(self.norms, self.layers)])
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding the ubatch's tokens
-        into their sequences' states."""
+        into their sequences' states: every layer in one native call (csrc/mamba_layer.h)."""
+        x = self.tok_embd.rows(ub.token)
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            views = [mem.recurrent_view(il, ub) for il in range(self.hp.n_layer)]
+            self.stack.forward(x, views, ub.n_seq_tokens, self.n_threads)
+        return self._head(x, ub, embd)
+
+    def forward_reference(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """forward composed in Python, step by step (rms_norm, mamba_mixer, the residual): the reference
+        of the native layer step (tests/test_mamba_layer.py: the same bits)."""
         hp = self.hp
         x = self.tok_embd.rows(ub.token)
         with mem.lock:   # the cells stay as the views show them until every layer ran
