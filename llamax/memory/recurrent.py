@@ -157,6 +157,7 @@ class RecurrentMemory(Memory):
         self._hist_n = np.zeros(self.mem_size, np.int32)        # positions in the window, ending at pos (0: none)
         self._active: tuple[UBatch, np.ndarray, int, np.ndarray | None] | None = None
         self._undo: _Undo | None = None
+        self._undo_bufs: list[tuple[np.ndarray, np.ndarray]] = []   # _save_rows' buffers
 
     # ---- shape ----------------------------------------------------------------------------------
     @property
@@ -494,8 +495,8 @@ class RecurrentMemory(Memory):
         ubatch's positions (its last n_rollback positions, the earlier ones of a cell that had a
         window kept up to n_rollback in all); the layers write their rows."""
         if slot.first:
-            rows = [(a[slot.touched].copy(), b[slot.touched].copy()) for a, b in zip(self.conv, self.ssm)]
-            self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched, rows)
+            self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched,
+                               self._save_rows(slot.touched))
         n_t, n = ubatch.n_seq_tokens, self.n_rollback
         seqs = ubatch.seq_id[::n_t]
         hist_row = np.zeros(ubatch.n_seqs, np.int32) if n else None
@@ -523,6 +524,23 @@ class RecurrentMemory(Memory):
         self._active = (ubatch, slot.cells, self._generation, hist_row)
         if self._undo is not None:
             self._undo.generation = self._generation
+
+    def _save_rows(self, touched: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Copies of the touched cells' state rows, into buffers kept from batch to batch (a state is
+        megabytes: a fresh allocation per batch costs its page faults on every generation step)."""
+        k = len(touched)
+        if self._undo_bufs and len(self._undo_bufs[0][0]) < k:
+            self._undo_bufs = []
+        if not self._undo_bufs:
+            self._undo_bufs = [(np.empty((k,) + self.r_shape, np.float32), np.empty((k,) + self.s_shape, np.float32))
+                               for _ in self.conv]
+        rows = []
+        for (rb, sb), a, b in zip(self._undo_bufs, self.conv, self.ssm):
+            r, s = rb[:k], sb[:k]
+            np.take(a, touched, axis=0, out=r)
+            np.take(b, touched, axis=0, out=s)
+            rows.append((r, s))
+        return rows
 
     @locked
     def release_ubatch(self) -> None:
