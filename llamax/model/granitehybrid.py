@@ -21,21 +21,14 @@ import math
 import numpy as np
 
 from llamax._native import layer as _layer
-from llamax._native import rope as _rope
 from llamax.memory import HybridMemory, Memory
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
+from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
 from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
 from llamax.model.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
-
-
-class _Attention:
-    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
-        p = f"blk.{il}."
-        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
-        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
 
 
 class _SwiGLU:
@@ -81,8 +74,8 @@ class _Layer:
     def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
         p = f"blk.{il}."
         self.attn_norm = g.f32(p + "attn_norm.weight")
-        self.mixer: Mamba2Mixer | _Attention = (Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers
-                                                else _Attention(g, il, n_threads))
+        self.mixer: Mamba2Mixer | HybridAttention = (Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers
+                                                else HybridAttention(g, il, n_threads))
         self.ffn_norm = g.f32(p + "ffn_norm.weight")
         self.ffn: _SwiGLU | _Experts = (_Experts(g, il, hp, n_threads) if hp.n_expert else
                                         _SwiGLU(g, p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight",
@@ -110,21 +103,6 @@ class GraniteHybrid(Model, arch="granitehybrid"):
         """Model.create_memory with the attention layers' RoPE for the KV cache's K-shift (ropes: as given)."""
         return super().create_memory(params, ropes if ropes is not None else [self.rope] * self.hparams.n_layer)
 
-    def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
-        hp, n = self.hp, h.shape[0]
-        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
-        qkv = A.wqkv(h)
-        q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
-        k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = np.ascontiguousarray(qkv[:, nq + nk:]).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
-        r = self.rope
-        if r is not None:
-            for t in (q, k):
-                _rope.rope_f32(t, ub.pos, r.n_rot, r.freq_base, r.freq_scale, r.mode, self.n_threads,
-                               **r.scaling_kwargs)
-        mem.attn.store(il, ub, k, v)
-        return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
-
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
         the ubatch into the recurrent states and writing its K/V into the attention cache (mem: a HybridMemory)."""
@@ -139,7 +117,7 @@ class GraniteHybrid(Model, arch="granitehybrid"):
                 if isinstance(L.mixer, Mamba2Mixer):
                     o = mamba2_mixer(L.mixer, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
                 else:
-                    o = self._attention(L.mixer, mem, il, ub, h)
+                    o = L.mixer(mem, il, ub, h, self.hp, self.kq_scale, self.rope, self.n_threads)
                 if rs is not None:
                     o *= rs
                 x += o

@@ -23,24 +23,18 @@ from llamax._native import layer as _layer
 from llamax._native.mamba_layer import MambaStack
 from llamax.memory import HybridMemory
 from llamax.model.gguf import JAMBA, GGUFFile, HParams
+from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
 from llamax.model.mamba import MambaMixer, mamba_mixer, native_layer
 from llamax.model.model import Model
-
-
-class _Attention:
-    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
-        p = f"blk.{il}."
-        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
-        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
 
 
 class _Layer:
     def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
         p = f"blk.{il}."
         self.attn_norm = g.f32(p + "attn_norm.weight")
-        self.mixer: MambaMixer | _Attention = (MambaMixer(g, il, n_threads) if il in hp.recurrent_layers
-                                               else _Attention(g, il, n_threads))
+        self.mixer: MambaMixer | HybridAttention = (MambaMixer(g, il, n_threads) if il in hp.recurrent_layers
+                                               else HybridAttention(g, il, n_threads))
         self.ffn_norm = g.f32(p + "ffn_norm.weight")
         self.w_gate_up = Linear.concat(g, [p + "ffn_gate.weight", p + "ffn_up.weight"], n_threads)
         self.w_down = Linear.load(g, p + "ffn_down.weight", n_threads)
@@ -70,16 +64,6 @@ class Jamba(Model, arch="jamba"):
             n_ff=hp.n_ff, eps=hp.rms_eps, rope=None, q_scale=1.0, kq_scale=self.kq_scale, softcap=0.0, act="silu",
             attn_norm=L.attn_norm, ffn_norm=L.ffn_norm, wqkv=L.mixer.wqkv.parts, wo=L.mixer.wo.parts,
             w_gate_up=L.w_gate_up.parts, w_down=L.w_down.parts)])
-
-    def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
-        hp, n = self.hp, h.shape[0]
-        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
-        qkv = A.wqkv(h)
-        q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
-        k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = np.ascontiguousarray(qkv[:, nq + nk:]).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
-        mem.attn.store(il, ub, k, v)
-        return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding the ubatch into the
@@ -112,7 +96,7 @@ class Jamba(Model, arch="jamba"):
                 if isinstance(L.mixer, MambaMixer):
                     x += mamba_mixer(L.mixer, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
                 else:
-                    x += self._attention(L.mixer, mem, il, ub, h)
+                    x += L.mixer(mem, il, ub, h, self.hp, self.kq_scale, None, self.n_threads)
                 h = rms_norm(x, L.ffn_norm, hp.rms_eps)
                 x += L.w_down(_layer.gated(L.w_gate_up(h), hp.n_ff, "silu"))
         return self._head(x, ub, embd)

@@ -18,16 +18,10 @@ import numpy as np
 
 from llamax.memory import HybridMemory
 from llamax.model.gguf import NEMOTRON_H, GGUFFile, HParams
+from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
 from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
 from llamax.model.model import Model
-
-
-class _Attention:
-    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
-        p = f"blk.{il}."
-        self.wqkv = Linear.concat(g, [p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"], n_threads)
-        self.wo = Linear.load(g, p + "attn_output.weight", n_threads)
 
 
 class _ReluSqrFFN:
@@ -55,21 +49,11 @@ class NemotronH(Model, arch="nemotron_h"):
         self.hp = hp
         self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
-        self.blocks: list[Mamba2Mixer | _Attention | _ReluSqrFFN] = [
+        self.blocks: list[Mamba2Mixer | HybridAttention | _ReluSqrFFN] = [
             Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers else
-            _ReluSqrFFN(g, il, n_threads) if il in hp.ffn_layers else _Attention(g, il, n_threads)
+            _ReluSqrFFN(g, il, n_threads) if il in hp.ffn_layers else HybridAttention(g, il, n_threads)
             for il in range(hp.n_layer)]
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k) if hp.n_embd_head_k else 1.0
-
-    def _attention(self, A: _Attention, mem: HybridMemory, il: int, ub, h: np.ndarray) -> np.ndarray:
-        hp, n = self.hp, h.shape[0]
-        nq, nk = hp.n_head * hp.n_embd_head_k, hp.n_head_kv * hp.n_embd_head_k
-        qkv = A.wqkv(h)
-        q = np.ascontiguousarray(qkv[:, :nq]).reshape(n, hp.n_head, hp.n_embd_head_k)
-        k = np.ascontiguousarray(qkv[:, nq:nq + nk]).reshape(n, hp.n_head_kv, hp.n_embd_head_k)
-        v = np.ascontiguousarray(qkv[:, nq + nk:]).reshape(n, hp.n_head_kv, hp.n_embd_head_v)
-        mem.attn.store(il, ub, k, v)
-        return A.wo(mem.attn.attend(il, ub, q, scale=self.kq_scale).reshape(n, -1))
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
@@ -85,5 +69,5 @@ class NemotronH(Model, arch="nemotron_h"):
                 elif isinstance(B, _ReluSqrFFN):
                     x += B(h)
                 else:
-                    x += self._attention(B, mem, il, ub, h)
+                    x += B(mem, il, ub, h, self.hp, self.kq_scale, None, self.n_threads)
         return self._head(x, ub, embd)
