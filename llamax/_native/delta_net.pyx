@@ -17,36 +17,8 @@ from libc.stdint cimport int32_t, int64_t
 
 cnp.import_array()
 
+from llamax._native.recurrent_checks import cells as _cells, f32 as _f32, hist as _check_hist, shape as _shape
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
-
-
-def _f32(a, str name, int ndim, bint rows_only=False, bint writeable=False):
-    """a float32 array of ndim dimensions, C-contiguous (rows_only: only its last axis contiguous, rows of
-    one stride)."""
-    if not isinstance(a, np.ndarray) or a.dtype != np.float32:
-        raise ValueError(f"{name} must be a float32 numpy array")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    if rows_only:
-        if a.strides[ndim - 1] != 4 or (a.shape[0] > 1 and a.strides[0] % 4):
-            raise ValueError(f"{name} must have contiguous rows")
-    elif not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writeable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writeable (it is updated in place)")
-    return a
-
-
-def _shape(a, tuple want, str name):
-    if tuple(a.shape) != want:
-        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
-
-
-def _int32(a, str name, Py_ssize_t n):
-    if not isinstance(a, np.ndarray) or a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous \
-            or a.shape[0] != n:
-        raise ValueError(f"{name} must be a C-contiguous int32 numpy array [{n}]")
-    return a
 
 
 def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None, hist_row=None):
@@ -73,14 +45,9 @@ def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None,
     _f32(state, "state", 4, writeable=True)
     if state.shape[2] != state.shape[3]:
         raise ValueError(f"state must be [n_cells, n_head, d, d], got shape {tuple(state.shape)}")
-    if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1 or not cells.flags.c_contiguous:
-        raise ValueError("cells must be a C-contiguous int32 numpy array [n_seqs]")
+    _cells(cells, state.shape[0])
     cdef int64_t n_cells = state.shape[0], n_head = state.shape[1], d = state.shape[2]
     cdef int64_t n_seqs = cells.shape[0]
-    if n_seqs and (int(cells.min()) < 0 or int(cells.max()) >= n_cells):
-        raise ValueError(f"cells must lie in [0, {n_cells}), got {cells.tolist()}")
-    if n_seqs > 1 and np.unique(cells).shape[0] != n_seqs:
-        raise ValueError(f"cells must be distinct, got {cells.tolist()}")
     if n_t < 0:
         raise ValueError(f"n_t must be >= 0, got {n_t}")
     cdef int64_t n = n_seqs * n_t
@@ -99,26 +66,13 @@ def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None,
     for name, a in (("g", g), ("beta", beta)):
         _f32(a, name, 2)
         _shape(a, (n, n_head), name)
-    cdef int64_t n_hist = 0
+    cdef int64_t n_hist = _check_hist(hist, hist_row, state, n_seqs)
     cdef float *hp = NULL
     cdef const int32_t *hr = NULL
-    if hist is None:
-        if hist_row is not None:
-            raise ValueError("hist_row without hist")
-    else:
-        _f32(hist, "hist", 5, writeable=True)
-        _shape(hist, (n_cells, hist.shape[1], n_head, d, d), "hist")
-        if np.may_share_memory(hist, state):
-            raise ValueError("hist must not overlap the state")
-        n_hist = hist.shape[1]
-        if hist_row is not None:
-            _int32(hist_row, "hist_row", n_seqs)
-            if n_seqs and (int(hist_row.min()) < 0 or int(hist_row.max()) >= max(n_hist, 1)):
-                raise ValueError(f"hist_row must lie in [0, n_hist = {n_hist}), got {hist_row.tolist()}")
-            if n_seqs:
-                hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
-        if hist.size:
-            hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+    if hist_row is not None and n_seqs:
+        hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
+    if hist is not None and hist.size:
+        hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, n_head, d), dtype=np.float32)
     if n == 0 or out.size == 0:

@@ -18,38 +18,8 @@ from libc.stdint cimport int32_t, int64_t
 
 cnp.import_array()
 
+from llamax._native.recurrent_checks import cells as _cells, f32 as _f32, hist as _check_hist, shape as _shape
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
-
-
-def _f32(a, str name, int ndim, bint rows_only=False, bint writeable=False):
-    """a float32 array of ndim dimensions, C-contiguous (rows_only: a 2-D array with contiguous rows)."""
-    if not isinstance(a, np.ndarray) or a.dtype != np.float32:
-        raise ValueError(f"{name} must be a float32 numpy array")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    if rows_only:
-        if a.strides[ndim - 1] != 4 or (a.shape[0] > 1 and a.strides[0] % 4):
-            raise ValueError(f"{name} must have contiguous rows")
-    elif not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writeable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writeable (it is updated in place)")
-    return a
-
-
-def _shape(a, tuple want, str name):
-    if tuple(a.shape) != want:
-        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
-
-
-def _cells(cells, Py_ssize_t n_rows):
-    if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1 or not cells.flags.c_contiguous:
-        raise ValueError("cells must be a C-contiguous int32 numpy array [n_seqs]")
-    cdef Py_ssize_t n = cells.shape[0]
-    if n and (cells.min() < 0 or cells.max() >= n_rows):
-        raise ValueError(f"cells must lie in [0, {n_rows}), got {cells.tolist()}")
-    if n > 1 and np.unique(cells).shape[0] != n:
-        raise ValueError(f"cells must be distinct, got {cells.tolist()}")
 
 
 cdef int64_t _ld(a, int64_t n, int64_t width):
@@ -99,28 +69,13 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, int64_t n_group, n_thr
     for name, a in (("A", A), ("D", D)):
         _f32(a, name, 1)
         _shape(a, (n_head,), name)
-    cdef int64_t n_hist = 0
+    cdef int64_t n_hist = _check_hist(hist, hist_row, state, n_seqs)
     cdef const int32_t *hr = NULL
     cdef float *hp = NULL
-    if hist is None:
-        if hist_row is not None:
-            raise ValueError("hist_row without hist")
-    else:
-        _f32(hist, "hist", 5, writeable=True)
-        _shape(hist, (state.shape[0], hist.shape[1]) + tuple(state.shape[1:]), "hist")
-        if np.may_share_memory(hist, state):
-            raise ValueError("hist must not overlap the state")
-        n_hist = hist.shape[1]
-        if hist_row is not None:
-            if not isinstance(hist_row, np.ndarray) or hist_row.dtype != np.int32 or hist_row.ndim != 1 \
-                    or not hist_row.flags.c_contiguous or hist_row.shape[0] != n_seqs:
-                raise ValueError(f"hist_row must be a C-contiguous int32 numpy array [n_seqs = {n_seqs}]")
-            if n_seqs and (int(hist_row.min()) < 0 or int(hist_row.max()) >= max(n_hist, 1)):
-                raise ValueError(f"hist_row must lie in [0, n_hist = {n_hist}), got {hist_row.tolist()}")
-            if n_seqs:
-                hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
-        if hist.size:
-            hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+    if hist_row is not None and n_seqs:
+        hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
+    if hist is not None and hist.size:
+        hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, d_inner), dtype=np.float32)
     if n == 0 or d_inner == 0 or state.size == 0:

@@ -16,73 +16,20 @@ from libc.stdint cimport int32_t, int64_t
 
 cnp.import_array()
 
+from llamax._native.recurrent_checks import cells as _cells, f32 as _f32, hist as _check_hist, shape as _shape
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 MAX_CONV = LX_SSM_MAX_CONV
 
 
-def _f32(a, str name, int ndim, bint rows_only=False, bint writeable=False):
-    """a float32 array of ndim dimensions, C-contiguous (rows_only: only its last axis contiguous)."""
-    if not isinstance(a, np.ndarray) or a.dtype != np.float32:
-        raise ValueError(f"{name} must be a float32 numpy array")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {a.shape}")
-    if rows_only:
-        if a.strides[ndim - 1] != 4 or (ndim == 2 and a.shape[0] > 1 and a.strides[0] % 4):
-            raise ValueError(f"{name} must have contiguous rows")
-    elif not a.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous")
-    if writeable and not a.flags.writeable:
-        raise ValueError(f"{name} must be writeable (it is updated in place)")
-    return a
-
-
-def _cells(cells, Py_ssize_t n_rows):
-    if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1 or not cells.flags.c_contiguous:
-        raise ValueError("cells must be a C-contiguous int32 numpy array [n_seqs]")
-    cdef Py_ssize_t n = cells.shape[0]
-    if n == 1:   # the generation step: no numpy reductions
-        if not 0 <= int(cells[0]) < n_rows:
-            raise ValueError(f"cells must lie in [0, {n_rows}), got {cells.tolist()}")
-        return cells
-    if n and (cells.min() < 0 or cells.max() >= n_rows):
-        raise ValueError(f"cells must lie in [0, {n_rows}), got {cells.tolist()}")
-    if np.unique(cells).shape[0] != n:
-        raise ValueError(f"cells must be distinct, got {cells.tolist()}")
-    return cells
-
-
-def _shape(a, tuple want, str name):
-    if tuple(a.shape) != want:
-        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
-
-
 cdef float *_hist(hist, hist_row, state, Py_ssize_t n_seqs, int64_t *n_hist, const int32_t **row) except? NULL:
-    """The history buffer's data (NULL for None) after its checks: float32 [n_cells, n_hist, *state row],
-    C-contiguous and writeable, not overlapping the state; n_hist set (0 for None); row set to the data
-    of hist_row (int32 [n_seqs] in [0, n_hist)) or NULL."""
-    n_hist[0] = 0
+    """The history buffer's data (NULL for None or an empty one) after recurrent_checks.hist; n_hist set (0 for
+    None); row set to the data of hist_row or NULL."""
+    n_hist[0] = _check_hist(hist, hist_row, state, n_seqs)
     row[0] = NULL
-    if hist is None:
-        if hist_row is not None:
-            raise ValueError("hist_row without hist")
-        return NULL
-    _f32(hist, "hist", 4, writeable=True)
-    _shape(hist, (state.shape[0], hist.shape[1]) + tuple(state.shape[1:]), "hist")
-    if np.may_share_memory(hist, state):
-        raise ValueError("hist must not overlap the state")
-    n_hist[0] = hist.shape[1]
-    if hist_row is not None:
-        if not isinstance(hist_row, np.ndarray) or hist_row.dtype != np.int32 or hist_row.ndim != 1 \
-                or not hist_row.flags.c_contiguous or hist_row.shape[0] != n_seqs:
-            raise ValueError(f"hist_row must be a C-contiguous int32 numpy array [n_seqs = {n_seqs}]")
-        lo, hi = (int(hist_row[0]), int(hist_row[0])) if n_seqs == 1 else \
-            ((int(hist_row.min()), int(hist_row.max())) if n_seqs else (0, 0))
-        if lo < 0 or hi >= max(n_hist[0], 1):
-            raise ValueError(f"hist_row must lie in [0, n_hist = {n_hist[0]}), got {hist_row.tolist()}")
-        if n_seqs:
-            row[0] = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
-    if hist.size == 0:
+    if hist_row is not None and n_seqs:
+        row[0] = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
+    if hist is None or hist.size == 0:
         return NULL
     return <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
 
