@@ -150,7 +150,24 @@ def _no_tree(what: str) -> LlamaxError:
     return LlamaxError(f"{what} needs the prefix cache over a unified cache (prefix_cache=True, kv_unified=True)")
 
 
-class RadixReuse:
+class _LastRequest:
+    """What an idle slot remembers when its cells are not its own (the tree's, the checkpoints'): its last
+    request's tokens, for /slots and slot_save."""
+
+    def __init__(self, memory) -> None:
+        self.mem = memory
+        self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
+
+    def kept(self, seq: int) -> list[int]:
+        return self._last.get(seq, [])
+
+    def erase(self, seq: int) -> int:
+        n = len(self._last.pop(seq, []))
+        self.mem.seq_rm(seq, -1, -1)
+        return n
+
+
+class RadixReuse(_LastRequest):
     """The radix tree (PrefixCache) on the sequence ids the slots leave: a slot's request copies its
     prefix from a leaf, its prompt becomes a leaf once prefilled (locked while it runs) and its
     whole sequence when it ends. An idle slot remembers its last request's tokens (slot_save saves
@@ -177,11 +194,10 @@ class RadixReuse:
         return LLAMA_MAX_SEQ
 
     def __init__(self, memory, n_parallel: int, *, tier: HostTier | None = None, state: StateIO | None = None) -> None:
-        self.mem = memory
+        super().__init__(memory)
         self.tree = PrefixCache(memory, range(n_parallel, LLAMA_MAX_SEQ))
         self.seq_ids = self.tree.seq_ids
         self._locks: dict[int, int] = {}       # slot seq -> the tree's lock handle of its prefix
-        self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
         self.tier = (tier if tier is not None and tier.enabled and state is not None and memory.exact_cut
                      else None)   # a sliding window's cells cannot be cut back exactly: not kept
         self.state = state
@@ -313,9 +329,6 @@ class RadixReuse:
         cells, nbytes = self.mem.held_only_by(self.seq_ids)
         return ReuseStats(t.lookups, t.hits, t.tokens_reused, cells, nbytes, t.n_prompts)
 
-    def kept(self, seq: int) -> list[int]:
-        return self._last.get(seq, [])
-
     @contextlib.contextmanager
     def save(self, seq: int) -> Iterator[list[int]]:
         """seq holds the idle slot's last tokens as far as the tree holds them, while saving."""
@@ -334,11 +347,6 @@ class RadixReuse:
         self.tree.insert(tokens, seq, len(tokens))
         self.mem.seq_rm(seq, -1, -1)
         self._last[seq] = list(tokens)
-
-    def erase(self, seq: int) -> int:
-        n = len(self._last.pop(seq, []))
-        self.mem.seq_rm(seq, -1, -1)
-        return n
 
     def clear(self) -> None:
         self.tree.clear()
@@ -402,7 +410,7 @@ class RadixReuse:
             tree.give_back(scratch)
 
 
-class CheckpointReuse:
+class CheckpointReuse(_LastRequest):
     """Prefix reuse for a model with recurrent layers (Mamba, Jamba, the Mamba-2 hybrids): a state
     holds every token folded into it and cannot be cut back to a shorter prefix, so whole sequence
     states are kept in the host-RAM tier at chosen positions (llama-server's context checkpoints):
@@ -435,12 +443,11 @@ class CheckpointReuse:
 
     def __init__(self, memory, n_parallel: int, *, tier: HostTier | None = None, state: StateIO | None = None,
                  every: int = CHECKPOINT_EVERY) -> None:
-        self.mem = memory
+        super().__init__(memory)
         self.tier = tier if tier is not None and tier.enabled and state is not None else None
         self.state = state
         self.every = max(int(every), 1)
         self.lookups = self.hits = self.tokens_reused = 0
-        self._last: dict[int, list[int]] = {}  # slot seq -> the tokens of its last finished request
 
     @property
     def n_prompts(self) -> int:
@@ -533,9 +540,6 @@ class CheckpointReuse:
     def stats(self) -> ReuseStats:
         return ReuseStats(self.lookups, self.hits, self.tokens_reused, 0, 0, self.n_prompts)
 
-    def kept(self, seq: int) -> list[int]:
-        return self._last.get(seq, [])
-
     @contextlib.contextmanager
     def save(self, seq: int) -> Iterator[list[int]]:
         """seq holds the idle slot's last request as far as a kept state gives it, while saving."""
@@ -555,11 +559,6 @@ class CheckpointReuse:
             self._keep(seq, tokens)
         self.mem.seq_rm(seq, -1, -1)
         self._last[seq] = list(tokens)
-
-    def erase(self, seq: int) -> int:
-        n = len(self._last.pop(seq, []))
-        self.mem.seq_rm(seq, -1, -1)
-        return n
 
     def clear(self) -> None:
         if self.tier is not None:
