@@ -16,6 +16,7 @@ STUBTEST_ALLOWLIST = r"""
 llamax\._native\.\w+\.__test__
 llamax\._native\.\w+\.__reduce_cython__
 llamax\._native\.\w+\.__setstate_cython__
+llamax\._native\.\w+\.__pyx_capi__
 """
 
 

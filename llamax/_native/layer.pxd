@@ -82,3 +82,8 @@ cdef extern from "layer.h" nogil:
                   int64_t n_ff, int n_threads)
     void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
                       int64_t n_ff)
+
+
+# l <- a weight's parts ((raw, type) or (packed, type, rows, r8), n_out rows in all), checked (ValueError);
+# the arrays are appended to keep (they must outlive l)
+cdef int set_linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str what, list keep) except -1

@@ -87,7 +87,7 @@ cdef const float *_f32(object a, int64_t n, str what, list keep) except? NULL:
     return <const float *> cnp.PyArray_DATA(<cnp.ndarray> a)
 
 
-cdef int _linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str what, list keep) except -1:
+cdef int set_linear(lx_linear *l, object parts, int64_t n_in, int64_t n_out, str what, list keep) except -1:
     if not 1 <= len(parts) <= LX_LINEAR_MAX_PARTS:
         raise ValueError(f"{what}: 1 to {LX_LINEAR_MAX_PARTS} parts, got {len(parts)}")
     l.n_parts = len(parts)
@@ -209,8 +209,8 @@ cdef class Stack:
             w.bqkv = _f32(d.get("bqkv"), nq + p.n_head_kv * (p.d_k + p.d_v), "bqkv", self._keep)
             w.post_attn_norm = _f32(d.get("post_attn_norm"), E, "post_attn_norm", self._keep)
             w.post_ffw_norm = _f32(d.get("post_ffw_norm"), E, "post_ffw_norm", self._keep)
-            _linear(&w.wqkv, d["wqkv"], E, nq + p.n_head_kv * (p.d_k + p.d_v), "wqkv", self._keep)
-            _linear(&w.wo, d["wo"], p.n_head * p.d_v, E, "wo", self._keep)
+            set_linear(&w.wqkv, d["wqkv"], E, nq + p.n_head_kv * (p.d_k + p.d_v), "wqkv", self._keep)
+            set_linear(&w.wo, d["wo"], p.n_head * p.d_v, E, "wo", self._keep)
             moe = d.get("moe")
             if moe is not None:
                 if not isinstance(moe, MoE) or (<MoE> moe).p.n_embd != E:
@@ -219,8 +219,8 @@ cdef class Stack:
                 w.moe = &(<MoE> moe).w
                 self._keep.append(moe)
             else:
-                _linear(&w.w_gate_up, d["w_gate_up"], E, 2 * p.n_ff, "w_gate_up", self._keep)
-                _linear(&w.w_down, d["w_down"], p.n_ff, E, "w_down", self._keep)
+                set_linear(&w.w_gate_up, d["w_gate_up"], E, 2 * p.n_ff, "w_gate_up", self._keep)
+                set_linear(&w.w_down, d["w_down"], p.n_ff, E, "w_down", self._keep)
         self.n_embd = self.params[0].n_embd
 
     def forward(self, x, pos, list views, out_rows=None, n_threads=None):

@@ -21,9 +21,7 @@ cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 from libc.stdlib cimport calloc, free
 
-from llamax._native.layer cimport LX_LINEAR_MAX_PARTS, LX_OK
-from llamax._native.product cimport LX_PRODUCT_NONE, lx_product_kind_of
-from llamax._native.quants cimport lx_row_bytes, lx_type
+from llamax._native.layer cimport LX_LINEAR_MAX_PARTS, LX_OK, set_linear
 from llamax._native.ssm cimport LX_SSM_MAX_CONV
 
 cnp.import_array()
@@ -47,37 +45,9 @@ cdef int _product(lx_mamba_product *m, object spec, int64_t n_in, int64_t n_out,
     if isinstance(spec, np.ndarray):
         m.f32 = _f32(spec, (n_out, n_in), what, keep)
         return 0
-    if not isinstance(spec, (list, tuple)) or not 1 <= len(spec) <= LX_LINEAR_MAX_PARTS:
+    if not isinstance(spec, (list, tuple)):
         raise ValueError(f"{what}: a float32 matrix or 1 to {LX_LINEAR_MAX_PARTS} parts expected")
-    cdef int64_t rows = 0
-    for i, part in enumerate(spec):
-        if not isinstance(part, tuple) or len(part) not in (2, 4):
-            raise ValueError(f"{what}: a part is (raw, type) or (packed, type, rows, r8)")
-        raw, t = part[0], part[1]
-        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= int(t) < 64 \
-                or lx_product_kind_of(<lx_type> <int> int(t), 0) == LX_PRODUCT_NONE:
-            raise ValueError(f"{what}: ggml type {t} has no native product")
-        if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
-            raise ValueError(f"{what}: a part must be C-contiguous uint8 [rows, row_bytes]")
-        ti = int(t)
-        rb = lx_row_bytes(<lx_type> <int> ti, n_in)
-        if raw.shape[1] != rb:
-            raise ValueError(f"{what}: rows of {raw.shape[1]} bytes, expected {rb}")
-        n_rows, r8 = (raw.shape[0], False) if len(part) == 2 else (part[2], bool(part[3]))
-        if r8 and (lx_product_kind_of(<lx_type> <int> ti, 1) == LX_PRODUCT_NONE or raw.shape[0] % 8
-                   or not raw.shape[0] - 8 < n_rows <= raw.shape[0]):
-            raise ValueError(f"{what}: not an r8 layout of {n_rows} rows of type {ti}")
-        if not r8 and n_rows != raw.shape[0]:
-            raise ValueError(f"{what}: {n_rows} rows given for {raw.shape[0]} GGUF rows")
-        keep.append(raw)
-        m.lin.w[i] = cnp.PyArray_DATA(<cnp.ndarray> raw)
-        m.lin.type[i] = <lx_type> <int> ti
-        m.lin.rows[i] = n_rows
-        m.lin.r8[i] = 1 if r8 else 0
-        rows += n_rows
-    m.lin.n_parts = len(spec)
-    if rows != n_out:
-        raise ValueError(f"{what}: {rows} rows in all, expected {n_out}")
+    set_linear(&m.lin, spec, n_in, n_out, what, keep)
     return 0
 
 
