@@ -37,7 +37,7 @@ typedef struct {
     size_t total;
 } layout;
 
-static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
+int lx_linear_valid(const lx_linear *l, int64_t n_in, int64_t n_out) {
     if (l->n_parts < 1 || l->n_parts > LX_LINEAR_MAX_PARTS || l->n_in != n_in || l->n_out != n_out) return 0;
     int64_t rows = 0;
     for (int i = 0; i < l->n_parts; ++i) {
@@ -48,7 +48,7 @@ static int linear_ok(const lx_linear *l, int64_t n_in, int64_t n_out) {
     return rows == n_out;
 }
 
-static size_t linear_work(const lx_linear *l, int64_t n, int n_threads, int64_t *widest) {
+size_t lx_linear_work_size(const lx_linear *l, int64_t n, int n_threads, int64_t *widest) {
     size_t b = 0;
     for (int i = 0; i < l->n_parts; ++i) {
         const size_t s = lx_product_work_size(l->type[i], l->r8[i], n, l->n_in, n_threads);
@@ -78,9 +78,9 @@ static int valid(const lx_layer_params *p, const lx_layer_weights *w, const lx_k
     if (p->act == LX_ACT_GELU_TABLE ? !p->gelu_table : p->act != LX_ACT_SILU) return 0;
     if (!(p->residual_scale == p->residual_scale)) return 0;   /* NaN */
     const int64_t nqkv = p->n_head * p->d_k + p->n_head_kv * (p->d_k + p->d_v);
-    if (!linear_ok(&w->wqkv, p->n_embd, nqkv) || !linear_ok(&w->wo, p->n_head * p->d_v, p->n_embd)) return 0;
+    if (!lx_linear_valid(&w->wqkv, p->n_embd, nqkv) || !lx_linear_valid(&w->wo, p->n_head * p->d_v, p->n_embd)) return 0;
     if (w->moe ? !lx_moe_valid(&p->moe, w->moe) || p->moe.n_embd != p->n_embd
-               : !linear_ok(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !linear_ok(&w->w_down, p->n_ff, p->n_embd))
+               : !lx_linear_valid(&w->w_gate_up, p->n_embd, 2 * p->n_ff) || !lx_linear_valid(&w->w_down, p->n_ff, p->n_embd))
         return 0;
     if (!kv->k || !kv->v || !kv->idxs || kv->n_stream < 1 || n % kv->n_stream) return 0;
     if (kv->n_kv > 0 && !kv->mask) return 0;
@@ -100,7 +100,7 @@ static layout plan(const lx_layer_params *p, const lx_layer_weights *w, const lx
     size_t g = 0;
     const lx_linear *all[4] = {&w->wqkv, &w->wo, &w->w_gate_up, &w->w_down};
     for (int i = 0; i < (w->moe ? 2 : 4); ++i) {
-        const size_t s = linear_work(all[i], n, nt, &widest);
+        const size_t s = lx_linear_work_size(all[i], n, nt, &widest);
         if (s > g) g = s;
     }
     const lx_attn_params a = attn_params(p, kv, n);
@@ -243,8 +243,7 @@ static void part_product(const lx_linear *l, int i, const float *x, float *y, in
     lx_product(l->w[i], l->type[i], l->r8[i], x, y, n, l->n_in, n_out, gw, nt);
 }
 
-/* y = x W^T over W's parts (joined by columns through tmp when there are several) */
-static void product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw, int nt) {
+void lx_linear_product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw, int nt) {
     if (l->n_parts == 1) {
         part_product(l, 0, x, y, n, l->n_out, gw, nt);
         return;
@@ -321,7 +320,7 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
 
     /* attention block */
     norm_or_copy(x, w->attn_norm, h, n, E, p->eps, nt);
-    product(&w->wqkv, h, qkv, n, tmp, gw, nt);
+    lx_linear_product(&w->wqkv, h, qkv, n, tmp, gw, nt);
     if (w->bqkv) add_bias(qkv, w->bqkv, n, L.nqkv);
     take_cols(qkv, L.nqkv, 0, L.nq, q, n);
     take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
@@ -371,7 +370,7 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
         if (m == 0) return LX_OK;
     }
 
-    product(&w->wo, a, o, m, tmp, gw, nt);
+    lx_linear_product(&w->wo, a, o, m, tmp, gw, nt);
     if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, nt);
     add_block(x, o, m * E, p->residual_scale);
 
@@ -381,9 +380,9 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
         const lx_status st = lx_moe_ffn(&p->moe, w->moe, h, o, m, mw, nt);
         if (st != LX_OK) return st;   /* not reached: valid() checked the MoE */
     } else {
-        product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
+        lx_linear_product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
         lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
-        product(&w->w_down, act, o, m, tmp, gw, nt);
+        lx_linear_product(&w->w_down, act, o, m, tmp, gw, nt);
     }
     if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, nt);
     add_block(x, o, m * E, p->residual_scale);

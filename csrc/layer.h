@@ -54,6 +54,16 @@ typedef struct {
     int64_t n_in, n_out;
 } lx_linear;
 
+/* 1 when l is n_out rows of n_in (every part a product.h product, n_in a multiple of its blocks) */
+int lx_linear_valid(const lx_linear *l, int64_t n_in, int64_t n_out);
+/* the product.h work bytes of y = x W^T for n rows on n_threads; *widest raised to the widest part's
+ * rows when there are several (lx_linear_product's tmp holds n of those rows) */
+size_t lx_linear_work_size(const lx_linear *l, int64_t n, int n_threads, int64_t *widest);
+/* y [n][n_out] = x [n][n_in] W^T over W's parts (joined by columns through tmp when there are several;
+ * work: lx_linear_work_size bytes) */
+void lx_linear_product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *work,
+                       int n_threads);
+
 typedef enum { LX_ACT_SILU = 0, LX_ACT_GELU_TABLE = 1 } lx_layer_act;
 
 typedef struct {

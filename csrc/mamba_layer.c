@@ -45,53 +45,24 @@ typedef struct {
 
 /* ---- the products ------------------------------------------------------------------------- */
 
+/* the ordered float product (f32, no parts) or layer.h's parts */
 static int product_ok(const lx_mamba_product *m, int64_t n_in, int64_t n_out) {
     const lx_linear *l = &m->lin;
-    if (l->n_in != n_in || l->n_out != n_out || n_in < 1 || n_out < 1) return 0;
-    if (m->f32) return l->n_parts == 0;
-    if (l->n_parts < 1 || l->n_parts > LX_LINEAR_MAX_PARTS) return 0;
-    int64_t rows = 0;
-    for (int i = 0; i < l->n_parts; ++i) {
-        if (!l->w[i] || l->rows[i] < 1 || lx_product_kind_of(l->type[i], l->r8[i]) == LX_PRODUCT_NONE) return 0;
-        if (n_in % lx_type_block_size(l->type[i])) return 0;
-        rows += l->rows[i];
-    }
-    return rows == n_out;
+    if (m->f32) return l->n_in == n_in && l->n_out == n_out && n_in >= 1 && n_out >= 1 && l->n_parts == 0;
+    return n_in >= 1 && n_out >= 1 && lx_linear_valid(l, n_in, n_out);
 }
 
-/* the product's work bytes for n rows; *widest: its widest part when it has several (joined
- * through tmp) */
 static size_t product_work(const lx_mamba_product *m, int64_t n, int nt, int64_t *widest) {
-    const lx_linear *l = &m->lin;
-    size_t b = 0;
-    if (m->f32) return 0;
-    for (int i = 0; i < l->n_parts; ++i) {
-        const size_t s = lx_product_work_size(l->type[i], l->r8[i], n, l->n_in, nt);
-        if (s > b) b = s;
-        if (l->n_parts > 1 && l->rows[i] > *widest) *widest = l->rows[i];
-    }
-    return b;
+    return m->f32 ? 0 : lx_linear_work_size(&m->lin, n, nt, widest);
 }
 
-/* y [n][n_out] = x [n][n_in] W^T: the ordered float product, or each part's engine (parts joined by
- * columns through tmp), as the Python Linear / OrderedProduct compute it */
+/* y [n][n_out] = x [n][n_in] W^T: the ordered float product, or layer.h's, as the Python Linear /
+ * OrderedProduct compute it */
 static void product(const lx_mamba_product *m, const float *x, float *y, int64_t n, float *tmp, void *pw, int nt) {
-    const lx_linear *l = &m->lin;
-    if (m->f32) {
-        lx_mul_mat_f32_ordered(m->f32, x, y, n, l->n_in, l->n_out, nt);
-        return;
-    }
-    if (l->n_parts == 1) {
-        lx_product(l->w[0], l->type[0], l->r8[0], x, y, n, l->n_in, l->n_out, pw, nt);
-        return;
-    }
-    int64_t c0 = 0;
-    for (int i = 0; i < l->n_parts; ++i) {
-        const int64_t r = l->rows[i];
-        lx_product(l->w[i], l->type[i], l->r8[i], x, tmp, n, l->n_in, r, pw, nt);
-        for (int64_t t = 0; t < n; ++t) memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float));
-        c0 += r;
-    }
+    if (m->f32)
+        lx_mul_mat_f32_ordered(m->f32, x, y, n, m->lin.n_in, m->lin.n_out, nt);
+    else
+        lx_linear_product(&m->lin, x, y, n, tmp, pw, nt);
 }
 
 /* ---- shapes ------------------------------------------------------------------------------- */
