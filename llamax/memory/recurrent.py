@@ -534,11 +534,18 @@ class RecurrentMemory(Memory):
         if not self._undo_bufs:
             self._undo_bufs = [(np.empty((k,) + self.r_shape, np.float32), np.empty((k,) + self.s_shape, np.float32))
                                for _ in self.conv]
+        # consecutive cells (the usual case: cells are taken first-free) as one slice copy, half the time
+        # of a gather of the same rows
+        run = slice(int(touched[0]), int(touched[0]) + k) if k and bool(np.all(np.diff(touched) == 1)) else None
         rows = []
         for (rb, sb), a, b in zip(self._undo_bufs, self.conv, self.ssm):
             r, s = rb[:k], sb[:k]
-            np.take(a, touched, axis=0, out=r)
-            np.take(b, touched, axis=0, out=s)
+            if run is not None:
+                np.copyto(r, a[run])
+                np.copyto(s, b[run])
+            else:
+                np.take(a, touched, axis=0, out=r)
+                np.take(b, touched, axis=0, out=s)
             rows.append((r, s))
         return rows
 
