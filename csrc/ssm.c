@@ -25,33 +25,49 @@ static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 /* ggml_softplus: log(1 + e^v), v itself above 20 where e^v would swamp the 1 */
 static inline float softplus(float v) { return v <= 20.0f ? log1pf(expf(v)) : v; }
 
+/* one channel of one sequence through its n_t tokens (lx_ssm_conv's body): the window of the last
+ * d_conv inputs in registers, shifted by plain loops; inlined with d_conv a constant (4, every Mamba's)
+ * the loops unroll, the same operations in the same order (-std=c11: no contraction), the same bits */
+static inline void conv_channel(float *st, const float *xc, int64_t ldx, const float *wc, float bc, float *oc,
+                                int64_t ldo, int64_t n_t, const int d_conv, float *hc, int64_t hstride,
+                                int64_t n_hist, int64_t r0, int64_t m) {
+    const int nw = d_conv - 1;
+    float win[LX_SSM_MAX_CONV];                    /* the last d_conv inputs of the channel */
+    for (int k = 0; k < nw; ++k) win[k] = st[k];
+    for (int64_t t = 0; t < n_t; ++t) {
+        win[nw] = xc[t * ldx];
+        float sum = 0.0f;
+        for (int k = 0; k < d_conv; ++k) sum += win[k] * wc[k];
+        oc[t * ldo] = silu(sum + bc);
+        for (int k = 0; k < nw; ++k) win[k] = win[k + 1];
+        if (t >= n_t - m) {
+            float *h = hc + ((r0 + t - (n_t - m)) % n_hist) * hstride;
+            for (int k = 0; k < nw; ++k) h[k] = win[k];
+        }
+    }
+    for (int k = 0; k < nw; ++k) st[k] = win[k];
+}
+
 void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int d_conv,
                  const float *x, int64_t ldx, const float *w, const float *b, float *out, float *hist,
                  int64_t n_hist, const int32_t *hist_row, int n_threads) {
     const int64_t nw = d_conv - 1, pairs = n_seqs * d;
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
     (void) n_threads;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * d_conv >= 32768)
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * d_conv >= 4096)
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t s = p / d, c = p % d;
         float *st = state + ((int64_t) cells[s] * d + c) * nw;
-        const float *wc = w + c * d_conv;
-        const float bc = b ? b[c] : 0.0f;
         /* row j of the cell's history, channel c: hc + j * d * nw */
         float *hc = m ? hist + ((int64_t) cells[s] * n_hist * d + c) * nw : NULL;
         const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
-        float win[LX_SSM_MAX_CONV];                    /* the last d_conv inputs of channel c */
-        memcpy(win, st, (size_t) nw * sizeof(float));
-        for (int64_t t = 0; t < n_t; ++t) {
-            const int64_t row = s * n_t + t;
-            win[nw] = x[row * ldx + c];
-            float sum = 0.0f;
-            for (int k = 0; k < d_conv; ++k) sum += win[k] * wc[k];
-            out[row * d + c] = silu(sum + bc);
-            memmove(win, win + 1, (size_t) nw * sizeof(float));
-            if (t >= n_t - m) memcpy(hc + ((r0 + t - (n_t - m)) % n_hist) * d * nw, win, (size_t) nw * sizeof(float));
-        }
-        memcpy(st, win, (size_t) nw * sizeof(float));
+        const float *xc = x + s * n_t * ldx + c;
+        float *oc = out + s * n_t * d + c;
+        const float bc = b ? b[c] : 0.0f;
+        if (d_conv == 4)
+            conv_channel(st, xc, ldx, w + c * 4, bc, oc, d, n_t, 4, hc, d * nw, n_hist, r0, m);
+        else
+            conv_channel(st, xc, ldx, w + c * d_conv, bc, oc, d, n_t, d_conv, hc, d * nw, n_hist, r0, m);
     }
 }
 
