@@ -136,6 +136,17 @@ def test_the_history_rows_are_the_states_after_the_last_tokens_in_a_ring():
         assert np.array_equal(hist[c, (r0 + n_hist - 1) % n_hist], st[c])   # the last row is the state
 
 
+def test_one_group_norms_in_one_step_with_the_grouped_norms_bits():
+    """mamba2_mixer norms a one-group model's y with its weights in one rms_norm, the others with weights
+    of ones and then times each group's weights: the same bits, as rms_norm computes (x * scale) * w."""
+    from llamax.model.linear import rms_norm
+    rng = np.random.default_rng(3)
+    y = rng.standard_normal((5, 256)).astype(np.float32) * 3
+    w = rng.standard_normal(256).astype(np.float32)
+    grouped = rms_norm(y, np.ones(256, np.float32), 1e-5) * w
+    assert np.array_equal(rms_norm(y, w, 1e-5), grouped)
+
+
 @pytest.mark.parametrize("bad,match", [
     (dict(n_group=3), "n_group"), (dict(A=np.zeros(5, np.float32)), "A must have shape"),
     (dict(cells=np.array([0, 0], np.int32)), "distinct"), (dict(cells=np.array([7], np.int32)), "cells must lie"),

@@ -41,6 +41,7 @@ class Mamba2Mixer:
         self.A = np.ascontiguousarray(g.f32(p + "ssm_a").reshape(-1))  # [n_head]: -exp(A_log)
         self.D = np.ascontiguousarray(g.f32(p + "ssm_d").reshape(-1))  # [n_head]
         self.norm = g.f32(p + "ssm_norm.weight")                       # [n_group, d_inner / n_group]
+        self.ones = np.ones(self.norm.shape[-1], np.float32)           # the grouped norm's unit weights
         self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
 
 
@@ -58,8 +59,11 @@ def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, h
     y = _ssd.scan(view.ssm, view.cells, xbc[:, :di], dt, L.A, xbc[:, di:di + ng * ds], xbc[:, di + ng * ds:],
                   L.D, zxbcdt[:, :di], n_t, ng, n_threads, hist=view.ssm_hist, hist_row=view.hist_row)
     # the grouped RMS norm: each group of d_inner / n_group channels normed, then times its own weights
+    # (one group: in one step, the same bits, as rms_norm computes (x * scale) * w)
+    if ng == 1:
+        return L.ssm_out(rms_norm(y, L.norm.reshape(di), hp.rms_eps))
     gs = di // ng
-    y = rms_norm(y.reshape(n * ng, gs), np.ones(gs, np.float32), hp.rms_eps).reshape(n, ng, gs)
+    y = rms_norm(y.reshape(n * ng, gs), L.ones, hp.rms_eps).reshape(n, ng, gs)
     y *= L.norm
     return L.ssm_out(y.reshape(n, di))
 
