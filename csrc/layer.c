@@ -161,33 +161,12 @@ static void add_block(float *x, float *o, int64_t count, float scale) {
     add_rows(x, o, count);
 }
 
-/* silu(g) = g / (1 + e^-g), e^-g from vexp.h (lane and scalar twin: the same bits); where -g passes
- * SILU_INF, e^-g is taken as +inf (vexp.h clamps there), so silu is -0 */
-#define SILU_INF 88.0f
-
-static float silu_scalar(float g) {
-    const float e = -g > SILU_INF ? INFINITY : lx_exp_ref(-g);
-    return g / (1.0f + e);
-}
-
 /* the f16 GELU table at the gate's f16 rounding (0 at or below -10, g at or above 10) */
 static float gelu_scalar(const float *table, float g) {
     return g <= -10.0f ? 0.0f : g >= 10.0f ? g : table[lx_fp32_to_fp16(g)];
 }
 
 #ifdef LX_LAYER_X86
-__attribute__((target("avx2,fma"))) static void silu_mul_avx2(const float *g, const float *u, float *y, int64_t f) {
-    const __m256 hi = _mm256_set1_ps(SILU_INF), inf = _mm256_set1_ps(INFINITY), one = _mm256_set1_ps(1.0f);
-    int64_t i = 0;
-    for (; i + 8 <= f; i += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 t = _mm256_xor_ps(gv, _mm256_set1_ps(-0.0f));   /* -g */
-        const __m256 e = _mm256_blendv_ps(lx_exp8_avx2(t), inf, _mm256_cmp_ps(t, hi, _CMP_GT_OQ));
-        _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
-    }
-    for (; i < f; ++i) y[i] = silu_scalar(g[i]) * u[i];
-}
-
 /* the GELU table's lanes: the gate rounded to f16 (F16C, nearest even as lx_fp32_to_fp16), gathered */
 __attribute__((target("avx2,fma,f16c"))) static void gelu_mul_avx2(const float *table, const float *g, const float *u,
                                                                      float *y, int64_t f) {
@@ -211,7 +190,7 @@ void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, f
         const float *g = gu + r * 2 * f, *u = g + f;
         float *y = act + r * f;
         for (int64_t i = 0; i < f; ++i)
-            y[i] = (kind == LX_ACT_SILU ? silu_scalar(g[i]) : gelu_scalar(gelu_table, g[i])) * u[i];
+            y[i] = (kind == LX_ACT_SILU ? lx_silu_ref(g[i]) : gelu_scalar(gelu_table, g[i])) * u[i];
     }
 }
 
@@ -228,7 +207,7 @@ void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float
 #ifdef LX_LAYER_X86
         if (simd) {
             const float *g = gu + r * 2 * f;
-            if (kind == LX_ACT_SILU) silu_mul_avx2(g, g + f, act + r * f, f);
+            if (kind == LX_ACT_SILU) lx_silu_mul_avx2(g, g + f, act + r * f, f);
             else gelu_mul_avx2(gelu_table, g, g + f, act + r * f, f);
             continue;
         }

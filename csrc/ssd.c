@@ -4,13 +4,15 @@
  * thread, so no sum depends on the thread count. The inner step over the d_state terms of one channel
  * runs in AVX2 lanes when the CPU has them, or through its scalar twin (the same fused steps and lane
  * sums: the same bits), so the results do not depend on the SIMD level either. The per-head decay
- * dA, softplus and SiLU use libm's expf / log1pf, as ggml's CPU path. The history rows are memcpy's
+ * dA and softplus use libm's expf / log1pf, as ggml's CPU path; the SiLU gate is vexp.h's (8 lanes over a
+ * head's channels or the scalar twin, the same bits). The history rows are memcpy's
  * of a head's state after a token, made by the thread that computed it.
  */
 #include "ssd.h"
 
 #include "cpu.h"
 #include "simd.h"
+#include "vexp.h"
 
 #include <math.h>
 #include <string.h>
@@ -18,8 +20,6 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LX_SSD_X86 1
 #endif
-
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 
 /* ggml_softplus: log(1 + e^v), v itself above 20 where e^v would swamp the 1 */
 static inline float softplus(float v) { return v <= 20.0f ? log1pf(expf(v)) : v; }
@@ -76,6 +76,8 @@ void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
 #ifdef LX_SSD_X86
     const int simd = lx_simd_level() >= LX_SIMD_AVX2;
+#else
+    const int simd = 0;
 #endif
     (void) n_threads;
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * head_size >= 32768)
@@ -100,9 +102,9 @@ void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
                 else
 #endif
                     sum = step_ref(st + i * d_state, bt, ct, d_state, dA, x_dt);
-                const float yd = sum + xt[i] * D[h];
-                yt[i] = yd * silu(zt[i]);
+                yt[i] = sum + xt[i] * D[h];
             }
+            lx_silu_mul(zt, yt, yt, head_dim, simd);   /* y * silu(z), vexp.h's lanes or twin */
             if (t >= n_t - m)
                 memcpy(hh + ((r0 + t - (n_t - m)) % n_hist) * n_head * head_size, st, (size_t) head_size * sizeof(float));
         }

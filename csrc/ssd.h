@@ -46,7 +46,7 @@
  *   dt' = softplus(dt[t][h])                  (log1pf(expf(v)), v itself above 20, as ggml)
  *   dA  = expf(dt' * A[h])
  *   S[h][i][n] <- S[h][i][n] * dA + B[t][g][n] * (x[t][c] * dt')        n < d_state (one fused multiply-add)
- *   y[t][c] = (sum_n S[h][i][n] * C[t][g][n] + x[t][c] * D[h]) * silu(z[t][c])
+ *   y[t][c] = (sum_n S[h][i][n] * C[t][g][n] + x[t][c] * D[h]) * silu(z[t][c])     (silu: vexp.h's lx_silu_mul)
  *
  * with S = state[cells[s]], left after the sequence's last token. x rows of stride ldx, dt rows of
  * stride lddt ([n_head] each), B and C rows of stride ldbc ([n_group * d_state] each), z rows of stride

@@ -4,7 +4,8 @@
  * thread, so no sum ever depends on the thread count. The scan's inner step over the d_state terms
  * runs in AVX2 lanes when the CPU has them, or through its scalar twin (the same bits: vexp.h's exp,
  * the same fused steps and lane sums), so the results do not depend on the SIMD level either;
- * softplus and SiLU use libm's expf / log1pf, as ggml's CPU path. The history rows (ssm.h) are
+ * softplus uses libm's expf / log1pf, as ggml's CPU path; the SiLUs are vexp.h's (lanes and scalar twin, the
+ * same bits). The history rows (ssm.h) are
  * memcpy's of the window / h after a token, made by the thread that computed them.
  */
 #include "ssm.h"
@@ -20,12 +21,10 @@
 #define LX_SSM_X86 1
 #endif
 
-static inline float silu(float v) { return v / (1.0f + expf(-v)); }
-
 /* ggml_softplus: log(1 + e^v), v itself above 20 where e^v would swamp the 1 */
 static inline float softplus(float v) { return v <= 20.0f ? log1pf(expf(v)) : v; }
 
-/* one channel of one sequence through its n_t tokens (lx_ssm_conv's body): the window of the last
+/* one channel of one sequence through its n_t tokens (lx_ssm_conv's body, before the SiLU): the window of the last
  * d_conv inputs in registers, shifted by plain loops; inlined with d_conv a constant (4, every Mamba's)
  * the loops unroll, the same operations in the same order (-std=c11: no contraction), the same bits */
 static inline void conv_channel(float *st, const float *xc, int64_t ldx, const float *wc, float bc, float *oc,
@@ -38,7 +37,7 @@ static inline void conv_channel(float *st, const float *xc, int64_t ldx, const f
         win[nw] = xc[t * ldx];
         float sum = 0.0f;
         for (int k = 0; k < d_conv; ++k) sum += win[k] * wc[k];
-        oc[t * ldo] = silu(sum + bc);
+        oc[t * ldo] = sum + bc;
         for (int k = 0; k < nw; ++k) win[k] = win[k + 1];
         if (t >= n_t - m) {
             float *h = hc + ((r0 + t - (n_t - m)) % n_hist) * hstride;
@@ -69,6 +68,15 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
         else
             conv_channel(st, xc, ldx, w + c * d_conv, bc, oc, d, n_t, d_conv, hc, d * nw, n_hist, r0, m);
     }
+    /* the SiLU over every output row (vexp.h: 8 lanes or the scalar twin, the same bits) */
+    const int64_t rows = n_seqs * n_t;
+#ifdef LX_SSM_X86
+    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
+#else
+    const int simd = 0;
+#endif
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * d >= 32768)
+    for (int64_t r = 0; r < rows; ++r) lx_silu_mul(out + r * d, NULL, out + r * d, d, simd);
 }
 
 /* the terms n0 <= n < d_state of a scan step, one by one after the lanes' sum (both paths' tail) */
@@ -148,7 +156,7 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
             else
 #endif
                 sum = scan_step_ref(h, a, bt, ct, d_state, dts, x_dt);
-            y[row * d + c] = (sum + xv * D[c]) * silu(z[row * ldz + c]);
+            y[row * d + c] = (sum + xv * D[c]) * lx_silu_ref(z[row * ldz + c]);
             if (t >= n_t - m)
                 memcpy(hc + ((r0 + t - (n_t - m)) % n_hist) * d * d_state, h, (size_t) d_state * sizeof(float));
         }

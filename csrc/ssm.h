@@ -55,7 +55,8 @@
  *   state[cells[s]][c] <- the last d_conv - 1 values of w_c
  *
  * x [n_seqs * n_t] rows of stride ldx (the x half of the in-projection); w [d][d_conv]; b [d] or
- * NULL; out [n_seqs * n_t][d]. The sum runs k = 0, 1, ... in float, as ggml's. hist [n_cells][n_hist][d]
+ * NULL; out [n_seqs * n_t][d]. The sum runs k = 0, 1, ... in float, as ggml's; silu(v) = v / (1 + e^-v)
+ * with vexp.h's exp (lx_silu_mul: AVX2 lanes or the scalar twin, the same bits). hist [n_cells][n_hist][d]
  * [d_conv - 1] or NULL: the window after each of the last min(n_t, n_hist) tokens, from row hist_row[s]
  * (hist_row [n_seqs] or NULL: row 0; see above).
  * note: cells distinct, each < the state's rows; 1 <= d_conv <= LX_SSM_MAX_CONV; n_hist >= 0;
@@ -69,7 +70,7 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
  *
  *   dt' = softplus(dt[t][c])                  (log1pf(expf(v)), v itself above 20, as ggml)
  *   h[c][n] <- h[c][n] * exp(dt' * A[c][n]) + B[t][n] * (x[t][c] * dt')       n < d_state
- *   y[t][c] = (sum_n h[c][n] * C[t][n] + x[t][c] * D[c]) * silu(z[t][c])
+ *   y[t][c] = (sum_n h[c][n] * C[t][n] + x[t][c] * D[c]) * silu(z[t][c])     (silu: vexp.h's lx_silu_ref)
  *
  * with h = state[cells[s]], left after the sequence's last token. x, dt, y [n_seqs * n_t][d]
  * (x and dt contiguous rows); B and C rows of stride ldbc; z rows of stride ldz; A [d][d_state];

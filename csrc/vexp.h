@@ -90,4 +90,48 @@ static inline __attribute__((always_inline, target("avx512f,avx2,fma"))) __m512 
 }
 #endif
 
+
+/* ---- SiLU on this exp ---------------------------------------------------------------------------
+ * silu(g) = g / (1 + e^-g), e^-g by lx_exp_ref / lx_exp8_avx2 (the same bits); where -g passes
+ * LX_SILU_INF, e^-g is taken as +inf (the exp clamps there), so silu is -0 */
+#define LX_SILU_INF 88.0f
+
+static inline float lx_silu_ref(float g) {
+    const float e = -g > LX_SILU_INF ? INFINITY : lx_exp_ref(-g);
+    return g / (1.0f + e);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 lx_silu8_avx2(__m256 g) {
+    const __m256 t = _mm256_xor_ps(g, _mm256_set1_ps(-0.0f));   /* -g */
+    const __m256 e = _mm256_blendv_ps(lx_exp8_avx2(t), _mm256_set1_ps(INFINITY),
+                                      _mm256_cmp_ps(t, _mm256_set1_ps(LX_SILU_INF), _CMP_GT_OQ));
+    return _mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static __attribute__((target("avx2,fma"), unused)) void lx_silu_mul_avx2(const float *g, const float *u, float *y,
+                                                                          int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = lx_silu8_avx2(_mm256_loadu_ps(g + i));
+        _mm256_storeu_ps(y + i, u ? _mm256_mul_ps(a, _mm256_loadu_ps(u + i)) : a);
+    }
+    for (; i < n; ++i) y[i] = u ? lx_silu_ref(g[i]) * u[i] : lx_silu_ref(g[i]);
+}
+#endif
+
+/* y[i] = silu(g[i]) * u[i] (u NULL: silu(g[i])), i < n, in 8 lanes when simd (lx_silu8_avx2) else by the
+ * scalar twin: the same bits; y may be g or u */
+static inline void lx_silu_mul(const float *g, const float *u, float *y, int64_t n, int simd) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    if (simd) {
+        lx_silu_mul_avx2(g, u, y, n);
+        return;
+    }
+#else
+    (void) simd;
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = u ? lx_silu_ref(g[i]) * u[i] : lx_silu_ref(g[i]);
+}
+
 #endif /* LX_VEXP_H */

@@ -125,6 +125,30 @@ def test_bad_arguments_are_refused():
         ssm.conv(np.zeros((5, 24, ssm.MAX_CONV), np.float32), c["cells"], x, w, None, c["n_t"])
 
 
+@pytest.mark.parametrize("d_conv", [4, 3])
+def test_the_conv_gives_the_same_bits_at_every_simd_level_and_thread_count(d_conv):
+    """The conv's SiLU in AVX2 lanes and by its scalar twin (vexp.h) agree bit for bit, with d a multiple of 8
+    and not (the lanes' tail), for the unrolled d_conv 4 and another, on one thread and two."""
+    from llamax._native import cpu
+
+    for d in (24, 21):
+        c = _case(np.random.default_rng(5), d=d, d_conv=d_conv)
+        x = c["xz"][:, :d]
+        outs = []
+        try:
+            for level in cpu.levels():
+                cpu.set_simd_level(level)
+                for nt in (1, 2):
+                    st = c["conv_state"].copy()
+                    outs.append((ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], n_threads=nt), st))
+        finally:
+            cpu.set_simd_level(-1)
+        for out, st in outs[1:]:
+            assert np.array_equal(out, outs[0][0]) and np.array_equal(st, outs[0][1])
+        ref, _ = conv_ref(c["conv_state"], c["cells"], x, c["w"], c["b"], c["n_t"])
+        np.testing.assert_allclose(outs[0][0], ref, rtol=1e-5, atol=1e-5)
+
+
 def test_the_scan_gives_the_same_bits_at_every_simd_level():
     """The AVX2 step and its scalar twin (vexp.h's exp, the same fused steps and lane sums) agree bit for bit,
     with d_state a multiple of 8 and not."""
