@@ -47,21 +47,85 @@ static inline void conv_channel(float *st, const float *xc, int64_t ldx, const f
     for (int k = 0; k < nw; ++k) st[k] = win[k];
 }
 
+#ifdef LX_SSM_X86
+/* conv_channel on 8 adjacent channels c0..c0+7 at once, a lane each: the same operations per lane in the same
+ * order (a product, then an add; no fused step), so each lane's bits are conv_channel's. x and out rows give
+ * the 8 channels' values side by side; the states and history rows ([c][d_conv - 1]) go through a transpose. */
+static inline __attribute__((always_inline, target("avx2,fma"))) void
+conv_block8(float *st, const float *xc, int64_t ldx, const float *wc, const float *bc, float *oc, int64_t ldo,
+            int64_t n_t, const int d_conv, float *hc, int64_t hstride, int64_t n_hist, int64_t r0, int64_t m) {
+    const int nw = d_conv - 1;
+    float tmp[8];
+    __m256 win[LX_SSM_MAX_CONV], wv[LX_SSM_MAX_CONV];
+    for (int k = 0; k < d_conv; ++k) {
+        for (int j = 0; j < 8; ++j) tmp[j] = wc[j * d_conv + k];
+        wv[k] = _mm256_loadu_ps(tmp);
+    }
+    for (int k = 0; k < nw; ++k) {
+        for (int j = 0; j < 8; ++j) tmp[j] = st[j * nw + k];
+        win[k] = _mm256_loadu_ps(tmp);
+    }
+    const __m256 bv = bc ? _mm256_loadu_ps(bc) : _mm256_setzero_ps();
+    for (int64_t t = 0; t < n_t; ++t) {
+        win[nw] = _mm256_loadu_ps(xc + t * ldx);
+        __m256 sum = _mm256_setzero_ps();
+        for (int k = 0; k < d_conv; ++k) sum = _mm256_add_ps(sum, _mm256_mul_ps(win[k], wv[k]));
+        _mm256_storeu_ps(oc + t * ldo, _mm256_add_ps(sum, bv));
+        for (int k = 0; k < nw; ++k) win[k] = win[k + 1];
+        if (t >= n_t - m) {
+            float *h = hc + ((r0 + t - (n_t - m)) % n_hist) * hstride;
+            for (int k = 0; k < nw; ++k) {
+                _mm256_storeu_ps(tmp, win[k]);
+                for (int j = 0; j < 8; ++j) h[j * nw + k] = tmp[j];
+            }
+        }
+    }
+    for (int k = 0; k < nw; ++k) {
+        _mm256_storeu_ps(tmp, win[k]);
+        for (int j = 0; j < 8; ++j) st[j * nw + k] = tmp[j];
+    }
+}
+
+/* conv_block8 with d_conv a constant (4: the loops unroll) or not */
+__attribute__((target("avx2,fma"))) static void conv_block8_avx2(float *st, const float *xc, int64_t ldx,
+                                                                 const float *wc, const float *bc, float *oc,
+                                                                 int64_t ldo, int64_t n_t, int d_conv, float *hc,
+                                                                 int64_t hstride, int64_t n_hist, int64_t r0,
+                                                                 int64_t m) {
+    if (d_conv == 4) conv_block8(st, xc, ldx, wc, bc, oc, ldo, n_t, 4, hc, hstride, n_hist, r0, m);
+    else conv_block8(st, xc, ldx, wc, bc, oc, ldo, n_t, d_conv, hc, hstride, n_hist, r0, m);
+}
+#endif
+
 void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int d_conv,
                  const float *x, int64_t ldx, const float *w, const float *b, float *out, float *hist,
                  int64_t n_hist, const int32_t *hist_row, int n_threads) {
-    const int64_t nw = d_conv - 1, pairs = n_seqs * d;
+    const int64_t nw = d_conv - 1;
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
+#ifdef LX_SSM_X86
+    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
+#else
+    const int simd = 0;
+#endif
+    /* a sequence's work: nb blocks of 8 channels (AVX2), then its other channels one by one */
+    const int64_t nb = simd ? d / 8 : 0, per = nb + (d - 8 * nb), units = n_seqs * per;
     (void) n_threads;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (pairs * n_t * d_conv >= 4096)
-    for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t s = p / d, c = p % d;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_seqs * d * n_t * d_conv >= 4096)
+    for (int64_t p = 0; p < units; ++p) {
+        const int64_t s = p / per, u = p % per, c = u < nb ? 8 * u : 8 * nb + (u - nb);
         float *st = state + ((int64_t) cells[s] * d + c) * nw;
         /* row j of the cell's history, channel c: hc + j * d * nw */
         float *hc = m ? hist + ((int64_t) cells[s] * n_hist * d + c) * nw : NULL;
         const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
         const float *xc = x + s * n_t * ldx + c;
         float *oc = out + s * n_t * d + c;
+#ifdef LX_SSM_X86
+        if (u < nb) {
+            conv_block8_avx2(st, xc, ldx, w + c * d_conv, b ? b + c : NULL, oc, d, n_t, d_conv, hc, d * nw, n_hist,
+                             r0, m);
+            continue;
+        }
+#endif
         const float bc = b ? b[c] : 0.0f;
         if (d_conv == 4)
             conv_channel(st, xc, ldx, w + c * 4, bc, oc, d, n_t, 4, hc, d * nw, n_hist, r0, m);
@@ -70,11 +134,6 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     }
     /* the SiLU over every output row (vexp.h: 8 lanes or the scalar twin, the same bits) */
     const int64_t rows = n_seqs * n_t;
-#ifdef LX_SSM_X86
-    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
-#else
-    const int simd = 0;
-#endif
 #pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * d >= 32768)
     for (int64_t r = 0; r < rows; ++r) lx_silu_mul(out + r * d, NULL, out + r * d, d, simd);
 }

@@ -140,11 +140,16 @@ def test_the_conv_gives_the_same_bits_at_every_simd_level_and_thread_count(d_con
                 cpu.set_simd_level(level)
                 for nt in (1, 2):
                     st = c["conv_state"].copy()
-                    outs.append((ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], n_threads=nt), st))
+                    hist = np.zeros((5, 4, d, d_conv - 1), np.float32)   # rollback rows: 4 of the 6 tokens
+                    out = ssm.conv(st, c["cells"], x, c["w"], c["b"], c["n_t"], n_threads=nt, hist=hist,
+                                   hist_row=np.array([1, 0, 3], np.int32))
+                    outs.append((out, st, hist))
         finally:
             cpu.set_simd_level(-1)
-        for out, st in outs[1:]:
+        for out, st, hist in outs[1:]:
             assert np.array_equal(out, outs[0][0]) and np.array_equal(st, outs[0][1])
+            assert np.array_equal(hist, outs[0][2])
+        assert np.array_equal(outs[0][2][3, 0], outs[0][1][3])   # cell 3 (hist_row 1): its last token in row (1 + 3) % 4
         ref, _ = conv_ref(c["conv_state"], c["cells"], x, c["w"], c["b"], c["n_t"])
         np.testing.assert_allclose(outs[0][0], ref, rtol=1e-5, atol=1e-5)
 
