@@ -1,12 +1,14 @@
 /* ssm.c: the causal convolution and the selective scan of a Mamba layer (see ssm.h).
  *
- * Both loop over (sequence, channel) pairs in parallel; a pair runs its tokens in order on one
- * thread, so no sum ever depends on the thread count. The scan's inner step over the d_state terms
- * runs in AVX2 lanes when the CPU has them, or through its scalar twin (the same bits: vexp.h's exp,
- * the same fused steps and lane sums), so the results do not depend on the SIMD level either;
- * softplus uses libm's expf / log1pf, as ggml's CPU path; the SiLUs are vexp.h's (lanes and scalar twin, the
- * same bits). The history rows (ssm.h) are
- * memcpy's of the window / h after a token, made by the thread that computed them.
+ * Both loop over (sequence, channel) pairs in parallel (the conv over blocks of 8 adjacent channels, a
+ * lane each, where the CPU has AVX2, and its other channels one by one: each lane makes the scalar
+ * channel's operations, the same bits); a pair runs its tokens in order on one thread, so no sum ever
+ * depends on the thread count. The scan's inner step over the d_state terms runs in AVX2 lanes when
+ * the CPU has them, or through its scalar twin (the same bits: vexp.h's exp, the same fused steps and
+ * lane sums), so the results do not depend on the SIMD level either. softplus uses libm's expf /
+ * log1pf, as ggml's CPU path; the SiLUs are vexp.h's (lanes and scalar twin, the same bits). The
+ * history rows (ssm.h) are copies of the window / h after a token, made by the thread that computed
+ * them.
  */
 #include "ssm.h"
 
