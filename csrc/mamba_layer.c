@@ -45,20 +45,18 @@ typedef struct {
 
 /* ---- the products ------------------------------------------------------------------------- */
 
-/* the ordered float product (f32, no parts) or layer.h's parts */
-static int product_ok(const lx_mamba_product *m, int64_t n_in, int64_t n_out) {
+int lx_mamba_product_valid(const lx_mamba_product *m, int64_t n_in, int64_t n_out) {
     const lx_linear *l = &m->lin;
     if (m->f32) return l->n_in == n_in && l->n_out == n_out && n_in >= 1 && n_out >= 1 && l->n_parts == 0;
     return n_in >= 1 && n_out >= 1 && lx_linear_valid(l, n_in, n_out);
 }
 
-static size_t product_work(const lx_mamba_product *m, int64_t n, int nt, int64_t *widest) {
+size_t lx_mamba_product_work_size(const lx_mamba_product *m, int64_t n, int nt, int64_t *widest) {
     return m->f32 ? 0 : lx_linear_work_size(&m->lin, n, nt, widest);
 }
 
-/* y [n][n_out] = x [n][n_in] W^T: the ordered float product, or layer.h's, as the Python Linear /
- * OrderedProduct compute it */
-static void product(const lx_mamba_product *m, const float *x, float *y, int64_t n, float *tmp, void *pw, int nt) {
+void lx_mamba_product_run(const lx_mamba_product *m, const float *x, float *y, int64_t n, float *tmp, void *pw,
+                          int nt) {
     if (m->f32)
         lx_mul_mat_f32_ordered(m->f32, x, y, n, m->lin.n_in, m->lin.n_out, nt);
     else
@@ -67,23 +65,8 @@ static void product(const lx_mamba_product *m, const float *x, float *y, int64_t
 
 /* ---- shapes ------------------------------------------------------------------------------- */
 
-int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
-                         int64_t n_seqs, int64_t n_t) {
-    if (!p || !w || !st) return 0;
-    if (p->n_embd < 1 || p->d_inner < 1 || p->d_state < 1 || p->dt_rank < 1 || p->n_ff < 0 ||
-        p->d_conv < 1 || p->d_conv > LX_SSM_MAX_CONV || !(p->eps >= 0.0f))
-        return 0;
-    const int64_t E = p->n_embd, di = p->d_inner, ds = p->d_state, dr = p->dt_rank;
-    if (!w->norm || !w->conv_w || !w->conv_b || !w->dt_b || !w->A || !w->D) return 0;
-    const int norms = (w->dt_norm != NULL) + (w->b_norm != NULL) + (w->c_norm != NULL);
-    if (norms != 0 && norms != 3) return 0;
-    if (!product_ok(&w->ssm_in, E, 2 * di) || !product_ok(&w->ssm_x, di, dr + 2 * ds) ||
-        !product_ok(&w->ssm_dt, dr, di) || !product_ok(&w->ssm_out, di, E))
-        return 0;
-    if (p->n_ff > 0 && (!w->ffn_norm || !product_ok(&w->w_gate_up, E, 2 * p->n_ff) ||
-                        !product_ok(&w->w_down, p->n_ff, E)))
-        return 0;
-    if (n_seqs < 1 || n_t < 1 || !st->conv || !st->ssm || !st->cells || st->n_cells < n_seqs) return 0;
+int lx_mamba_state_valid(const lx_mamba_state *st, int64_t n_seqs) {
+    if (!st || n_seqs < 1 || !st->conv || !st->ssm || !st->cells || st->n_cells < n_seqs) return 0;
     for (int64_t s = 0; s < n_seqs; ++s) {
         if (st->cells[s] < 0 || st->cells[s] >= st->n_cells) return 0;
         for (int64_t r = 0; r < s; ++r)
@@ -98,6 +81,25 @@ int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, co
     return 1;
 }
 
+int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
+                         int64_t n_seqs, int64_t n_t) {
+    if (!p || !w || !st) return 0;
+    if (p->n_embd < 1 || p->d_inner < 1 || p->d_state < 1 || p->dt_rank < 1 || p->n_ff < 0 ||
+        p->d_conv < 1 || p->d_conv > LX_SSM_MAX_CONV || !(p->eps >= 0.0f))
+        return 0;
+    const int64_t E = p->n_embd, di = p->d_inner, ds = p->d_state, dr = p->dt_rank;
+    if (!w->norm || !w->conv_w || !w->conv_b || !w->dt_b || !w->A || !w->D) return 0;
+    const int norms = (w->dt_norm != NULL) + (w->b_norm != NULL) + (w->c_norm != NULL);
+    if (norms != 0 && norms != 3) return 0;
+    if (!lx_mamba_product_valid(&w->ssm_in, E, 2 * di) || !lx_mamba_product_valid(&w->ssm_x, di, dr + 2 * ds) ||
+        !lx_mamba_product_valid(&w->ssm_dt, dr, di) || !lx_mamba_product_valid(&w->ssm_out, di, E))
+        return 0;
+    if (p->n_ff > 0 && (!w->ffn_norm || !lx_mamba_product_valid(&w->w_gate_up, E, 2 * p->n_ff) ||
+                        !lx_mamba_product_valid(&w->w_down, p->n_ff, E)))
+        return 0;
+    return n_t >= 1 && lx_mamba_state_valid(st, n_seqs);
+}
+
 static layout plan(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n, int nt, int par) {
     layout L;
     const int64_t E = p->n_embd, di = p->d_inner, ds = p->d_state, dr = p->dt_rank, f = p->n_ff;
@@ -105,7 +107,7 @@ static layout plan(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t 
     size_t g = 0;
     const lx_mamba_product *all[6] = {&w->ssm_in, &w->ssm_x, &w->ssm_dt, &w->ssm_out, &w->w_gate_up, &w->w_down};
     for (int i = 0; i < (f > 0 ? 6 : 4); ++i) {
-        const size_t s = product_work(all[i], n, nt, &widest);
+        const size_t s = lx_mamba_product_work_size(all[i], n, nt, &widest);
         if (s > g) g = s;
     }
     const size_t fl = sizeof(float);
@@ -337,10 +339,10 @@ static void forward_serial(const lx_mamba_params *p, const lx_mamba_weights *w, 
 
     /* the mixer */
     lx_rms_norm(x, w->norm, h, n, E, p->eps, nt);
-    product(&w->ssm_in, h, xz, n, tmp, pw, nt);                              /* [n][x | z] */
+    lx_mamba_product_run(&w->ssm_in, h, xz, n, tmp, pw, nt);                              /* [n][x | z] */
     lx_ssm_conv(st->conv, st->cells, n_seqs, n_t, di, p->d_conv, xz, 2 * di, w->conv_w, w->conv_b, xc, st->conv_hist,
                 st->n_hist, st->hist_row, nt);
-    product(&w->ssm_x, xc, xdb, n, tmp, pw, nt);                             /* [n][dt | B | C] */
+    lx_mamba_product_run(&w->ssm_x, xc, xdb, n, tmp, pw, nt);                             /* [n][dt | B | C] */
     take_cols(xdb, ldb, 0, dr, dt_in, n);
     const float *B = xdb + dr, *C = xdb + dr + ds;
     int64_t ldbc = ldb;
@@ -352,19 +354,19 @@ static void forward_serial(const lx_mamba_params *p, const lx_mamba_weights *w, 
         lx_rms_norm(cn, w->c_norm, cn, n, ds, p->eps, nt);
         B = bn, C = cn, ldbc = ds;
     }
-    product(&w->ssm_dt, dt_in, dt, n, tmp, pw, nt);
+    lx_mamba_product_run(&w->ssm_dt, dt_in, dt, n, tmp, pw, nt);
     for (int64_t t = 0; t < n; ++t) add_rows(dt + t * di, w->dt_b, di);
     lx_ssm_scan(st->ssm, st->cells, n_seqs, n_t, di, ds, xc, dt, w->A, B, C, ldbc, w->D, xz + di, 2 * di, y, st->ssm_hist,
                 st->n_hist, st->hist_row, nt);
-    product(&w->ssm_out, y, o, n, tmp, pw, nt);
+    lx_mamba_product_run(&w->ssm_out, y, o, n, tmp, pw, nt);
     add_rows(x, o, n * E);
 
     /* Jamba's feed-forward block */
     if (p->n_ff > 0) {
         lx_rms_norm(x, w->ffn_norm, h, n, E, p->eps, nt);
-        product(&w->w_gate_up, h, gu, n, tmp, pw, nt);
+        lx_mamba_product_run(&w->w_gate_up, h, gu, n, tmp, pw, nt);
         lx_gated(LX_ACT_SILU, NULL, gu, act, n, p->n_ff, nt);
-        product(&w->w_down, act, o, n, tmp, pw, nt);
+        lx_mamba_product_run(&w->w_down, act, o, n, tmp, pw, nt);
         add_rows(x, o, n * E);
     }
 }

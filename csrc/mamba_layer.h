@@ -76,6 +76,20 @@ typedef struct {
     const int32_t *hist_row;   /* [n_seqs] in [0, n_hist) (n_hist >= 1), or NULL: row 0 */
 } lx_mamba_state;
 
+/* the products (shared with mamba2_layer.h): 1 if m is a product [n_out, n_in] (a float32 one or valid
+ * layer.h parts), else 0; the bytes of work it needs for n rows on nt threads (*widest: layer.h's widest
+ * part, for the caller's tmp of n * widest floats); y [n][n_out] = x [n][n_in] W^T, the ordered float
+ * product or layer.h's, as the Python Linear / OrderedProduct compute it (a row's bits do not depend
+ * on the other rows or nt) */
+int lx_mamba_product_valid(const lx_mamba_product *m, int64_t n_in, int64_t n_out);
+size_t lx_mamba_product_work_size(const lx_mamba_product *m, int64_t n, int nt, int64_t *widest);
+void lx_mamba_product_run(const lx_mamba_product *m, const float *x, float *y, int64_t n, float *tmp, void *work,
+                          int nt);
+
+/* 1 if st fits n_seqs sequences: states present, n_seqs distinct cells in range, history rows as
+ * ssm.h asks (shared with mamba2_layer.h), else 0 */
+int lx_mamba_state_valid(const lx_mamba_state *st, int64_t n_seqs);
+
 /* 1 if the parameters, weights and states fit one another for n_seqs sequences of n_t tokens (the
  * checks lx_mamba_layer_forward makes before it writes anything), else 0 */
 int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,

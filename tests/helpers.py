@@ -264,3 +264,47 @@ def check_greedy_up_to_near_tie(name: str, model, meta: dict, ref, tol: float) -
             got.append(int(ctx.get_logits()[-1].argmax()))
             ctx.decode(Batch([got[-1]]))
         assert got == want[:n_sure], (name, p)
+
+
+RECURRENT_TEXTS = ("The quick brown fox jumps over the lazy dog. Mamba folds every token into a state",
+                   "Once upon a time there was a snake in the grass")
+
+
+def _decode_side_by_side(ctx, seqs, logits):
+    """One decode of each sequence's tokens side by side; its logits appended."""
+    from llamax import Batch
+
+    toks = [t for s in seqs for t in s]
+    ctx.decode(Batch(toks, seq_ids=[i for i, s in enumerate(seqs) for _ in s], logits=[True] * len(toks)))
+    logits.append(ctx.get_logits().copy())
+
+
+def run_recurrent_script(model, chunk, n_ubatch):
+    """Two prompts fed side by side in chunks of `chunk` tokens (ubatches of n_ubatch), with rollback rows
+    reserved; three greedy steps of both; a verification batch of sequence 0 whose tail is rolled back;
+    two more steps. The logits of every decode, and every state, rollback row and K/V buffer after."""
+    import llamax
+    from llamax import Context
+
+    ctx = Context(model, n_ctx=256, n_seq_max=2, n_ubatch=n_ubatch, n_batch=256, n_threads=2)
+    mem = ctx.memory
+    mem.reserve_rollback(4)
+    a, b = model.tokenize(RECURRENT_TEXTS[0]), model.tokenize(RECURRENT_TEXTS[1])
+    out: list = []
+    for i in range(0, max(len(a), len(b)), chunk):
+        seqs = [a[i:i + chunk], b[i:i + chunk]]
+        if not seqs[1]:
+            seqs = seqs[:1]
+        _decode_side_by_side(ctx, seqs, out)
+    for _ in range(3):
+        _decode_side_by_side(ctx, [[int(np.argmax(out[-1][0]))], [int(np.argmax(out[-1][-1]))]], out)
+    _decode_side_by_side(ctx, [[42, 7, 1999, 300]], out)
+    assert mem.seq_rm(0, mem.seq_pos_max(0) - 1, -1)     # keep 42, 7
+    for _ in range(2):
+        _decode_side_by_side(ctx, [[int(np.argmax(out[-1][0]))], [5]], out)
+    recr = mem.recr if isinstance(mem, llamax.HybridMemory) else mem
+    assert any(np.any(h) for h in recr.conv_hist + recr.ssm_hist)   # the rollback rows were written
+    bufs = recr.conv + recr.ssm + recr.conv_hist + recr.ssm_hist
+    if isinstance(mem, llamax.HybridMemory):
+        bufs += mem.attn.k + mem.attn.v
+    return out, [x.copy() for x in bufs]

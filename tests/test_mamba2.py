@@ -137,8 +137,9 @@ def test_the_history_rows_are_the_states_after_the_last_tokens_in_a_ring():
 
 
 def test_one_group_norms_in_one_step_with_the_grouped_norms_bits():
-    """mamba2_mixer norms a one-group model's y with its weights in one rms_norm, the others with weights
-    of ones and then times each group's weights: the same bits, as rms_norm computes (x * scale) * w."""
+    """The native mixer (csrc/mamba2_layer.c) norms a one-group model's y with its weights in one rms_norm,
+    its reference (mamba2_mixer) with weights of ones and then times the group's weights: the same bits, as
+    rms_norm computes (x * scale) * w."""
     from llamax.model.linear import rms_norm
     rng = np.random.default_rng(3)
     y = rng.standard_normal((5, 256)).astype(np.float32) * 3

@@ -13,11 +13,8 @@ import llamax
 from llamax import Batch, Context, Model
 from llamax._native.mamba_layer import MambaStack
 from llamax.model.mamba import native_layer
+from helpers import run_recurrent_script
 from synthetic import write_jamba, write_mamba
-
-TEXT = "The quick brown fox jumps over the lazy dog. Mamba folds every token into a state"
-OTHER = "Once upon a time there was a snake in the grass"
-
 
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory, smollm2_gguf):
@@ -40,41 +37,6 @@ def _model(paths, kind, n_threads):
     return _models[key]
 
 
-def _decode(ctx, seqs, logits):
-    """One decode of each sequence's tokens side by side; its logits appended."""
-    toks = [t for s in seqs for t in s]
-    ctx.decode(Batch(toks, seq_ids=[i for i, s in enumerate(seqs) for _ in s], logits=[True] * len(toks)))
-    logits.append(ctx.get_logits().copy())
-
-
-def _run(model, chunk, n_ubatch):
-    """Two prompts fed side by side in chunks of `chunk` tokens (ubatches of n_ubatch), with rollback rows
-    reserved; three greedy steps of both; a verification batch of sequence 0 whose tail is rolled back;
-    two more steps. The logits of every decode, and every state, rollback row and K/V buffer after."""
-    ctx = Context(model, n_ctx=256, n_seq_max=2, n_ubatch=n_ubatch, n_batch=256, n_threads=2)
-    mem = ctx.memory
-    mem.reserve_rollback(4)
-    a, b = model.tokenize(TEXT), model.tokenize(OTHER)
-    out: list = []
-    for i in range(0, max(len(a), len(b)), chunk):
-        seqs = [a[i:i + chunk], b[i:i + chunk]]
-        if not seqs[1]:
-            seqs = seqs[:1]
-        _decode(ctx, seqs, out)
-    for _ in range(3):
-        _decode(ctx, [[int(np.argmax(out[-1][0]))], [int(np.argmax(out[-1][-1]))]], out)
-    _decode(ctx, [[42, 7, 1999, 300]], out)
-    assert mem.seq_rm(0, mem.seq_pos_max(0) - 1, -1)     # keep 42, 7
-    for _ in range(2):
-        _decode(ctx, [[int(np.argmax(out[-1][0]))], [5]], out)
-    recr = mem.recr if isinstance(mem, llamax.HybridMemory) else mem
-    assert any(np.any(h) for h in recr.conv_hist + recr.ssm_hist)   # the rollback rows were written
-    bufs = recr.conv + recr.ssm + recr.conv_hist + recr.ssm_hist
-    if isinstance(mem, llamax.HybridMemory):
-        bufs += mem.attn.k + mem.attn.v
-    return out, [x.copy() for x in bufs]
-
-
 CASES = [(kind, nt) for kind in ("mamba", "falcon", "jamba") for nt in (1, 2)]
 
 
@@ -82,9 +44,9 @@ CASES = [(kind, nt) for kind in ("mamba", "falcon", "jamba") for nt in (1, 2)]
 @pytest.mark.parametrize("chunk,n_ubatch", [(64, 512), (5, 3)], ids=["one-batch", "chunks-of-5"])
 def test_native_step_is_the_python_composition_bit_for_bit(paths, kind, n_threads, chunk, n_ubatch, monkeypatch):
     model = _model(paths, kind, n_threads)
-    logits, bufs = _run(model, chunk, n_ubatch)
+    logits, bufs = run_recurrent_script(model, chunk, n_ubatch)
     monkeypatch.setattr(type(model), "forward", type(model).forward_reference)
-    ref_logits, ref_bufs = _run(model, chunk, n_ubatch)
+    ref_logits, ref_bufs = run_recurrent_script(model, chunk, n_ubatch)
     assert len(logits) == len(ref_logits) and len(bufs) == len(ref_bufs)
     for got, want in zip(logits, ref_logits):
         np.testing.assert_array_equal(got, want)
@@ -95,7 +57,7 @@ def test_native_step_is_the_python_composition_bit_for_bit(paths, kind, n_thread
 def test_the_chunkings_and_thread_counts_agree(paths):
     """The native step's logits do not depend on the split of the tokens or the thread count."""
     for kind in ("mamba", "jamba"):
-        first = [np.concatenate(_run(_model(paths, kind, nt), chunk, ub)[0][:1])
+        first = [np.concatenate(run_recurrent_script(_model(paths, kind, nt), chunk, ub)[0][:1])
                  for nt in (1, 2) for chunk, ub in ((64, 512), (64, 7))]
         for f in first[1:]:
             np.testing.assert_array_equal(f, first[0])
@@ -204,9 +166,9 @@ def test_quantized_products_give_the_python_composition_bits(paths, n_threads, m
     the generation step: the same bits as the Python composition's whole products."""
     model = _quantized(paths["mamba"], n_threads)
     for chunk, ub in ((64, 512), (5, 3)):
-        logits, bufs = _run(model, chunk, ub)
+        logits, bufs = run_recurrent_script(model, chunk, ub)
         with monkeypatch.context() as m:
             m.setattr(type(model), "forward", type(model).forward_reference)
-            ref_logits, ref_bufs = _run(model, chunk, ub)
+            ref_logits, ref_bufs = run_recurrent_script(model, chunk, ub)
         for got, want in zip(logits + bufs, ref_logits + ref_bufs):
             np.testing.assert_array_equal(got, want)

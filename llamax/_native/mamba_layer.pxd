@@ -43,6 +43,9 @@ cdef extern from "mamba_layer.h" nogil:
         int64_t n_hist
         const int32_t *hist_row
 
+    int lx_mamba_product_valid(const lx_mamba_product *m, int64_t n_in, int64_t n_out)
+    int lx_mamba_state_valid(const lx_mamba_state *st, int64_t n_seqs)
+
     int lx_mamba_layer_valid(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                              int64_t n_seqs, int64_t n_t)
     size_t lx_mamba_layer_work_size(const lx_mamba_params *p, const lx_mamba_weights *w, int64_t n_seqs, int64_t n_t,
@@ -51,3 +54,9 @@ cdef extern from "mamba_layer.h" nogil:
                                      float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads)
     lx_status lx_mamba_stack_forward(const lx_mamba_params *p, const lx_mamba_weights *w, const lx_mamba_state *st,
                                      int n_layer, float *x, int64_t n_seqs, int64_t n_t, void *work, int n_threads)
+
+
+# the helpers mamba_layer.pyx shares with mamba2_layer.pyx
+cdef const float *f32_data(object a, tuple shape, str what, list keep) except? NULL
+cdef int set_product(lx_mamba_product *m, object spec, int64_t n_in, int64_t n_out, str what, list keep) except -1
+cdef int set_state(lx_mamba_state *st, object v, int64_t n_seqs, tuple conv_row, tuple ssm_row, int il) except -1

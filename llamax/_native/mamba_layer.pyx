@@ -28,7 +28,7 @@ cnp.import_array()
 
 from llamax.threads import resolve_n_threads
 
-cdef const float *_f32(object a, tuple shape, str what, list keep) except? NULL:
+cdef const float *f32_data(object a, tuple shape, str what, list keep) except? NULL:
     """a's data as float32 of this shape (C-contiguous; a copy kept when it is not), NULL for None."""
     if a is None:
         return NULL
@@ -39,11 +39,11 @@ cdef const float *_f32(object a, tuple shape, str what, list keep) except? NULL:
     return <const float *> cnp.PyArray_DATA(<cnp.ndarray> a)
 
 
-cdef int _product(lx_mamba_product *m, object spec, int64_t n_in, int64_t n_out, str what, list keep) except -1:
+cdef int set_product(lx_mamba_product *m, object spec, int64_t n_in, int64_t n_out, str what, list keep) except -1:
     """m <- a float32 matrix [n_out, n_in] (the ordered float product) or a list of parts."""
     m.lin.n_in, m.lin.n_out, m.lin.n_parts, m.f32 = n_in, n_out, 0, NULL
     if isinstance(spec, np.ndarray):
-        m.f32 = _f32(spec, (n_out, n_in), what, keep)
+        m.f32 = f32_data(spec, (n_out, n_in), what, keep)
         return 0
     if not isinstance(spec, (list, tuple)):
         raise ValueError(f"{what}: a float32 matrix or 1 to {LX_LINEAR_MAX_PARTS} parts expected")
@@ -109,25 +109,25 @@ cdef class MambaStack:
             for name in ("norm", "conv_w", "conv_b", "dt_b", "A", "D"):
                 if d[name] is None:
                     raise ValueError(f"layer {il}: {name} is required")
-            w.norm = _f32(d["norm"], (E,), "norm", self._keep)
-            w.conv_w = _f32(d["conv_w"], (di, p.d_conv), "conv_w", self._keep)
-            w.conv_b = _f32(d["conv_b"], (di,), "conv_b", self._keep)
-            w.dt_norm = _f32(d.get("dt_norm"), (dr,), "dt_norm", self._keep)
-            w.b_norm = _f32(d.get("b_norm"), (ds,), "b_norm", self._keep)
-            w.c_norm = _f32(d.get("c_norm"), (ds,), "c_norm", self._keep)
-            w.dt_b = _f32(d["dt_b"], (di,), "dt_b", self._keep)
-            w.A = _f32(d["A"], (di, ds), "A", self._keep)
-            w.D = _f32(d["D"], (di,), "D", self._keep)
-            _product(&w.ssm_in, d["ssm_in"], E, 2 * di, "ssm_in", self._keep)
-            _product(&w.ssm_x, d["ssm_x"], di, dr + 2 * ds, "ssm_x", self._keep)
-            _product(&w.ssm_dt, d["ssm_dt"], dr, di, "ssm_dt", self._keep)
-            _product(&w.ssm_out, d["ssm_out"], di, E, "ssm_out", self._keep)
+            w.norm = f32_data(d["norm"], (E,), "norm", self._keep)
+            w.conv_w = f32_data(d["conv_w"], (di, p.d_conv), "conv_w", self._keep)
+            w.conv_b = f32_data(d["conv_b"], (di,), "conv_b", self._keep)
+            w.dt_norm = f32_data(d.get("dt_norm"), (dr,), "dt_norm", self._keep)
+            w.b_norm = f32_data(d.get("b_norm"), (ds,), "b_norm", self._keep)
+            w.c_norm = f32_data(d.get("c_norm"), (ds,), "c_norm", self._keep)
+            w.dt_b = f32_data(d["dt_b"], (di,), "dt_b", self._keep)
+            w.A = f32_data(d["A"], (di, ds), "A", self._keep)
+            w.D = f32_data(d["D"], (di,), "D", self._keep)
+            set_product(&w.ssm_in, d["ssm_in"], E, 2 * di, "ssm_in", self._keep)
+            set_product(&w.ssm_x, d["ssm_x"], di, dr + 2 * ds, "ssm_x", self._keep)
+            set_product(&w.ssm_dt, d["ssm_dt"], dr, di, "ssm_dt", self._keep)
+            set_product(&w.ssm_out, d["ssm_out"], di, E, "ssm_out", self._keep)
             if f > 0:
                 if d.get("ffn_norm") is None:
                     raise ValueError(f"layer {il}: an FFN block needs ffn_norm")
-                w.ffn_norm = _f32(d["ffn_norm"], (E,), "ffn_norm", self._keep)
-                _product(&w.w_gate_up, d["w_gate_up"], E, 2 * f, "w_gate_up", self._keep)
-                _product(&w.w_down, d["w_down"], f, E, "w_down", self._keep)
+                w.ffn_norm = f32_data(d["ffn_norm"], (E,), "ffn_norm", self._keep)
+                set_product(&w.w_gate_up, d["w_gate_up"], E, 2 * f, "w_gate_up", self._keep)
+                set_product(&w.w_down, d["w_down"], f, E, "w_down", self._keep)
             if il and E != self.params[0].n_embd:
                 raise ValueError(f"layer {il}: n_embd {E}, layer 0's is {self.params[0].n_embd}")
         self.n_embd = self.params[0].n_embd
@@ -169,7 +169,8 @@ cdef class MambaStack:
         cdef void *wp
         try:
             for il in range(self.n_layer):
-                _state(&sts[il], &self.params[il], views[il], n_seqs, il)
+                set_state(&sts[il], views[il], n_seqs, (self.params[il].d_inner, self.params[il].d_conv - 1),
+                          (self.params[il].d_inner, self.params[il].d_state), il)
                 if not lx_mamba_layer_valid(&self.params[il], &self.weights[il], &sts[il], n_seqs, n_t):
                     raise ValueError(f"layer {il}: a cell out of range or repeated, or a history row out of "
                                      f"range (cells {views[il].cells.tolist()}, hist_row "
@@ -195,19 +196,21 @@ cdef inline bint _is_f32(object a, int ndim):
             and a.flags.writeable)
 
 
-cdef int _state(lx_mamba_state *st, const lx_mamba_params *p, object v, int64_t n_seqs, int il) except -1:
+cdef int set_state(lx_mamba_state *st, object v, int64_t n_seqs, tuple conv_row, tuple ssm_row, int il) except -1:
     """st <- a RecurrentView (conv, ssm, cells, conv_hist, ssm_hist, hist_row), its shapes checked against
-    the layer's sizes (the ranges of cells and hist_row are lx_mamba_layer_valid's)."""
+    the layer's: conv [n_cells, *conv_row], ssm [n_cells, *ssm_row] (the ranges of cells and hist_row are
+    lx_mamba_state_valid's)."""
     conv, ssm, cells = v.conv, v.ssm, v.cells
-    if not _is_f32(conv, 3) or not _is_f32(ssm, 3):
-        raise ValueError(f"layer {il}: the view's conv / ssm must be writeable C-contiguous float32 3-D arrays")
+    if not _is_f32(conv, 1 + len(conv_row)) or not _is_f32(ssm, 1 + len(ssm_row)):
+        raise ValueError(f"layer {il}: the view's conv / ssm must be writeable C-contiguous float32 arrays of "
+                         f"{1 + len(conv_row)} and {1 + len(ssm_row)} dimensions")
     cdef int64_t n_cells = conv.shape[0]
-    if conv.shape[1] != p.d_inner or conv.shape[2] != p.d_conv - 1:
-        raise ValueError(f"layer {il}: conv states of shape {conv.shape}, expected [n_cells, {p.d_inner}, "
-                         f"{p.d_conv - 1}]")
-    if ssm.shape[0] != n_cells or ssm.shape[1] != p.d_inner or ssm.shape[2] != p.d_state:
-        raise ValueError(f"layer {il}: ssm states of shape {ssm.shape}, expected [{n_cells}, {p.d_inner}, "
-                         f"{p.d_state}]")
+    if conv.shape[1:] != conv_row:
+        raise ValueError(f"layer {il}: conv states of shape {conv.shape}, expected [n_cells, "
+                         f"{', '.join(map(str, conv_row))}]")
+    if ssm.shape != (n_cells,) + ssm_row:
+        raise ValueError(f"layer {il}: ssm states of shape {ssm.shape}, expected [{n_cells}, "
+                         f"{', '.join(map(str, ssm_row))}]")
     if not isinstance(cells, np.ndarray) or cells.dtype != np.int32 or cells.ndim != 1 \
             or not cells.flags.c_contiguous or cells.shape[0] != n_seqs:
         raise ValueError(f"layer {il}: cells must be a C-contiguous int32 array [n_seqs = {n_seqs}]")
@@ -221,8 +224,9 @@ cdef int _state(lx_mamba_state *st, const lx_mamba_params *p, object v, int64_t 
         if hr is not None:
             raise ValueError(f"layer {il}: hist_row without the history rows")
         return 0
-    if not _is_f32(ch, 4) or not _is_f32(sh, 4):
-        raise ValueError(f"layer {il}: conv_hist / ssm_hist must be writeable C-contiguous float32 4-D arrays")
+    if not _is_f32(ch, conv.ndim + 1) or not _is_f32(sh, ssm.ndim + 1):
+        raise ValueError(f"layer {il}: conv_hist / ssm_hist must be writeable C-contiguous float32 arrays of one "
+                         f"more dimension than the states")
     cdef int64_t n_hist = ch.shape[1]
     if ch.shape != (n_cells, n_hist) + conv.shape[1:] or sh.shape != (n_cells, n_hist) + ssm.shape[1:]:
         raise ValueError(f"layer {il}: history rows of shapes {ch.shape} and {sh.shape} do not fit the states "

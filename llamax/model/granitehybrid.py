@@ -25,7 +25,7 @@ from llamax.memory import HybridMemory, Memory
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
 from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
-from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
+from llamax.model.mamba2 import Mamba2Mixer
 from llamax.model.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
@@ -74,7 +74,7 @@ class _Layer:
     def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
         p = f"blk.{il}."
         self.attn_norm = g.f32(p + "attn_norm.weight")
-        self.mixer: Mamba2Mixer | HybridAttention = (Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers
+        self.mixer: Mamba2Mixer | HybridAttention = (Mamba2Mixer(g, il, hp, n_threads) if il in hp.recurrent_layers
                                                 else HybridAttention(g, il, n_threads))
         self.ffn_norm = g.f32(p + "ffn_norm.weight")
         self.ffn: _SwiGLU | _Experts = (_Experts(g, il, hp, n_threads) if hp.n_expert else
@@ -115,7 +115,7 @@ class GraniteHybrid(Model, arch="granitehybrid"):
             for il, L in enumerate(self.layers):
                 h = rms_norm(x, L.attn_norm, hp.rms_eps)
                 if isinstance(L.mixer, Mamba2Mixer):
-                    o = mamba2_mixer(L.mixer, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+                    o = L.mixer(h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
                 else:
                     o = L.mixer(mem, il, ub, h, self.hp, self.kq_scale, self.rope, self.n_threads)
                 if rs is not None:

@@ -15,6 +15,11 @@ when the memory keeps rollback rows (reserve_rollback) both steps write the stat
 sequence's last tokens into them, as Mamba-1's do. As for Mamba-1 (llamax/model/mamba.py), a row's bits
 do not depend on the rest of the batch: a prompt gives the same logits in one batch, token by token or
 in chunks, and for any thread count.
+
+The mixer runs natively in one call (llamax._native.mamba2_layer, csrc/mamba2_layer.h): a Mamba2Mixer
+called on h, as the hybrids call it, and for the mamba2 architecture every layer with its norm and
+residual in one call (Mamba2.forward). mamba2_mixer composes the same kernels in Python, the reference
+the native step equals bit for bit (tests/test_mamba2_layer.py); Mamba2.forward_reference uses it.
 """
 from __future__ import annotations
 
@@ -22,17 +27,19 @@ import numpy as np
 
 from llamax._native import ssd as _ssd
 from llamax._native import ssm as _ssm
+from llamax._native.mamba2_layer import Mamba2Layers
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA2, GGUFFile, HParams
 from llamax.model.linear import rms_norm
-from llamax.model.mamba import _product
+from llamax.model.mamba import _native_product, _product
 from llamax.model.model import Model
 
 
 class Mamba2Mixer:
-    """A Mamba-2 mixer's weights (llama.cpp's build_mamba2_layer)."""
+    """A Mamba-2 mixer's weights (llama.cpp's build_mamba2_layer); called on normed hidden states, the
+    native mixer (mamba2_mixer's bits)."""
 
-    def __init__(self, g: GGUFFile, il: int, n_threads: int) -> None:
+    def __init__(self, g: GGUFFile, il: int, hp: HParams, n_threads: int) -> None:
         p = f"blk.{il}."
         self.ssm_in = _product(g, p + "ssm_in.weight", n_threads)     # -> [z | x, B, C | dt]
         self.conv_w = g.f32(p + "ssm_conv1d.weight")                   # [conv_dim, d_conv]
@@ -41,8 +48,22 @@ class Mamba2Mixer:
         self.A = np.ascontiguousarray(g.f32(p + "ssm_a").reshape(-1))  # [n_head]: -exp(A_log)
         self.D = np.ascontiguousarray(g.f32(p + "ssm_d").reshape(-1))  # [n_head]
         self.norm = g.f32(p + "ssm_norm.weight")                       # [n_group, d_inner / n_group]
-        self.ones = np.ones(self.norm.shape[-1], np.float32)           # the grouped norm's unit weights
         self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
+        self.native = Mamba2Layers([native_layer(self, None, hp)])
+
+    def __call__(self, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
+        """The mixer on the normed hidden states h [n, n_embd] in one native call (mamba2_mixer's arguments
+        and bits)."""
+        return self.native.mixer(0, h, view, n_t, n_threads)
+
+
+def native_layer(L: Mamba2Mixer, norm: np.ndarray | None, hp: HParams) -> dict:
+    """The dict of one layer for llamax._native.mamba2_layer.Mamba2Layers: the mixer L, after the RMSNorm of
+    weight norm (None: a mixer run alone)."""
+    return dict(n_embd=hp.n_embd, d_inner=hp.ssm_d_inner, d_state=hp.ssm_d_state, n_group=hp.ssm_n_group,
+                n_head=hp.ssm_dt_rank, d_conv=L.conv_w.shape[1], eps=hp.rms_eps, norm=norm,
+                ssm_in=_native_product(L.ssm_in), conv_w=L.conv_w, conv_b=L.conv_b, dt_b=L.dt_b, A=L.A, D=L.D,
+                ssm_norm=L.norm.reshape(hp.ssm_n_group, -1), ssm_out=_native_product(L.ssm_out))
 
 
 def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams,
@@ -59,11 +80,8 @@ def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, h
     y = _ssd.scan(view.ssm, view.cells, xbc[:, :di], dt, L.A, xbc[:, di:di + ng * ds], xbc[:, di + ng * ds:],
                   L.D, zxbcdt[:, :di], n_t, ng, n_threads, hist=view.ssm_hist, hist_row=view.hist_row)
     # the grouped RMS norm: each group of d_inner / n_group channels normed, then times its own weights
-    # (one group: in one step, the same bits, as rms_norm computes (x * scale) * w)
-    if ng == 1:
-        return L.ssm_out(rms_norm(y, L.norm.reshape(di), hp.rms_eps))
     gs = di // ng
-    y = rms_norm(y.reshape(n * ng, gs), L.ones, hp.rms_eps).reshape(n, ng, gs)
+    y = rms_norm(y.reshape(n * ng, gs), np.ones(gs, np.float32), hp.rms_eps).reshape(n, ng, gs)
     y *= L.norm
     return L.ssm_out(y.reshape(n, di))
 
@@ -78,11 +96,21 @@ class Mamba2(Model, arch="mamba2"):
         self.hp = hp
         self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
-        self.layers = [Mamba2Mixer(g, il, n_threads) for il in range(hp.n_layer)]
+        self.layers = [Mamba2Mixer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+        self.stack = Mamba2Layers([native_layer(L, norm, hp) for norm, L in zip(self.norms, self.layers)])
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
-        the ubatch's tokens into their sequences' states."""
+        the ubatch's tokens into their sequences' states: every layer in one native call."""
+        x = self.tok_embd.rows(ub.token)
+        with mem.lock:   # the cells stay as the views show them until every layer ran
+            views = [mem.recurrent_view(il, ub) for il in range(self.hp.n_layer)]
+            self.stack.forward(x, views, ub.n_seq_tokens, self.n_threads)
+        return self._head(x, ub, embd)
+
+    def forward_reference(self, mem, ub, embd: bool = False) -> np.ndarray:
+        """forward composed in Python, step by step (rms_norm, mamba2_mixer, the residual): the reference of
+        the native step (the same bits)."""
         hp = self.hp
         x = self.tok_embd.rows(ub.token)
         with mem.lock:   # the cells stay as the views show them until every layer ran

@@ -20,7 +20,7 @@ from llamax.memory import HybridMemory
 from llamax.model.gguf import NEMOTRON_H, GGUFFile, HParams
 from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
-from llamax.model.mamba2 import Mamba2Mixer, mamba2_mixer
+from llamax.model.mamba2 import Mamba2Mixer
 from llamax.model.model import Model
 
 
@@ -50,7 +50,7 @@ class NemotronH(Model, arch="nemotron_h"):
         self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
         self.blocks: list[Mamba2Mixer | HybridAttention | _ReluSqrFFN] = [
-            Mamba2Mixer(g, il, n_threads) if il in hp.recurrent_layers else
+            Mamba2Mixer(g, il, hp, n_threads) if il in hp.recurrent_layers else
             _ReluSqrFFN(g, il, n_threads) if il in hp.ffn_layers else HybridAttention(g, il, n_threads)
             for il in range(hp.n_layer)]
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k) if hp.n_embd_head_k else 1.0
@@ -65,7 +65,7 @@ class NemotronH(Model, arch="nemotron_h"):
             for il, (norm, B) in enumerate(zip(self.norms, self.blocks)):
                 h = rms_norm(x, norm, hp.rms_eps)
                 if isinstance(B, Mamba2Mixer):
-                    x += mamba2_mixer(B, h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
+                    x += B(h, mem.recr.recurrent_view(il, ub), ub.n_seq_tokens, hp, self.n_threads)
                 elif isinstance(B, _ReluSqrFFN):
                     x += B(h)
                 else:
