@@ -49,4 +49,9 @@ uint64_t lx_xor64(const uint8_t *p, size_t n, int n_threads);
 /* Scalar oracle of lx_xor64: byte by byte. */
 uint64_t lx_xor64_ref(const uint8_t *p, size_t n);
 
+/* memcpy(dst, src, n) whose stores go around the caches (non-temporal) when n >= 4096 (then an sfence
+ * before it returns): for a copy nobody reads soon, which then moves 2 bytes per byte copied, not 3
+ * (the recurrent kernels' undo rows, ssm.h). Below 4096 bytes, or without SSE2, a plain memcpy. */
+void lx_stream_copy(void *dst, const void *src, size_t n);
+
 #endif /* LX_BUFFERS_H */

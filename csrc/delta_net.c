@@ -10,8 +10,10 @@
  */
 #include "delta_net.h"
 
+#include "buffers.h"
 #include "cpu.h"
 #include "simd.h"
+#include "ssm.h"
 
 #include <math.h>
 #include <string.h>
@@ -101,7 +103,7 @@ __attribute__((target("avx2,fma,f16c"))) static float update_dot_avx2(float *row
 void lx_delta_net(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t n_head,
                   int64_t n_head_k, int64_t d, const float *q, const float *k, int64_t ldqk, const float *v,
                   int64_t ldv, const float *g, const float *beta, float *out, float *hist, int64_t n_hist,
-                  const int32_t *hist_row, int n_threads) {
+                  const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads) {
     const int64_t pairs = n_seqs * n_head, dd = d * d;
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
     const float scale = 1.0f / sqrtf((float) d);
@@ -113,6 +115,8 @@ void lx_delta_net(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t s = p / n_head, h = p % n_head, hk = h % n_head_k;
         float *S = state + ((int64_t) cells[s] * n_head + h) * dd;
+        if (undo && undo_slot[s] >= 0)
+            lx_stream_copy(undo + ((int64_t) undo_slot[s] * n_head + h) * dd, S, (size_t) dd * sizeof(float));
         /* row r of the cell's history, head h: hh + r * n_head * dd */
         float *hh = m ? hist + ((int64_t) cells[s] * n_hist * n_head + h) * dd : NULL;
         const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
@@ -139,4 +143,5 @@ void lx_delta_net(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_
                 memcpy(hh + ((r0 + t - (n_t - m)) % n_hist) * n_head * dd, S, (size_t) dd * sizeof(float));
         }
     }
+    if (undo) lx_undo_done(undo_slot, n_seqs);
 }

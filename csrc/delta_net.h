@@ -35,12 +35,13 @@
 #include "common.h"
 
 /* q, k: rows of stride ldqk, n_head_k heads of d each (row s * n_t + t); v: rows of stride ldv, n_head
- * heads of d; g, beta: [n_seqs * n_t][n_head]; out: [n_seqs * n_t][n_head][d]; state and hist as above.
+ * heads of d; g, beta: [n_seqs * n_t][n_head]; out: [n_seqs * n_t][n_head][d]; state and hist as above;
+ * undo [k][n_head][d][d] or NULL, undo_slot [n_seqs]: the states before the call, as ssm.h's Undo says.
  * note: cells distinct; n_head a multiple of n_head_k; n_hist >= 0; 0 <= hist_row[s] < n_hist;
- * n_threads >= 1. */
+ * -1 <= undo_slot[s] < k, the rows >= 0 distinct; n_threads >= 1. */
 void lx_delta_net(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t n_head,
                   int64_t n_head_k, int64_t d, const float *q, const float *k, int64_t ldqk, const float *v,
                   int64_t ldv, const float *g, const float *beta, float *out, float *hist, int64_t n_hist,
-                  const int32_t *hist_row, int n_threads);
+                  const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads);
 
 #endif /* LX_DELTA_NET_H */

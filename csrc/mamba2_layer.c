@@ -79,7 +79,8 @@ static void mixer(const lx_mamba2_params *p, const lx_mamba2_weights *w, const l
     for (int64_t t = 0; t < n; ++t)
         for (int64_t j = 0; j < nh; ++j) dt[t * nh + j] = zx[t * W + di + cd + j] + w->dt_b[j];
     lx_ssd_scan(st->ssm, st->cells, n_seqs, n_t, nh, di / nh, ds, ng, xbc, cd, dt, nh, w->A, xbc + di,
-                xbc + di + ng * ds, cd, w->D, zx, W, y, st->ssm_hist, st->n_hist, st->hist_row, nt);
+                xbc + di + ng * ds, cd, w->D, zx, W, y, st->ssm_hist, st->n_hist, st->hist_row, st->ssm_undo,
+                st->undo_slot, nt);
     /* the grouped norm: each group of gs channels normed with its own weights */
     if (ng == 1)
         lx_rms_norm(y, w->ssm_norm, y, n, di, p->eps, nt);

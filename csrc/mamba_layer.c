@@ -78,6 +78,14 @@ int lx_mamba_state_valid(const lx_mamba_state *st, int64_t n_seqs) {
         for (int64_t s = 0; s < n_seqs; ++s)
             if (st->hist_row[s] < 0 || st->hist_row[s] >= st->n_hist) return 0;
     }
+    if (st->ssm_undo) {
+        if (!st->undo_slot) return 0;
+        for (int64_t s = 0; s < n_seqs; ++s) {
+            if (st->undo_slot[s] < -1 || st->undo_slot[s] >= st->n_undo) return 0;
+            for (int64_t r = 0; r < s; ++r)
+                if (st->undo_slot[s] >= 0 && st->undo_slot[r] == st->undo_slot[s]) return 0;
+        }
+    }
     return 1;
 }
 
@@ -269,9 +277,13 @@ static void layer_share(const lx_mamba_params *p, const lx_mamba_weights *w, con
             for (int64_t s = 0; s < n; ++s) {
                 const int64_t cell = st->cells[s], r0 = st->hist_row ? st->hist_row[s] : 0;
                 float *hist = st->ssm_hist ? st->ssm_hist + ((cell * st->n_hist + r0) * di + c0) * ds : NULL;
+                /* this block's undo copy (the slots are marked done after the region) */
+                const int64_t u = st->ssm_undo ? st->undo_slot[s] : -1;
+                float *undo = u >= 0 ? st->ssm_undo + (u * di + c0) * ds : NULL;
+                int32_t slot = 0;
                 lx_ssm_scan(st->ssm + (cell * di + c0) * ds, &zero, 1, 1, cw, ds, xc + s * di + c0, dt + s * di + c0,
                             w->A + c0 * ds, B + s * ldbc, C + s * ldbc, ldbc, w->D + c0, xz + s * 2 * di + di + c0,
-                            2 * di, y + s * di + c0, hist, hist ? 1 : 0, NULL, 1);
+                            2 * di, y + s * di + c0, hist, hist ? 1 : 0, NULL, undo, &slot, 1);
             }
         }
 #ifdef _OPENMP
@@ -320,6 +332,8 @@ static void forward_parallel(const lx_mamba_params *p, const lx_mamba_weights *w
             layer_share(&p[il], &w[il], &st[il], x, n, &L, base, tid, nth);
         }
     }
+    for (int il = 0; il < n_layer; ++il)
+        if (st[il].ssm_undo) lx_undo_done(st[il].undo_slot, n);
 }
 
 /* ---- the entry ---------------------------------------------------------------------------- */
@@ -357,7 +371,7 @@ static void forward_serial(const lx_mamba_params *p, const lx_mamba_weights *w, 
     lx_mamba_product_run(&w->ssm_dt, dt_in, dt, n, tmp, pw, nt);
     for (int64_t t = 0; t < n; ++t) add_rows(dt + t * di, w->dt_b, di);
     lx_ssm_scan(st->ssm, st->cells, n_seqs, n_t, di, ds, xc, dt, w->A, B, C, ldbc, w->D, xz + di, 2 * di, y, st->ssm_hist,
-                st->n_hist, st->hist_row, nt);
+                st->n_hist, st->hist_row, st->ssm_undo, st->undo_slot, nt);
     lx_mamba_product_run(&w->ssm_out, y, o, n, tmp, pw, nt);
     add_rows(x, o, n * E);
 

@@ -74,6 +74,9 @@ typedef struct {
     float *ssm_hist;           /* [n_cells][n_hist][d_inner][d_state], or NULL: no ssm rollback rows */
     int64_t n_hist;            /* >= 1 with either history buffer, else 0 */
     const int32_t *hist_row;   /* [n_seqs] in [0, n_hist) (n_hist >= 1), or NULL: row 0 */
+    float *ssm_undo;           /* [n_undo][one ssm state], or NULL: no undo copies (ssm.h's Undo) */
+    int64_t n_undo;
+    int32_t *undo_slot;        /* [n_seqs] in [-1, n_undo), the rows >= 0 distinct (with ssm_undo); -1 after */
 } lx_mamba_state;
 
 /* the products (shared with mamba2_layer.h): 1 if m is a product [n_out, n_in] (a float32 one or valid

@@ -10,8 +10,10 @@
  */
 #include "ssd.h"
 
+#include "buffers.h"
 #include "cpu.h"
 #include "simd.h"
+#include "ssm.h"
 #include "vexp.h"
 
 #include <math.h>
@@ -70,7 +72,8 @@ __attribute__((target("avx2,fma,f16c"))) static float step_avx2(float *s, const 
 void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t n_head, int64_t head_dim,
                  int64_t d_state, int64_t n_group, const float *x, int64_t ldx, const float *dt, int64_t lddt,
                  const float *A, const float *B, const float *C, int64_t ldbc, const float *D, const float *z,
-                 int64_t ldz, float *y, float *hist, int64_t n_hist, const int32_t *hist_row, int n_threads) {
+                 int64_t ldz, float *y, float *hist, int64_t n_hist, const int32_t *hist_row, float *undo,
+                 int32_t *undo_slot, int n_threads) {
     const int64_t pairs = n_seqs * n_head, d_inner = n_head * head_dim, head_size = head_dim * d_state;
     const int64_t heads_per_group = n_head / n_group;
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
@@ -84,6 +87,9 @@ void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t s = p / n_head, h = p % n_head, g = h / heads_per_group;
         float *st = state + ((int64_t) cells[s] * n_head + h) * head_size;
+        if (undo && undo_slot[s] >= 0)
+            lx_stream_copy(undo + ((int64_t) undo_slot[s] * n_head + h) * head_size, st,
+                           (size_t) head_size * sizeof(float));
         /* row j of the cell's history, head h: hh + j * n_head * head_size */
         float *hh = m ? hist + ((int64_t) cells[s] * n_hist * n_head + h) * head_size : NULL;
         const int64_t r0 = hist_row ? hist_row[s] : 0;   /* the row of token n_t - m */
@@ -109,4 +115,5 @@ void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
                 memcpy(hh + ((r0 + t - (n_t - m)) % n_hist) * n_head * head_size, st, (size_t) head_size * sizeof(float));
         }
     }
+    if (undo) lx_undo_done(undo_slot, n_seqs);
 }

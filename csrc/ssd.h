@@ -53,11 +53,15 @@
  * ldz; A, D [n_head]; y [n_seqs * n_t][n_head * head_dim]. The sum over n runs in 8 lanes (n mod 8,
  * fused), added as lx_hsum8_avx2 adds them, then the last d_state % 8 terms in order. hist
  * [n_cells][n_hist][n_head][head_dim][d_state] or NULL: S after each of the last min(n_t, n_hist) tokens,
- * from row hist_row[s] (hist_row [n_seqs] or NULL: row 0; see above).
- * note: cells distinct; n_group >= 1 divides n_head; n_hist >= 0; 0 <= hist_row[s] < n_hist; n_threads >= 1. */
+ * from row hist_row[s] (hist_row [n_seqs] or NULL: row 0; see above). undo [k][n_head][head_dim][d_state]
+ * or NULL, undo_slot [n_seqs]: the states before the call, as ssm.h's Undo says (each head's copied
+ * as its thread first reads it).
+ * note: cells distinct; n_group >= 1 divides n_head; n_hist >= 0; 0 <= hist_row[s] < n_hist; -1 <= undo_slot[s]
+ * < k, the rows >= 0 distinct; n_threads >= 1. */
 void lx_ssd_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t n_head, int64_t head_dim,
                  int64_t d_state, int64_t n_group, const float *x, int64_t ldx, const float *dt, int64_t lddt,
                  const float *A, const float *B, const float *C, int64_t ldbc, const float *D, const float *z,
-                 int64_t ldz, float *y, float *hist, int64_t n_hist, const int32_t *hist_row, int n_threads);
+                 int64_t ldz, float *y, float *hist, int64_t n_hist, const int32_t *hist_row, float *undo,
+                 int32_t *undo_slot, int n_threads);
 
 #endif /* LX_SSD_H */

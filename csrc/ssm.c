@@ -12,6 +12,8 @@
  */
 #include "ssm.h"
 
+#include "buffers.h"
+
 #include "cpu.h"
 #include "simd.h"
 #include "vexp.h"
@@ -190,7 +192,7 @@ __attribute__((target("avx2,fma,f16c"))) static float scan_step_avx2(float *h, c
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
                  const float *D, const float *z, int64_t ldz, float *y, float *hist, int64_t n_hist,
-                 const int32_t *hist_row, int n_threads) {
+                 const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads) {
     const int64_t pairs = n_seqs * d;
     const int64_t m = hist ? (n_t < n_hist ? n_t : n_hist) : 0;   /* history rows per sequence */
 #ifdef LX_SSM_X86
@@ -201,6 +203,8 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
     for (int64_t p = 0; p < pairs; ++p) {
         const int64_t s = p / d, c = p % d;
         float *h = state + ((int64_t) cells[s] * d + c) * d_state;
+        if (undo && undo_slot[s] >= 0)
+            lx_stream_copy(undo + ((int64_t) undo_slot[s] * d + c) * d_state, h, (size_t) d_state * sizeof(float));
         const float *a = A + c * d_state;
         /* row j of the cell's history, channel c: hc + j * d * d_state */
         float *hc = m ? hist + ((int64_t) cells[s] * n_hist * d + c) * d_state : NULL;
@@ -222,4 +226,10 @@ void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
                 memcpy(hc + ((r0 + t - (n_t - m)) % n_hist) * d * d_state, h, (size_t) d_state * sizeof(float));
         }
     }
+    if (undo) lx_undo_done(undo_slot, n_seqs);
+}
+
+void lx_undo_done(int32_t *undo_slot, int64_t n_seqs) {
+    for (int64_t s = 0; s < n_seqs; ++s)
+        if (undo_slot[s] >= 0) undo_slot[s] = -1;
 }

@@ -34,6 +34,14 @@
  * bit for bit, the state a ubatch ending at that token would have left. hist NULL (or n_hist 0): no
  * history, the kernels as without it.
  *
+ * Undo (a failed batch's way back, llamax/memory/recurrent.py): a scan (this one, ssd.h's and
+ * delta_net.h's) can also copy each sequence's state, as it first reads it, into an undo buffer of k rows
+ * laid out like the state (undo [k][...one state...]): undo_slot[s] >= 0 is sequence s's row there, -1
+ * none. When the call returns, every undo_slot[s] it copied for is -1 again, so that a caller can tell
+ * the rows written from those that were not (a call either runs whole or writes nothing). Made as the
+ * state is first read, the copy costs one stream of writes (buffers.h's lx_stream_copy), not another
+ * pass over the state. undo NULL: no copies, undo_slot not read.
+ *
  * Determinism: every channel c is computed by one thread, in token order, with the same float
  * operations whatever the thread count, so the results are bit-identical for any n_threads and
  * any split of a sequence into ubatches.
@@ -78,11 +86,16 @@ void lx_ssm_conv(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t
  * n runs in 8 lanes (n mod 8, fused), added as lx_hsum8_avx2 adds them, then the last d_state % 8
  * terms in order: AVX2 and its scalar twin give the same bits. hist [n_cells][n_hist][d][d_state] or
  * NULL: h after each of the last min(n_t, n_hist) tokens, from row hist_row[s] (hist_row [n_seqs] or
- * NULL: row 0; see above).
- * note: cells distinct; n_hist >= 0; 0 <= hist_row[s] < n_hist; n_threads >= 1. */
+ * NULL: row 0; see above). undo [k][d][d_state] or NULL, undo_slot [n_seqs]: the states before the call
+ * (see above).
+ * note: cells distinct; n_hist >= 0; 0 <= hist_row[s] < n_hist; -1 <= undo_slot[s] < k, the rows >= 0
+ * distinct; n_threads >= 1. */
 void lx_ssm_scan(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t d, int64_t d_state,
                  const float *x, const float *dt, const float *A, const float *B, const float *C, int64_t ldbc,
                  const float *D, const float *z, int64_t ldz, float *y, float *hist, int64_t n_hist,
-                 const int32_t *hist_row, int n_threads);
+                 const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads);
+
+/* the end of a scan that copied undo rows: every undo_slot[s] >= 0 set to -1 (ssm.h's Undo) */
+void lx_undo_done(int32_t *undo_slot, int64_t n_seqs);
 
 #endif /* LX_SSM_H */

@@ -9,4 +9,4 @@ cdef extern from "delta_net.h" nogil:
     void lx_delta_net(float *state, const int32_t *cells, int64_t n_seqs, int64_t n_t, int64_t n_head,
                       int64_t n_head_k, int64_t d, const float *q, const float *k, int64_t ldqk, const float *v,
                       int64_t ldv, const float *g, const float *beta, float *out, float *hist, int64_t n_hist,
-                      const int32_t *hist_row, int n_threads)
+                      const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads)

@@ -13,6 +13,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 
+from llamax._native.ssm cimport undo_rows
+
 # the declarations of csrc/delta_net.h come from delta_net.pxd (same module name)
 
 cnp.import_array()
@@ -21,7 +23,8 @@ from llamax._native.recurrent_checks import cells as _cells, f32 as _f32, hist a
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 
-def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None, hist_row=None):
+def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None, hist_row=None, undo=None,
+         undo_slot=None):
     """The gated delta rule of one layer over an equally split ubatch (lx_delta_net).
 
     Args:
@@ -38,6 +41,8 @@ def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None,
             cells[s] gets the state after token n_t - m + j of sequence s, m = min(n_t, n_hist), r0 =
             hist_row[s] (the other rows are left).  # OUT
         hist_row: int32 [n_seqs] in [0, n_hist), or None (every r0 = 0).
+        undo: float32 [k, n_head, d, d] or None: sequence s's state before the call goes to row undo_slot[s]
+            (int32 [n_seqs] in [-1, k), -1: none), which is -1 after (csrc/ssm.h's Undo).  # OUT
 
     Returns:
         float32 [n_seqs * n_t, n_head, d]: each head's output, (S^T q) / sqrt(d) after the token's update.
@@ -73,6 +78,8 @@ def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None,
         hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
     if hist is not None and hist.size:
         hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+    cdef int32_t *us
+    cdef float *up = undo_rows(undo, undo_slot, state, n_seqs, &us)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, n_head, d), dtype=np.float32)
     if n == 0 or out.size == 0:
@@ -88,5 +95,6 @@ def rule(state, cells, q, k, v, g, beta, int64_t n_t, n_threads=None, hist=None,
     cdef const float *bp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> beta)
     cdef float *op = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
     with nogil:
-        lx_delta_net(sp, cp, n_seqs, n_t, n_head, n_head_k, d, qp, kp, ldqk, vp, ldv, gp, bp, op, hp, n_hist, hr, nt)
+        lx_delta_net(sp, cp, n_seqs, n_t, n_head, n_head_k, d, qp, kp, ldqk, vp, ldv, gp, bp, op, hp, n_hist, hr, up,
+                     us, nt)
     return out

@@ -42,6 +42,9 @@ cdef extern from "mamba_layer.h" nogil:
         float *ssm_hist
         int64_t n_hist
         const int32_t *hist_row
+        float *ssm_undo
+        int64_t n_undo
+        int32_t *undo_slot
 
     int lx_mamba_product_valid(const lx_mamba_product *m, int64_t n_in, int64_t n_out)
     int lx_mamba_state_valid(const lx_mamba_state *st, int64_t n_seqs)

@@ -26,6 +26,7 @@ from llamax._native.ssm cimport LX_SSM_MAX_CONV
 
 cnp.import_array()
 
+from llamax._native.recurrent_checks import undo as _check_undo
 from llamax.threads import resolve_n_threads
 
 cdef const float *f32_data(object a, tuple shape, str what, list keep) except? NULL:
@@ -219,6 +220,12 @@ cdef int set_state(lx_mamba_state *st, object v, int64_t n_seqs, tuple conv_row,
     st.n_cells = n_cells
     st.cells = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> cells)
     st.conv_hist, st.ssm_hist, st.n_hist, st.hist_row = NULL, NULL, 0, NULL
+    st.ssm_undo, st.n_undo, st.undo_slot = NULL, 0, NULL
+    _check_undo(v.ssm_undo, v.undo_slot, ssm, n_seqs)   # the ranges and distinct rows are lx_mamba_state_valid's too
+    if v.ssm_undo is not None and v.ssm_undo.size:
+        st.ssm_undo = <float *> cnp.PyArray_DATA(<cnp.ndarray> v.ssm_undo)
+        st.n_undo = v.ssm_undo.shape[0]
+        st.undo_slot = <int32_t *> cnp.PyArray_DATA(<cnp.ndarray> v.undo_slot)
     ch, sh, hr = v.conv_hist, v.ssm_hist, v.hist_row
     if ch is None and sh is None:
         if hr is not None:

@@ -75,3 +75,26 @@ def hist(h, hist_row, state, n_seqs: int) -> int:
         if lo < 0 or hi >= max(n_hist, 1):
             raise ValueError(f"hist_row must lie in [0, n_hist = {n_hist}), got {hist_row.tolist()}")
     return n_hist
+
+
+def undo(u, undo_slot, state, n_seqs: int) -> None:
+    """The undo rows' checks (csrc/ssm.h's Undo): u None (then no undo_slot), or float32 [k, *state row],
+    C-contiguous, writeable, not overlapping the state, with undo_slot int32 [n_seqs], writeable, in
+    [-1, k), its rows >= 0 distinct."""
+    if u is None:
+        if undo_slot is not None:
+            raise ValueError("undo_slot without undo")
+        return
+    f32(u, "undo", state.ndim, writeable=True)
+    shape(u, (u.shape[0],) + tuple(state.shape[1:]), "undo")
+    if np.may_share_memory(u, state):
+        raise ValueError("undo must not overlap the state")
+    if not isinstance(undo_slot, np.ndarray) or undo_slot.dtype != np.int32 or undo_slot.ndim != 1 \
+            or not undo_slot.flags.c_contiguous or not undo_slot.flags.writeable or undo_slot.shape[0] != n_seqs:
+        raise ValueError(f"undo_slot must be a writeable C-contiguous int32 numpy array [n_seqs = {n_seqs}]")
+    lo, hi = _bounds(undo_slot)
+    if lo < -1 or hi >= u.shape[0]:
+        raise ValueError(f"undo_slot must lie in [-1, {u.shape[0]}), got {undo_slot.tolist()}")
+    used = undo_slot[undo_slot >= 0]
+    if np.unique(used).size != used.size:
+        raise ValueError(f"undo_slot's rows must be distinct, got {undo_slot.tolist()}")

@@ -11,4 +11,4 @@ cdef extern from "ssd.h" nogil:
                      int64_t head_dim, int64_t d_state, int64_t n_group, const float *x, int64_t ldx,
                      const float *dt, int64_t lddt, const float *A, const float *B, const float *C, int64_t ldbc,
                      const float *D, const float *z, int64_t ldz, float *y, float *hist, int64_t n_hist,
-                     const int32_t *hist_row, int n_threads)
+                     const int32_t *hist_row, float *undo, int32_t *undo_slot, int n_threads)

@@ -14,6 +14,8 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, int64_t
 
+from llamax._native.ssm cimport undo_rows
+
 # the declarations of csrc/ssd.h come from ssd.pxd (same module name)
 
 cnp.import_array()
@@ -28,7 +30,7 @@ cdef int64_t _ld(a, int64_t n, int64_t width):
 
 
 def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, int64_t n_group, n_threads=None, hist=None,
-         hist_row=None):
+         hist_row=None, undo=None, undo_slot=None):
     """The selective scan of one Mamba-2 layer with its skip (x * D) and gate (silu(z)) (lx_ssd_scan).
 
     Args:
@@ -44,6 +46,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, int64_t n_group, n_thr
             (r0 + j) % n_hist of cells[s] gets the state after token n_t - m + j of sequence s,
             m = min(n_t, n_hist), r0 = hist_row[s] (the other rows are left).  # OUT
         hist_row: int32 [n_seqs] in [0, n_hist), or None (every r0 = 0).
+        undo: float32 [k, n_head, head_dim, d_state] or None: sequence s's state before the call goes to row
+            undo_slot[s] (int32 [n_seqs] in [-1, k), -1: none), which is -1 after (csrc/ssm.h's Undo).  # OUT
 
     Returns:
         float32 [n_seqs * n_t, n_head * head_dim]: (y + x * D) * silu(z).
@@ -76,6 +80,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, int64_t n_group, n_thr
         hr = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> hist_row)
     if hist is not None and hist.size:
         hp = <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+    cdef int32_t *us
+    cdef float *up = undo_rows(undo, undo_slot, state, n_seqs, &us)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, d_inner), dtype=np.float32)
     if n == 0 or d_inner == 0 or state.size == 0:
@@ -94,5 +100,5 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, int64_t n_group, n_thr
     cdef float[:, ::1] ov = out  # OUT
     with nogil:
         lx_ssd_scan(sp, cp, n_seqs, n_t, n_head, head_dim, d_state, n_group, xp, ldx, dtp, lddt, ap, bp, ccp, ldbc,
-                    dp, zp, ldz, &ov[0, 0], hp, n_hist, hr, nt)
+                    dp, zp, ldz, &ov[0, 0], hp, n_hist, hr, up, us, nt)
     return out

@@ -17,6 +17,7 @@ from libc.stdint cimport int32_t, int64_t
 cnp.import_array()
 
 from llamax._native.recurrent_checks import cells as _cells, f32 as _f32, hist as _check_hist, shape as _shape
+from llamax._native.recurrent_checks import undo as _check_undo
 from llamax.threads import resolve_n_threads  # the one place n_threads is resolved
 
 MAX_CONV = LX_SSM_MAX_CONV
@@ -32,6 +33,15 @@ cdef float *_hist(hist, hist_row, state, Py_ssize_t n_seqs, int64_t *n_hist, con
     if hist is None or hist.size == 0:
         return NULL
     return <float *> cnp.PyArray_DATA(<cnp.ndarray> hist)
+
+
+cdef float *undo_rows(object undo, object undo_slot, object state, Py_ssize_t n_seqs, int32_t **slot) except? NULL:
+    _check_undo(undo, undo_slot, state, n_seqs)
+    slot[0] = NULL
+    if undo is None or undo.size == 0 or n_seqs == 0:
+        return NULL
+    slot[0] = <int32_t *> cnp.PyArray_DATA(<cnp.ndarray> undo_slot)
+    return <float *> cnp.PyArray_DATA(<cnp.ndarray> undo)
 
 
 def conv(state, cells, x, w, b, int64_t n_t, n_threads=None, hist=None, hist_row=None):
@@ -92,7 +102,8 @@ def conv(state, cells, x, w, b, int64_t n_t, n_threads=None, hist=None, hist_row
     return out
 
 
-def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=None, hist_row=None):
+def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=None, hist_row=None, undo=None,
+         undo_slot=None):
     """The selective scan of one Mamba-1 layer with its skip (x * D) and gate (silu(z)) (lx_ssm_scan).
 
     Args:
@@ -107,6 +118,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=N
             cells[s] gets h after token n_t - m + j of sequence s, m = min(n_t, n_hist), r0 = hist_row[s]
             (the other rows are left).  # OUT
         hist_row: int32 [n_seqs] in [0, n_hist), or None (every r0 = 0).
+        undo: float32 [k, d, d_state] or None: sequence s's state before the call goes to row undo_slot[s]
+            (int32 [n_seqs] in [-1, k), -1: none), which is -1 after (csrc/ssm.h's Undo).  # OUT
 
     Returns:
         float32 [n_seqs * n_t, d]: (y + x * D) * silu(z).
@@ -134,6 +147,8 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=N
     cdef int64_t n_hist
     cdef const int32_t *hr
     cdef float *hp = _hist(hist, hist_row, state, n_seqs, &n_hist, &hr)
+    cdef int32_t *us
+    cdef float *up = undo_rows(undo, undo_slot, state, n_seqs, &us)
     cdef int nt = resolve_n_threads(n_threads)
     out = np.empty((n, d), dtype=np.float32)
     if n == 0 or d == 0:
@@ -152,5 +167,5 @@ def scan(state, cells, x, dt, A, B, C, D, z, int64_t n_t, n_threads=None, hist=N
     cdef float[:, ::1] ov = out  # OUT
     with nogil:
         lx_ssm_scan(&sv[0, 0, 0], &cv[0], n_seqs, n_t, d, d_state, &xv[0, 0], &dtv[0, 0], &av[0, 0],
-                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], hp, n_hist, hr, nt)
+                    bp, cp, ldbc, &dv[0], zp, ldz, &ov[0, 0], hp, n_hist, hr, up, us, nt)
     return out

@@ -48,7 +48,7 @@ the batch's first ubatch), where llama.cpp's seq_rm of the batch's tokens can on
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -90,6 +90,9 @@ class RecurrentView(NamedTuple):
     ssm_hist: np.ndarray | None = None    # float32 [mem_size, n, *s_shape]
     hist_row: np.ndarray | None = None    # int32 [n_seqs]: the ring row of the state after sequence s's token
                                           # n_t - min(n_t, n) (the kernels' hist_row)
+    ssm_undo: np.ndarray | None = None    # float32 [k, *s_shape]: the undo rows (kernel_undo; None: none to copy)
+    undo_slot: np.ndarray | None = None   # int32 [n_seqs]: sequence s's undo row, -1 none; the scan sets -1 once
+                                          # it copied (csrc/ssm.h's Undo)
 
 
 @dataclass
@@ -132,8 +135,12 @@ class _Undo:
     owner: np.ndarray
     tail: np.ndarray
     touched: np.ndarray
-    rows: list[tuple[np.ndarray, np.ndarray]]
+    rows: list[tuple[np.ndarray, np.ndarray | None]]   # per layer the touched cells' conv and ssm rows (None:
+                                                       # kernel_undo, the scans copy them into ssm_undo)
     generation: int = -1
+    slot_of: dict[int, int] = field(default_factory=dict)   # kernel_undo: a saved cell's undo row
+    handed: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    # kernel_undo: (ubatch's generation, layer index) -> (cells, undo rows, the view's undo_slot) of each view
 
 
 class RecurrentMemory(Memory):
@@ -146,11 +153,16 @@ class RecurrentMemory(Memory):
         n_seq_max: sequence ids accepted, [1, 256]; the memory has as many cells (mem_size).
         layer_ids: the layers with a state (default all; a hybrid model's recurrent layers).
         n_threads: threads of the native steps that read this memory (None or -1: every core).
+        kernel_undo: the layers' scans copy the ssm rows a batch changes as they first read them (the
+            views carry ssm_undo and undo_slot; csrc/ssm.h's Undo), where the memory would otherwise copy
+            them before the batch: a failed batch is undone the same, for a stream of writes instead of a
+            copy. Only for model code that passes every view's undo arguments to its scans (llamax's
+            models do); code that writes the states itself leaves it False.
     """
 
     def __init__(self, n_layer: int, r_shape: Sequence[int], s_shape: Sequence[int], *, n_seq_max: int = 1,
                  layer_ids: Sequence[int] | None = None, n_threads: int | None = None,
-                 name: str = "llama_memory_recurrent") -> None:
+                 name: str = "llama_memory_recurrent", kernel_undo: bool = False) -> None:
         super().__init__()
         n_layer = checks.positive(n_layer, "n_layer")
         self.n_layer_model = n_layer
@@ -177,9 +189,11 @@ class RecurrentMemory(Memory):
         self._hist_pos0 = np.zeros(self.mem_size, np.int32)     # first position of each cell's window
         self._hist_row0 = np.zeros(self.mem_size, np.int32)     # the ring row of that position
         self._hist_n = np.zeros(self.mem_size, np.int32)        # positions in the window, ending at pos (0: none)
-        self._active: tuple[UBatch, np.ndarray, int, np.ndarray | None] | None = None
+        # the applied ubatch, its cells, the generation, its hist_row and undo_slot (kernel_undo)
+        self._active: tuple[UBatch, np.ndarray, int, np.ndarray | None, np.ndarray | None] | None = None
         self._undo: _Undo | None = None
-        self._undo_bufs: list[tuple[np.ndarray, np.ndarray]] = []   # _save_rows' buffers
+        self._undo_bufs: list[tuple[np.ndarray, np.ndarray]] = []   # _save_rows' buffers (conv, ssm) per layer
+        self.kernel_undo = bool(kernel_undo)
 
     # ---- shape ----------------------------------------------------------------------------------
     @property
@@ -522,7 +536,11 @@ class RecurrentMemory(Memory):
         n_t, n = ubatch.n_seq_tokens, self.n_rollback
         seqs = ubatch.seq_id[::n_t]
         hist_row = np.zeros(ubatch.n_seqs, np.int32) if n else None
+        u = self._undo if self.kernel_undo else None
+        undo_slot = np.full(ubatch.n_seqs, -1, np.int32) if u is not None else None
         for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):
+            if u is not None and not slot.fresh[j] and c not in u.slot_of:   # the batch's first change of c
+                undo_slot[j] = u.slot_of[c] = len(u.slot_of)
             if slot.fresh[j]:
                 self._zero(c)
                 self._owner[c] = s
@@ -543,12 +561,14 @@ class RecurrentMemory(Memory):
                     self._hist_row0[c] = 0
                 self._hist_pos0[c], self._hist_n[c] = last - k + 1, k
         self._changed()
-        self._active = (ubatch, slot.cells, self._generation, hist_row)
+        self._active = (ubatch, slot.cells, self._generation, hist_row,
+                        undo_slot if undo_slot is not None and bool(np.any(undo_slot >= 0)) else None)
         if self._undo is not None:
             self._undo.generation = self._generation
 
     def _save_rows(self, touched: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Copies of the touched cells' state rows, into buffers kept from batch to batch (a state is
+        """Copies of the touched cells' state rows (kernel_undo: the conv rows; the ssm buffers are the
+        views' ssm_undo), into buffers kept from batch to batch (a state is
         megabytes: a fresh allocation per batch costs its page faults on every generation step), in one
         native call over the threads (buffers.copy_rows: a copy that streams at both cores' bandwidth, about
         half the time of numpy's one-threaded copy of the same bytes)."""
@@ -558,6 +578,10 @@ class RecurrentMemory(Memory):
         if not self._undo_bufs:
             self._undo_bufs = [(np.empty((k,) + self.r_shape, np.float32), np.empty((k,) + self.s_shape, np.float32))
                                for _ in self.conv]
+        if self.kernel_undo:   # the scans copy the ssm rows (recurrent_view's ssm_undo)
+            rows = [(r[:k], None) for r, _ in self._undo_bufs]
+            _copy_cells([r for r, _ in rows], self.conv, touched, to_cells=False, n_threads=self.n_threads)
+            return rows
         rows = [(r[:k], s[:k]) for r, s in self._undo_bufs]
         _copy_cells([b for pair in rows for b in pair], [a for pair in zip(self.conv, self.ssm) for a in pair],
                     touched, to_cells=False, n_threads=self.n_threads)
@@ -579,8 +603,17 @@ class RecurrentMemory(Memory):
             return
         if u.generation == self._generation:
             self._pos[:], self._owner[:], self._tail[:] = u.pos, u.owner, u.tail
-            _copy_cells([b for pair in u.rows for b in pair], [a for pair in zip(self.conv, self.ssm) for a in pair],
-                        u.touched, to_cells=True, n_threads=self.n_threads)
+            if self.kernel_undo:
+                _copy_cells([r for r, _ in u.rows], self.conv, u.touched, to_cells=True, n_threads=self.n_threads)
+                # the ssm rows the scans copied (their undo_slot back at -1); a layer whose scan did not run
+                # did not change its rows
+                for (_gen, i), (cells, slots, done) in u.handed.items():
+                    for j in np.flatnonzero((slots >= 0) & (done == -1)).tolist():
+                        self.ssm[i][cells[j]] = self._undo_bufs[i][1][slots[j]]
+            else:
+                _copy_cells([b for pair in u.rows for b in pair],
+                            [a for pair in zip(self.conv, self.ssm) for a in pair], u.touched, to_cells=True,
+                            n_threads=self.n_threads)
         self._hist_n[u.touched] = 0     # the batch's layers wrote over these cells' windows
         self._changed()
 
@@ -601,9 +634,15 @@ class RecurrentMemory(Memory):
         i = self._layer.get(il)
         if i is None:
             raise ValueError(f"layer {il} has no recurrent state here (layers {self.layer_ids[:8]}...)")
+        undo, slot = None, None
+        if act[4] is not None:   # kernel_undo: one undo_slot per layer and ubatch, however many views
+            assert self._undo is not None, "an applied ubatch with undo rows belongs to a batch being undone"
+            cells, slots, done = self._undo.handed.setdefault((act[2], i), (act[1], act[4], act[4].copy()))
+            undo, slot = self._undo_bufs[i][1], done
         if act[3] is not None:
-            return RecurrentView(self.conv[i], self.ssm[i], act[1], self.conv_hist[i], self.ssm_hist[i], act[3])
-        return RecurrentView(self.conv[i], self.ssm[i], act[1])
+            return RecurrentView(self.conv[i], self.ssm[i], act[1], self.conv_hist[i], self.ssm_hist[i], act[3],
+                                 undo, slot)
+        return RecurrentView(self.conv[i], self.ssm[i], act[1], ssm_undo=undo, undo_slot=slot)
 
     # ---- state ----------------------------------------------------------------------------------
     @locked

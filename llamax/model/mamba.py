@@ -118,7 +118,7 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
     dt = L.ssm_dt(np.ascontiguousarray(dt))
     dt += L.dt_b
     y = _ssm.scan(view.ssm, view.cells, x, dt, L.A, B, C, L.D, xz[:, di:], n_t, n_threads,
-                  hist=view.ssm_hist, hist_row=view.hist_row)
+                  hist=view.ssm_hist, hist_row=view.hist_row, undo=view.ssm_undo, undo_slot=view.undo_slot)
     return L.ssm_out(y)
 
 

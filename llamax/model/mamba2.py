@@ -78,7 +78,8 @@ def mamba2_mixer(L: Mamba2Mixer, h: np.ndarray, view: RecurrentView, n_t: int, h
                     hist=view.conv_hist, hist_row=view.hist_row)            # [n, conv_dim]
     dt = zxbcdt[:, di + cd:] + L.dt_b                                       # [n, n_head]
     y = _ssd.scan(view.ssm, view.cells, xbc[:, :di], dt, L.A, xbc[:, di:di + ng * ds], xbc[:, di + ng * ds:],
-                  L.D, zxbcdt[:, :di], n_t, ng, n_threads, hist=view.ssm_hist, hist_row=view.hist_row)
+                  L.D, zxbcdt[:, :di], n_t, ng, n_threads, hist=view.ssm_hist, hist_row=view.hist_row,
+                  undo=view.ssm_undo, undo_slot=view.undo_slot)
     # the grouped RMS norm: each group of d_inner / n_group channels normed, then times its own weights
     gs = di // ng
     y = rms_norm(y.reshape(n * ng, gs), np.ones(gs, np.float32), hp.rms_eps).reshape(n, ng, gs)

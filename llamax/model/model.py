@@ -184,7 +184,8 @@ class Model(ModelInfo):
             type_k=params.type_k, type_v=params.type_v, v_trans=not params.flash_attn, n_threads=params.n_threads)
         if hp.recurrent_layers:
             recr = RecurrentMemory(hp.n_layer, hp.r_shape, hp.s_shape, n_seq_max=params.n_seq_max,
-                                   layer_ids=hp.recurrent_layers, n_threads=params.n_threads)
+                                   layer_ids=hp.recurrent_layers, n_threads=params.n_threads,
+                                   kernel_undo=True)   # every recurrent forward passes the views' undo rows
             if len(hp.recurrent_layers) == hp.n_layer:
                 return recr
             attn_layers = [il for il in range(hp.n_layer) if il not in hp.recurrent_layers and il not in hp.ffn_layers]

@@ -132,7 +132,8 @@ def delta_net_mixer(L: DeltaNet, h: np.ndarray, view: RecurrentView, n_t: int, h
     q = l2_norm(x[:, :ki].reshape(n, -1, ds), hp.rms_eps).reshape(n, ki)
     k = l2_norm(x[:, ki:2 * ki].reshape(n, -1, ds), hp.rms_eps).reshape(n, ki)
     o = _dn.rule(view.ssm, view.cells, q, k, x[:, 2 * ki:], g, beta, n_t, n_threads,
-                 hist=view.ssm_hist, hist_row=view.hist_row)                        # [n, n_v_heads, d_state]
+                 hist=view.ssm_hist, hist_row=view.hist_row, undo=view.ssm_undo,
+                 undo_slot=view.undo_slot)                                          # [n, n_v_heads, d_state]
     o = rms_norm(o, L.norm, hp.rms_eps)
     o *= _silu(z.reshape(n, nv, ds))
     return L.w_out(o.reshape(n, nv * ds))
