@@ -95,6 +95,7 @@ def undo(u, undo_slot, state, n_seqs: int) -> None:
     lo, hi = _bounds(undo_slot)
     if lo < -1 or hi >= u.shape[0]:
         raise ValueError(f"undo_slot must lie in [-1, {u.shape[0]}), got {undo_slot.tolist()}")
-    used = undo_slot[undo_slot >= 0]
-    if np.unique(used).size != used.size:
-        raise ValueError(f"undo_slot's rows must be distinct, got {undo_slot.tolist()}")
+    if n_seqs > 1:   # (one sequence, the generation step: nothing to compare)
+        used = undo_slot[undo_slot >= 0]
+        if np.unique(used).size != used.size:
+            raise ValueError(f"undo_slot's rows must be distinct, got {undo_slot.tolist()}")
