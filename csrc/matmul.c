@@ -196,18 +196,59 @@ static float dot_f32_ordered(const float *x, const float *w, int64_t n) {
     return sum;
 }
 
-void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
-                            int n_threads) {
-    const int64_t n_blocks = (n_out + LX_MM_ROWS - 1) / LX_MM_ROWS;
-    (void) n_threads;
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_tok * n_in * n_out >= 65536)
-    for (int64_t b = 0; b < n_blocks; ++b) {
-        const int64_t o1 = (b + 1) * LX_MM_ROWS < n_out ? (b + 1) * LX_MM_ROWS : n_out;
-        for (int64_t t = 0; t < n_tok; ++t) {
-            for (int64_t o = b * LX_MM_ROWS; o < o1; ++o) {
-                y[t * n_out + o] = dot_f32_ordered(x + t * n_in, w + o * n_in, n_in);
-            }
-        }
+#ifdef LX_MM_X86
+/* the dots of x with 4 rows of w (w, w + ld, ...) into y[0..3]: dot_f32_ordered's lanes, products and
+ * sums (a product rounded, then added: no fused steps), the lanes reduced in its tree (lx_hsum8_avx2), the
+ * tail in order after them: the same bits, four rows sharing each load of x */
+__attribute__((target("avx2,fma,f16c"))) static void dot4_f32_ordered_avx2(const float *x, const float *w, int64_t ld, int64_t n, float *y) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n8; k += 8) {
+        const __m256 xv = _mm256_loadu_ps(x + k);
+        a0 = _mm256_add_ps(a0, _mm256_mul_ps(xv, _mm256_loadu_ps(w + k)));
+        a1 = _mm256_add_ps(a1, _mm256_mul_ps(xv, _mm256_loadu_ps(w + ld + k)));
+        a2 = _mm256_add_ps(a2, _mm256_mul_ps(xv, _mm256_loadu_ps(w + 2 * ld + k)));
+        a3 = _mm256_add_ps(a3, _mm256_mul_ps(xv, _mm256_loadu_ps(w + 3 * ld + k)));
+    }
+    const __m256 acc[4] = {a0, a1, a2, a3};
+    for (int r = 0; r < 4; ++r) {
+        float sum = lx_hsum8_avx2(acc[r]);
+        for (int64_t k = n8; k < n; ++k) sum += x[k] * w[r * ld + k];
+        y[r] = sum;
     }
 }
 
+__attribute__((target("avx2,fma,f16c"))) static float dot_f32_ordered_avx2(const float *x, const float *w, int64_t n) {
+    __m256 a = _mm256_setzero_ps();
+    const int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n8; k += 8) a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_loadu_ps(x + k), _mm256_loadu_ps(w + k)));
+    float sum = lx_hsum8_avx2(a);
+    for (int64_t k = n8; k < n; ++k) sum += x[k] * w[k];
+    return sum;
+}
+#endif
+
+void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                            int n_threads) {
+    const int64_t n_blocks = (n_out + LX_MM_ROWS - 1) / LX_MM_ROWS;
+#ifdef LX_MM_X86
+    const int avx2 = lx_simd_level() >= LX_SIMD_AVX2;
+#endif
+    (void) n_threads;
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_tok * n_in * n_out >= 65536)
+    for (int64_t b = 0; b < n_blocks; ++b) {
+        const int64_t o0 = b * LX_MM_ROWS, o1 = (b + 1) * LX_MM_ROWS < n_out ? (b + 1) * LX_MM_ROWS : n_out;
+        for (int64_t t = 0; t < n_tok; ++t) {
+            const float *xt = x + t * n_in;
+            float *yt = y + t * n_out;
+            int64_t o = o0;
+#ifdef LX_MM_X86
+            if (avx2) {
+                for (; o + 4 <= o1; o += 4) dot4_f32_ordered_avx2(xt, w + o * n_in, n_in, n_in, yt + o);
+                for (; o < o1; ++o) yt[o] = dot_f32_ordered_avx2(xt, w + o * n_in, n_in);
+            }
+#endif
+            for (; o < o1; ++o) yt[o] = dot_f32_ordered(xt, w + o * n_in, n_in);
+        }
+    }
+}

@@ -68,8 +68,9 @@ void lx_mul_mat_ref(const void *w, lx_type w_type, const float *x, float *y, int
  *   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7)), then + x[k] * w[k] for
  *       the last n_in % 8 terms in order
  *
- * (eight independent chains the compiler may run as vector lanes: no reassociation is needed).
- * OpenMP over blocks of outputs. note: n_threads >= 1. */
+ * (eight independent chains, each product rounded and then added: AVX2 runs them as the lanes of one
+ * vector, four rows at a time, and the scalar twin one by one, with the same bits). OpenMP over blocks
+ * of outputs. note: n_threads >= 1. */
 void lx_mul_mat_f32_ordered(const float *w, const float *x, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
                             int n_threads);
 

@@ -200,3 +200,24 @@ def test_ordered_f32_product_is_exact_enough_and_the_same_bits_for_any_batch_and
     assert np.abs(y - ref).max() <= 4 * (n_in + 8) * 2.0**-24 * (np.abs(x) @ np.abs(w).T).max()
     for rows, nt in (([3], 1), ([0, 5, 8], 3), (list(range(9)), 1)):
         assert np.array_equal(M.mul_mat_f32_ordered(w, x[rows], n_threads=nt), y[rows])
+
+
+@pytest.mark.parametrize("n_in", [1, 7, 8, 64, 131])
+def test_ordered_f32_product_gives_the_same_bits_at_every_simd_level(n_in):
+    """The AVX2 lanes (four rows at a time, then one by one) and the scalar twin: the same bits, for row
+    counts that leave 1 to 3 rows after the groups of four and for any thread count."""
+    from llamax._native import cpu
+
+    rng = np.random.default_rng(100 + n_in)
+    w = rng.standard_normal((39, n_in)).astype(np.float32)
+    x = rng.standard_normal((5, n_in)).astype(np.float32)
+    try:
+        got = []
+        for level in cpu.levels():
+            cpu.set_simd_level(level)
+            got += [M.mul_mat_f32_ordered(w, x, n_threads=nt) for nt in (1, 2)]
+    finally:
+        cpu.set_simd_level(-1)
+    assert len(got) >= 2
+    for y in got[1:]:
+        assert np.array_equal(y, got[0])
