@@ -129,11 +129,38 @@ def test_a_small_budget_keeps_the_most_recent_and_counts_what_it_drops(model):
     assert eng.metrics()["cache_ram_restores"] == r0 + 1
 
 
-def test_no_tier_over_a_sliding_window_cache_without_swa_full(gemma):
-    """Gemma 3's sliding layers reuse cells their window hid: a kept state cut back to a shorter prefix
-    would miss the window before the cut, so nothing is kept (exact_cut False); with swa_full it is."""
-    assert Engine(gemma, n_ctx=1024, n_parallel=1).reuse.tier is None
-    assert Engine(gemma, n_ctx=1024, n_parallel=1, swa_full=True).reuse.tier is not None
+def test_a_sliding_window_cache_gets_its_kept_states_back_whole_with_the_same_tokens(gemma):
+    """Gemma 3's sliding layers reuse cells their window hid, so a kept state cannot be cut back (exact_cut
+    False): it comes back whole, for a prompt holding all of its tokens, as a chat's next turn does. Four
+    chats of a 600-token first prompt (past the 512-token window), 1536 cells (two fit): every chat's second
+    turn (its first prompt, the reply, a new question) restores the first turn from RAM and generates the
+    tokens of the run without the tier. A prompt sharing only part of a kept state computes it (no cut-back
+    restore)."""
+    firsts = [[2] + [(i * 131 + j * 7) % 40000 + 200 for j in range(600)] for i in range(4)]
+
+    def run(cache_ram):
+        eng = Engine(gemma, n_ctx=1536, n_parallel=1, cache_ram=cache_ram)
+        assert eng.reuse.whole_only
+        turn1 = [eng.generate(p, max_tokens=6, temperature=0, ignore_eos=True) for p in firsts]
+        turn2 = [eng.generate(p + r.tokens + [300 + i, 301], max_tokens=6, temperature=0, ignore_eos=True)
+                 for i, (p, r) in enumerate(zip(firsts, turn1))]
+        return turn1 + turn2, eng
+
+    off, _ = run(0)
+    on, eng = run(None)
+    assert [r.tokens for r in on] == [r.tokens for r in off]
+    assert all(r.n_cached >= 601 for r in on[4:]) and all(r.n_cached < 100 for r in off[4:6]), \
+        ([r.n_cached for r in on], [r.n_cached for r in off])
+    m = eng.metrics()
+    assert m["cache_ram_restores"] >= 2
+    # part of a kept state only (its first 400 tokens): computed, nothing restored
+    part = firsts[3][:400] + [7, 8, 9]
+    want = Engine(gemma, n_ctx=1536, n_parallel=1, cache_ram=0).generate(part, max_tokens=6, temperature=0,
+                                                                         ignore_eos=True).tokens
+    r0 = eng.metrics()["cache_ram_restores"]
+    got = eng.generate(part, max_tokens=6, temperature=0, ignore_eos=True)
+    assert got.tokens == want and eng.metrics()["cache_ram_restores"] == r0
+    assert not Engine(gemma, n_ctx=1024, n_parallel=1, swa_full=True).reuse.whole_only
 
 
 def test_a_corrupt_import_changes_nothing(model):

@@ -177,8 +177,10 @@ class RadixReuse(_LastRequest):
     its sequence; TIER_MIN_TOKENS or more), and a lookup whose prompt shares more with a kept state
     than with the tree restores that state into a scratch sequence of the tree, cut back to the
     shared prefix, when the tier's cost model finds it cheaper than computing the difference; the
-    tree then holds it like any prefix. Only over a memory whose states cut back exactly
-    (memory.exact_cut): not Gemma 3's sliding-window cache without swa_full.
+    tree then holds it like any prefix. Over a memory whose states do not cut back exactly (not
+    memory.exact_cut: Gemma 3's sliding-window cache without swa_full, whose window before a cut is
+    gone) a kept state comes back only whole, for a prompt holding all of its tokens (llama.cpp's
+    restores of SWA checkpoints, at their own positions only).
 
     Args:
         memory: the context's memory (unified, n_seq_max 256).
@@ -198,8 +200,10 @@ class RadixReuse(_LastRequest):
         self.tree = PrefixCache(memory, range(n_parallel, LLAMA_MAX_SEQ))
         self.seq_ids = self.tree.seq_ids
         self._locks: dict[int, int] = {}       # slot seq -> the tree's lock handle of its prefix
-        self.tier = (tier if tier is not None and tier.enabled and state is not None and memory.exact_cut
-                     else None)   # a sliding window's cells cannot be cut back exactly: not kept
+        self.tier = tier if tier is not None and tier.enabled and state is not None else None
+        # a sliding window's cells do not cut back (the window before the cut is gone): such a state
+        # comes back whole, for a prompt that holds all of its tokens
+        self.whole_only = not memory.exact_cut
         self.state = state
         if self.tier is not None:
             self.tree.on_evict = self._keep
@@ -208,7 +212,8 @@ class RadixReuse(_LastRequest):
         """The tree is about to trim the leaf on seq (holding tokens): its state goes to the tier,
         unless the tier holds these tokens (or more) already."""
         assert self.tier is not None and self.state is not None
-        if len(tokens) >= TIER_MIN_TOKENS and not self.tier.covers(tokens):
+        held = self.tier.has(tokens) if self.whole_only else self.tier.covers(tokens)
+        if len(tokens) >= TIER_MIN_TOKENS and not held:
             self.tier.put(tokens, self.state.read(seq))
 
     @property
@@ -226,7 +231,11 @@ class RadixReuse(_LastRequest):
     def lookup(self, seq: int, prompt: Sequence[int], limit: int) -> Hit:
         m = self.tree.match(prompt, limit)
         if self.tier is not None:
-            e, k = self.tier.longest(prompt, limit)
+            if self.whole_only:
+                e = self.tier.match(prompt, limit)
+                k = e.n if e is not None else 0
+            else:
+                e, k = self.tier.longest(prompt, limit)
             if e is not None and k > m.n and self.tier.cost.worth(len(e.data), k - m.n):
                 return Hit(k, m, e, tuple(prompt[:k]), cells=e.n)
         return Hit(m.n, m)
@@ -252,6 +261,9 @@ class RadixReuse(_LastRequest):
         if scratch is None:
             return None
         try:
+            short = hit.entry.n - self.mem.n_free   # room for its cells: the least recently used leaves go
+            if short > 0:
+                tree.evict(short)
             t0 = time.perf_counter()
             self.state.write(hit.entry.data, scratch)
             self.tier.cost.saw_restore(len(hit.entry.data), time.perf_counter() - t0)
