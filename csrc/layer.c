@@ -144,6 +144,24 @@ void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64
     }
 }
 
+void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, int64_t n_group,
+                         float eps, int nt) {
+    /* rows of gs values, their weights by group: the rows of lx_rms_norm */
+    const int64_t gs = n / n_group, units = n_rows * n_group;
+    (void) nt;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * n >= 65536)
+#endif
+    for (int64_t r = 0; r < units; ++r) {
+        const float *xr = x + r * gs, *gr = g + (r % n_group) * gs;
+        float *yr = y + r * gs;
+        double s = 0.0;
+        for (int64_t i = 0; i < gs; ++i) s += (double) (xr[i] * xr[i]);
+        const float scale = 1.0f / sqrtf((float) (s / (double) gs) + eps);
+        for (int64_t i = 0; i < gs; ++i) yr[i] = (xr[i] * scale) * gr[i];
+    }
+}
+
 static void add_rows(float *x, const float *d, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += d[i];
 }

@@ -71,7 +71,7 @@ static void mixer(const lx_mamba2_params *p, const lx_mamba2_weights *w, const l
 #undef BUF
     void *pw = base + L->off[B_PROD];
     const int64_t n = n_seqs * n_t, di = p->d_inner, ds = p->d_state, ng = p->n_group, nh = p->n_head;
-    const int64_t cd = conv_dim(p), W = di + cd + nh, gs = di / ng;
+    const int64_t cd = conv_dim(p), W = di + cd + nh;
 
     lx_mamba_product_run(&w->ssm_in, h, zx, n, tmp, pw, nt);                       /* [n][z | x B C | dt] */
     lx_ssm_conv(st->conv, st->cells, n_seqs, n_t, cd, p->d_conv, zx + di, W, w->conv_w, w->conv_b, xbc,
@@ -81,12 +81,7 @@ static void mixer(const lx_mamba2_params *p, const lx_mamba2_weights *w, const l
     lx_ssd_scan(st->ssm, st->cells, n_seqs, n_t, nh, di / nh, ds, ng, xbc, cd, dt, nh, w->A, xbc + di,
                 xbc + di + ng * ds, cd, w->D, zx, W, y, st->ssm_hist, st->n_hist, st->hist_row, st->ssm_undo,
                 st->undo_slot, nt);
-    /* the grouped norm: each group of gs channels normed with its own weights */
-    if (ng == 1)
-        lx_rms_norm(y, w->ssm_norm, y, n, di, p->eps, nt);
-    else
-        for (int64_t r = 0; r < n * ng; ++r) lx_rms_norm(y + r * gs, w->ssm_norm + (r % ng) * gs, y + r * gs, 1, gs,
-                                                         p->eps, 1);
+    lx_rms_norm_grouped(y, w->ssm_norm, y, n, di, ng, p->eps, nt);   /* each group with its own weights */
     lx_mamba_product_run(&w->ssm_out, y, out, n, tmp, pw, nt);
 }
 

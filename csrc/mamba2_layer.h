@@ -11,9 +11,8 @@
  * reference) calls, in the same order on the same operands, so the results are the same bits: the
  * products of mamba_layer.h (lx_mamba_product: GGUF blocks or the ordered float product), lx_ssm_conv
  * (ssm.h) over the x, B and C channels, the float addition of dt's bias, lx_ssd_scan (ssd.h) and
- * lx_rms_norm (layer.h) over each group of d_inner / n_group channels with that group's weights
- * (rms_norm computes (x * scale) * w: the bits of a norm with unit weights then a product by the
- * weights). The states and history rows are ssm.h's and ssd.h's layouts:
+ * lx_rms_norm_grouped (layer.h: each group of d_inner / n_group channels normed with that group's
+ * weights, as (x * scale) * w: the bits of a norm with unit weights then a product by the weights). The states and history rows are ssm.h's and ssd.h's layouts:
  *
  *   conv  [n_cells][d_inner + 2 n_group d_state][d_conv - 1]   ssm  [n_cells][n_head][head_dim][d_state]
  *
