@@ -122,6 +122,16 @@ def mamba_mixer(L: MambaMixer, h: np.ndarray, view: RecurrentView, n_t: int, hp:
     return L.ssm_out(y)
 
 
+def stack_forward(model, mem, ub, embd: bool) -> np.ndarray:
+    """A recurrent model's forward whose every layer is one native stack (model.stack: MambaStack or
+    mamba2_layer.Mamba2Layers): the embeddings, the stack over each layer's view, the head."""
+    x = model.tok_embd.rows(ub.token)
+    with mem.lock:   # the cells stay as the views show them until every layer ran
+        views = [mem.recurrent_view(il, ub) for il in range(model.hp.n_layer)]
+        model.stack.forward(x, views, ub.n_seq_tokens, model.n_threads)
+    return model._head(x, ub, embd)
+
+
 class Mamba(Model, arch="mamba"):
     """A mamba-architecture model (Mamba-1): its weights and forward pass over a RecurrentMemory."""
 
@@ -138,11 +148,7 @@ class Mamba(Model, arch="mamba"):
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding the ubatch's tokens
         into their sequences' states: every layer in one native call (csrc/mamba_layer.h)."""
-        x = self.tok_embd.rows(ub.token)
-        with mem.lock:   # the cells stay as the views show them until every layer ran
-            views = [mem.recurrent_view(il, ub) for il in range(self.hp.n_layer)]
-            self.stack.forward(x, views, ub.n_seq_tokens, self.n_threads)
-        return self._head(x, ub, embd)
+        return stack_forward(self, mem, ub, embd)
 
     def forward_reference(self, mem, ub, embd: bool = False) -> np.ndarray:
         """forward composed in Python, step by step (rms_norm, mamba_mixer, the residual): the reference

@@ -31,7 +31,7 @@ from llamax._native.mamba2_layer import Mamba2Layers
 from llamax.memory.recurrent import RecurrentView
 from llamax.model.gguf import MAMBA2, GGUFFile, HParams
 from llamax.model.linear import rms_norm
-from llamax.model.mamba import _native_product, _product
+from llamax.model.mamba import _native_product, _product, stack_forward
 from llamax.model.model import Model
 
 
@@ -103,11 +103,7 @@ class Mamba2(Model, arch="mamba2"):
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding
         the ubatch's tokens into their sequences' states: every layer in one native call."""
-        x = self.tok_embd.rows(ub.token)
-        with mem.lock:   # the cells stay as the views show them until every layer ran
-            views = [mem.recurrent_view(il, ub) for il in range(self.hp.n_layer)]
-            self.stack.forward(x, views, ub.n_seq_tokens, self.n_threads)
-        return self._head(x, ub, embd)
+        return stack_forward(self, mem, ub, embd)
 
     def forward_reference(self, mem, ub, embd: bool = False) -> np.ndarray:
         """forward composed in Python, step by step (rms_norm, mamba2_mixer, the residual): the reference of
