@@ -135,8 +135,8 @@ class _Undo:
     owner: np.ndarray
     tail: np.ndarray
     touched: np.ndarray
-    rows: list[tuple[np.ndarray, np.ndarray | None]]   # per layer the touched cells' conv and ssm rows (None:
-                                                       # kernel_undo, the scans copy them into ssm_undo)
+    conv_rows: list[np.ndarray]         # per layer the touched cells' conv rows
+    ssm_rows: list[np.ndarray] | None   # and their ssm rows (None: kernel_undo, the scans copy them into ssm_undo)
     generation: int = -1
     slot_of: dict[int, int] = field(default_factory=dict)   # kernel_undo: a saved cell's undo row
     handed: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -532,12 +532,12 @@ class RecurrentMemory(Memory):
         window kept up to n_rollback in all); the layers write their rows."""
         if slot.first:
             self._undo = _Undo(self._pos.copy(), self._owner.copy(), self._tail.copy(), slot.touched,
-                               self._save_rows(slot.touched))
+                               *self._save_rows(slot.touched))
         n_t, n = ubatch.n_seq_tokens, self.n_rollback
         seqs = ubatch.seq_id[::n_t]
         hist_row = np.zeros(ubatch.n_seqs, np.int32) if n else None
         u = self._undo if self.kernel_undo else None
-        undo_slot = np.full(ubatch.n_seqs, -1, np.int32) if u is not None else None
+        undo_slot = np.full(ubatch.n_seqs, -1, np.int32)
         for j, (s, c) in enumerate(zip(seqs.tolist(), slot.cells.tolist())):
             if u is not None and not slot.fresh[j] and c not in u.slot_of:   # the batch's first change of c
                 undo_slot[j] = u.slot_of[c] = len(u.slot_of)
@@ -562,11 +562,11 @@ class RecurrentMemory(Memory):
                 self._hist_pos0[c], self._hist_n[c] = last - k + 1, k
         self._changed()
         self._active = (ubatch, slot.cells, self._generation, hist_row,
-                        undo_slot if undo_slot is not None and bool(np.any(undo_slot >= 0)) else None)
+                        undo_slot if bool(np.any(undo_slot >= 0)) else None)
         if self._undo is not None:
             self._undo.generation = self._generation
 
-    def _save_rows(self, touched: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _save_rows(self, touched: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """Copies of the touched cells' state rows (kernel_undo: the conv rows; the ssm buffers are the
         views' ssm_undo), into buffers kept from batch to batch (a state is
         megabytes: a fresh allocation per batch costs its page faults on every generation step), in one
@@ -578,14 +578,11 @@ class RecurrentMemory(Memory):
         if not self._undo_bufs:
             self._undo_bufs = [(np.empty((k,) + self.r_shape, np.float32), np.empty((k,) + self.s_shape, np.float32))
                                for _ in self.conv]
-        if self.kernel_undo:   # the scans copy the ssm rows (recurrent_view's ssm_undo)
-            rows = [(r[:k], None) for r, _ in self._undo_bufs]
-            _copy_cells([r for r, _ in rows], self.conv, touched, to_cells=False, n_threads=self.n_threads)
-            return rows
-        rows = [(r[:k], s[:k]) for r, s in self._undo_bufs]
-        _copy_cells([b for pair in rows for b in pair], [a for pair in zip(self.conv, self.ssm) for a in pair],
-                    touched, to_cells=False, n_threads=self.n_threads)
-        return rows
+        conv = [r[:k] for r, _ in self._undo_bufs]
+        ssm = None if self.kernel_undo else [b[:k] for _, b in self._undo_bufs]   # kernel_undo: the scans copy them
+        _copy_cells(conv + (ssm or []), self.conv + (self.ssm if ssm else []), touched, to_cells=False,
+                    n_threads=self.n_threads)
+        return conv, ssm
 
     @locked
     def release_ubatch(self) -> None:
@@ -603,17 +600,13 @@ class RecurrentMemory(Memory):
             return
         if u.generation == self._generation:
             self._pos[:], self._owner[:], self._tail[:] = u.pos, u.owner, u.tail
-            if self.kernel_undo:
-                _copy_cells([r for r, _ in u.rows], self.conv, u.touched, to_cells=True, n_threads=self.n_threads)
-                # the ssm rows the scans copied (their undo_slot back at -1); a layer whose scan did not run
-                # did not change its rows
-                for (_gen, i), (cells, slots, done) in u.handed.items():
-                    for j in np.flatnonzero((slots >= 0) & (done == -1)).tolist():
-                        self.ssm[i][cells[j]] = self._undo_bufs[i][1][slots[j]]
-            else:
-                _copy_cells([b for pair in u.rows for b in pair],
-                            [a for pair in zip(self.conv, self.ssm) for a in pair], u.touched, to_cells=True,
-                            n_threads=self.n_threads)
+            _copy_cells(u.conv_rows + (u.ssm_rows or []), self.conv + (self.ssm if u.ssm_rows else []), u.touched,
+                        to_cells=True, n_threads=self.n_threads)
+            # kernel_undo: the ssm rows the scans copied (their undo_slot back at -1); a layer whose scan did
+            # not run did not change its rows
+            for (_gen, i), (cells, slots, done) in u.handed.items():
+                for j in np.flatnonzero((slots >= 0) & (done == -1)).tolist():
+                    self.ssm[i][cells[j]] = self._undo_bufs[i][1][slots[j]]
         self._hist_n[u.touched] = 0     # the batch's layers wrote over these cells' windows
         self._changed()
 
