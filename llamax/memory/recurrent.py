@@ -42,8 +42,11 @@ What follows from one state per sequence, as in llama.cpp:
       the shared prefix for one sequence and seq_cp it).
 
 llamax departs from llama.cpp where llama.cpp loses data: a forward pass that fails in the middle of
-a batch leaves every state as it was before the batch (forget_batch puts back the rows it saved at
-the batch's first ubatch), where llama.cpp's seq_rm of the batch's tokens can only fail.
+a batch leaves every state as it was before the batch (forget_batch puts back the rows saved when the
+batch first changed them), where llama.cpp's seq_rm of the batch's tokens can only fail. The memory
+copies the touched cells' rows at the batch's first ubatch; with kernel_undo (the models' memories) it
+copies only the small conv rows, and each layer's scan copies the ssm rows it is about to change as it
+first reads them (csrc/ssm.h's Undo: one stream of writes, not a second pass over megabytes of state).
 """
 from __future__ import annotations
 
