@@ -200,3 +200,18 @@ def test_llamax_serve_runs_a_mamba_with_the_openai_client(tmp_path, smollm2_gguf
         assert m["llamax_cache_ram_restores_total"] == 1 and m["llamax_cache_ram_budget"] == 64 << 20
     finally:
         assert srv.stop() == 0, "".join(srv.lines[-20:])
+
+
+def test_an_imported_state_that_is_not_its_tokens_is_dropped_at_its_first_use(rmodel_few, solo_few):
+    """A PrefixState whose tokens were cut after export: its state ends later than they do. The request
+    that would restore it computes its prompt instead (the same tokens as its solo run) and the state is
+    forgotten."""
+    a, b = (Engine(rmodel_few, n_ctx=1024, n_parallel=1) for _ in range(2))
+    p = doc(200)
+    a.generate(p, max_tokens=4, **GREEDY)
+    state = a.export_prefix(p)
+    bad = type(state)(state.tokens[:120], state.data)
+    assert b.import_prefix(bad) == 120 and b.tier.stats().entries == 1
+    got = b.generate(p[:150], max_tokens=8, **GREEDY)
+    assert got.n_cached == 0 and got.tokens == solo_few(p[:150], 8)
+    assert b.metrics()["cache_ram_restores"] == 0 and not b.tier.has(p[:120])

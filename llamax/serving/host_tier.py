@@ -239,6 +239,11 @@ class HostTier:
             self.evicted += 1
         return True
 
+    def drop(self, e: Entry) -> None:
+        """Forget e (a state found not to be what its tokens say); nothing when it is gone already."""
+        if e in self._lru:
+            self._drop(e)
+
     def _drop(self, e: Entry, prune: bool = True) -> None:
         del self._lru[e]
         self.nbytes -= len(e.data)

@@ -506,6 +506,12 @@ class CheckpointReuse(_LastRequest):
             log.info("llamax prefix cache: a state of %d tokens did not fit the cells: %s", hit.n, e)
             self.mem.seq_rm(seq, -1, -1)
             return 0
+        if self.mem.seq_pos_max(seq) != hit.n - 1:   # an imported state whose tokens are not its own
+            log.warning("llamax prefix cache: a kept state of %d tokens ends at position %d; dropped", hit.n,
+                        self.mem.seq_pos_max(seq))
+            self.mem.seq_rm(seq, -1, -1)
+            self.tier.drop(hit.entry)
+            return 0
         self.tier.restored(hit.entry, hit.n)
         self.hits += 1
         self.tokens_reused += hit.n
@@ -586,7 +592,8 @@ class CheckpointReuse(_LastRequest):
     def import_(self, tokens: list[int], data: bytes, check: Callable[[bytes], object],
                 write: Callable[[bytes, int], object]) -> int:
         """Keep a PrefixState's blob as the state of its tokens; returns the tokens no kept state
-        gave yet. check(data) vets the blob first (StateError).
+        gave yet. check(data) vets the blob first (StateError). A blob whose state does not end at the
+        last of its tokens is dropped at its first restore, and that request computes its prompt.
 
         Raises:
             LlamaxError: the engine keeps no states (cache_ram 0)."""
