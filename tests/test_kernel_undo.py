@@ -158,3 +158,24 @@ def test_a_batch_failing_anywhere_leaves_every_state_as_it_was(models, kind, fai
         ref.state_seq_set_data(before[s], s)
     ref.decode(Batch([7, 8], seq_ids=[0, 1], logits=[True, True]))
     np.testing.assert_array_equal(ctx.get_logits(), ref.get_logits())
+
+
+@pytest.mark.parametrize("kind", ["mamba", "mamba2", "jamba"])
+def test_the_native_stacks_generation_step_keeps_its_undo_rows(models, kind, monkeypatch):
+    """The native steps' generation path (one token per sequence: Mamba-1's one parallel region on the models'
+    2 threads, its channel blocks copying their own undo rows) under a batch that fails after two of its
+    ubatches."""
+    from helpers import fail_forward_at
+
+    model = models[kind]
+    toks = model.tokenize(TEXT)
+    ctx = Context(model, n_ctx=256, n_seq_max=2, n_ubatch=2, n_threads=2)
+    ctx.decode(Batch(toks[:5] + toks[:7], seq_ids=[0] * 5 + [1] * 7))
+    before = [ctx.state_seq_get_data(s) for s in range(2)]
+    calls: list = []
+    fail_forward_at(monkeypatch, model, 3, calls)
+    with pytest.raises(RuntimeError):   # ubatches of one token of each sequence: two run, the third fails
+        ctx.decode(Batch([5, 6, 7, 8, 9, 10], seq_ids=[0, 1] * 3))
+    monkeypatch.undo()
+    assert calls == [2, 2, 2]
+    assert [ctx.state_seq_get_data(s) for s in range(2)] == before
