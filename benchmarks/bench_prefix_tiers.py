@@ -2,14 +2,16 @@
 recurrent one, each beside the same workload without it.
 
     python benchmarks/bench_prefix_tiers.py [--model smollm2-135m] [--prompts 6] [--len 700] [--n-ctx 2048]
-        [--recurrent PATH ...] [--turns 3] [--reps 3]
+        [--recurrent PATH ...] [--chat MODEL ...] [--turns 3] [--reps 3]
 
 KV model: --prompts distinct system prompts of --len tokens, more than --n-ctx cells hold, each asked
 two questions in two rounds (one slot): without the tier the second round computes every prompt again;
 with it the states evicted from the cells come back from RAM. Recurrent models (GGUF paths, e.g. the
 synthetic Mamba / Jamba of tests/synthetic.py): four conversations of --turns turns each (a 600-token
 document, then each turn appends the answer and a 40-token question), two slots, with and without
-checkpoints (cache_ram 0). Prints prompt tokens computed and reused, the wall time (medians of --reps
+checkpoints (cache_ram 0). --chat runs that chat workload on KV models (registry names or paths) with and
+without the host-RAM tier: over Gemma 3's sliding-window cache a kept state comes back whole, for a
+conversation's next turn. Prints prompt tokens computed and reused, the wall time (medians of --reps
 runs, alternating on and off) and whether the generated tokens are identical.
 """
 import argparse
@@ -73,6 +75,7 @@ def main():
     ap.add_argument("--len", type=int, default=700)
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--recurrent", nargs="*", default=[])
+    ap.add_argument("--chat", nargs="*", default=[])
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
@@ -80,11 +83,11 @@ def main():
     print("| workload | without: computed / reused | with: computed / reused | restores | without s | with s | "
           "speedup | same tokens |")
     print("|---|---:|---:|---:|---:|---:|---:|---|")
-    if a.model:
+    if a.model and a.model != "none":
         m = Model.load(a.model, n_threads=a.threads)
         compare(f"{a.model}: {a.prompts} x {a.len}-token prompts, {a.n_ctx} cells, 2 rounds",
                 lambda ram: kv_workload(m, a.prompts, a.len, a.n_ctx, ram), a.reps)
-    for path in a.recurrent:
+    for path in a.recurrent + a.chat:
         m = Model.load(path, n_threads=a.threads)
         compare(f"{m.arch}: 4 chats x {a.turns} turns, 2 slots", lambda ram: chat_workload(m, a.turns, ram), a.reps)
 
