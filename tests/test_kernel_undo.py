@@ -179,3 +179,16 @@ def test_the_native_stacks_generation_step_keeps_its_undo_rows(models, kind, mon
     monkeypatch.undo()
     assert calls == [2, 2, 2]
     assert [ctx.state_seq_get_data(s) for s in range(2)] == before
+
+
+def test_the_undo_rows_are_counted_in_the_memory_breakdown(models):
+    """breakdown()["undo"]: a state's bytes per cell of the most cells one batch changed (here two), in every
+    layer; nothing before the first batch."""
+    ctx = Context(models["mamba2"], n_ctx=256, n_seq_max=3, n_threads=2)
+    mem = ctx.memory
+    assert mem.breakdown()["undo"] == 0
+    ctx.decode(Batch([5, 6, 7, 8], seq_ids=[0, 0, 1, 1]))
+    per_cell = (mem.breakdown()["r"] + mem.breakdown()["s"]) // mem.mem_size
+    assert mem.breakdown()["undo"] == 2 * per_cell
+    ctx.decode(Batch([9], seq_ids=[0]))
+    assert mem.breakdown()["undo"] == 2 * per_cell   # kept from batch to batch

@@ -232,10 +232,13 @@ class RecurrentMemory(Memory):
         return 4 * len(self.layer_ids) * (int(np.prod(self.r_shape)) + int(np.prod(self.s_shape)))
 
     def breakdown(self) -> dict[str, int]:
-        """Bytes of the conv states ("r"), the ssm states ("s") and their rollback rows ("rollback",
-        mem_size * n * (r + s) bytes per layer after reserve_rollback(n), else 0)."""
+        """Bytes of the conv states ("r"), the ssm states ("s"), their rollback rows ("rollback",
+        mem_size * n * (r + s) bytes per layer after reserve_rollback(n), else 0) and the undo rows a batch
+        saves the states it changes in ("undo": r + s bytes per layer for each cell of the most cells one
+        batch has changed; 0 before the first batch)."""
         return {"r": sum(a.nbytes for a in self.conv), "s": sum(a.nbytes for a in self.ssm),
-                "rollback": sum(a.nbytes for a in self.conv_hist + self.ssm_hist)}
+                "rollback": sum(a.nbytes for a in self.conv_hist + self.ssm_hist),
+                "undo": sum(a.nbytes + b.nbytes for a, b in self._undo_bufs)}
 
     @locked
     def cells(self) -> list[tuple[int, frozenset[int]]]:
