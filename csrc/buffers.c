@@ -216,23 +216,8 @@ uint64_t lx_move_xor(const lx_move *moves, int64_t n_moves, int n_threads) {
 
 void lx_stream_copy(void *dst, const void *src, size_t n) {
 #if LX_BUFFERS_STREAM
-    if (n >= 4096) {
-        uint8_t *d = (uint8_t *) dst;
-        const uint8_t *s = (const uint8_t *) src;
-        const size_t head = (size_t)(-(uintptr_t)d & 15);
-        memcpy(d, s, head);
-        size_t i = head;
-        for (; i + 64 <= n; i += 64) {
-            const __m128i v0 = _mm_loadu_si128((const __m128i *) (s + i));
-            const __m128i v1 = _mm_loadu_si128((const __m128i *) (s + i + 16));
-            const __m128i v2 = _mm_loadu_si128((const __m128i *) (s + i + 32));
-            const __m128i v3 = _mm_loadu_si128((const __m128i *) (s + i + 48));
-            _mm_stream_si128((__m128i *) (d + i), v0);
-            _mm_stream_si128((__m128i *) (d + i + 16), v1);
-            _mm_stream_si128((__m128i *) (d + i + 32), v2);
-            _mm_stream_si128((__m128i *) (d + i + 48), v3);
-        }
-        memcpy(d + i, s + i, n - i);
+    if (n >= 4096) {   /* copy_xor_stream's stores (its checksum, a few XORs per 64 bytes, unused) */
+        (void) copy_xor_stream((uint8_t *) dst, (const uint8_t *) src, n, 0);
         _mm_sfence();
         return;
     }

@@ -129,21 +129,6 @@ size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, c
 
 /* ---- row operations (fixed order per row) ------------------------------------------------- */
 
-void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
-    (void) nt;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * n >= 65536)
-#endif
-    for (int64_t r = 0; r < n_rows; ++r) {
-        const float *xr = x + r * n;
-        float *yr = y + r * n;
-        double s = 0.0;
-        for (int64_t i = 0; i < n; ++i) s += (double) (xr[i] * xr[i]);
-        const float scale = 1.0f / sqrtf((float) (s / (double) n) + eps);
-        for (int64_t i = 0; i < n; ++i) yr[i] = (xr[i] * scale) * g[i];
-    }
-}
-
 void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, int64_t n_group,
                          float eps, int nt) {
     /* rows of gs values, their weights by group: the rows of lx_rms_norm */
@@ -160,6 +145,10 @@ void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_row
         const float scale = 1.0f / sqrtf((float) (s / (double) gs) + eps);
         for (int64_t i = 0; i < gs; ++i) yr[i] = (xr[i] * scale) * gr[i];
     }
+}
+
+void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
+    lx_rms_norm_grouped(x, g, y, n_rows, n, 1, eps, nt);
 }
 
 static void add_rows(float *x, const float *d, int64_t count) {

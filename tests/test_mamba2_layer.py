@@ -146,10 +146,12 @@ def test_bad_arguments_are_refused(paths):
         model.stack.forward(x, views[:3], 3)
     with pytest.raises(ValueError, match="x must be"):
         model.stack.forward(x.astype(np.float64), views, 3)
+    alone = Mamba2Layers([native_layer(model.layers[0], None, model.hp)])   # a hybrid's: mixers without norms
     with pytest.raises(ValueError, match="has no norm"):   # a mixer alone runs only through mixer()
-        model.layers[0].native.forward(x, views[:1], 3)
+        alone.forward(x, views[:1], 3)
     with pytest.raises(ValueError, match="out of"):
-        model.layers[0].native.mixer(1, x, views[0], 3)
+        alone.mixer(1, x, views[0], 3)
+    assert all(L.native is model.stack and L.index == il for il, L in enumerate(model.layers))   # one object
     d = native_layer(model.layers[0], model.norms[0], model.hp)
     for change, match in ((dict(d_conv=0), "d_conv"), (dict(n_group=3), "dividing"),
                           (dict(A=np.zeros(4, np.float32)), "A: expected"),

@@ -25,7 +25,7 @@ from llamax.memory import HybridMemory, Memory
 from llamax.model.gguf import GGUFFile, HParams, TensorTable, granitehybrid_table
 from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
-from llamax.model.mamba2 import Mamba2Mixer
+from llamax.model.mamba2 import Mamba2Mixer, link_native
 from llamax.model.model import Model
 from llamax.params import ContextParams
 from llamax.rope import RoPE
@@ -94,6 +94,7 @@ class GraniteHybrid(Model, arch="granitehybrid"):
         self.hp = hp
         self._load_head(g)
         self.layers = [_Layer(g, il, hp, n_threads) for il in range(hp.n_layer)]
+        link_native([L.mixer for L in self.layers if isinstance(L.mixer, Mamba2Mixer)], hp)   # one native object
         self.kq_scale = hp.kq_scale or 1.0 / math.sqrt(hp.n_embd_head_k)
         self.rope = None if hp.nope_layers else RoPE(hp.n_rot, hp.rope_freq_base, hp.rope_freq_scale, hp.rope_kind)
         self.embd_scale = np.float32(hp.embd_scale) if hp.embd_scale else None

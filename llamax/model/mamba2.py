@@ -49,12 +49,24 @@ class Mamba2Mixer:
         self.D = np.ascontiguousarray(g.f32(p + "ssm_d").reshape(-1))  # [n_head]
         self.norm = g.f32(p + "ssm_norm.weight")                       # [n_group, d_inner / n_group]
         self.ssm_out = _product(g, p + "ssm_out.weight", n_threads)
-        self.native = Mamba2Layers([native_layer(self, None, hp)])
+        self.native: Mamba2Layers | None = None   # the model's native layers holding this mixer (link_native)
+        self.index = -1
 
     def __call__(self, h: np.ndarray, view: RecurrentView, n_t: int, hp: HParams, n_threads: int) -> np.ndarray:
         """The mixer on the normed hidden states h [n, n_embd] in one native call (mamba2_mixer's arguments
         and bits)."""
-        return self.native.mixer(0, h, view, n_t, n_threads)
+        assert self.native is not None, "a mixer runs natively once its model linked it (link_native)"
+        return self.native.mixer(self.index, h, view, n_t, n_threads)
+
+
+def link_native(mixers: list[Mamba2Mixer], hp: HParams, norms: list[np.ndarray] | None = None) -> Mamba2Layers:
+    """One Mamba2Layers over a model's mixers (with their pre-norms for a mamba2 model's forward), each mixer
+    linked to its layer there: the model's mixers share one native object and one work buffer."""
+    layers = Mamba2Layers([native_layer(L, norms[j] if norms is not None else None, hp)
+                           for j, L in enumerate(mixers)])
+    for j, L in enumerate(mixers):
+        L.native, L.index = layers, j
+    return layers
 
 
 def native_layer(L: Mamba2Mixer, norm: np.ndarray | None, hp: HParams) -> dict:
@@ -98,7 +110,7 @@ class Mamba2(Model, arch="mamba2"):
         self._load_head(g)
         self.norms = [g.f32(f"blk.{il}.attn_norm.weight") for il in range(hp.n_layer)]
         self.layers = [Mamba2Mixer(g, il, hp, n_threads) for il in range(hp.n_layer)]
-        self.stack = Mamba2Layers([native_layer(L, norm, hp) for norm, L in zip(self.norms, self.layers)])
+        self.stack = link_native(self.layers, hp, self.norms)
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states) after folding

@@ -20,7 +20,7 @@ from llamax.memory import HybridMemory
 from llamax.model.gguf import NEMOTRON_H, GGUFFile, HParams
 from llamax.model.hybrid_attention import HybridAttention
 from llamax.model.linear import Linear, rms_norm
-from llamax.model.mamba2 import Mamba2Mixer
+from llamax.model.mamba2 import Mamba2Mixer, link_native
 from llamax.model.model import Model
 
 
@@ -53,6 +53,7 @@ class NemotronH(Model, arch="nemotron_h"):
             Mamba2Mixer(g, il, hp, n_threads) if il in hp.recurrent_layers else
             _ReluSqrFFN(g, il, n_threads) if il in hp.ffn_layers else HybridAttention(g, il, n_threads)
             for il in range(hp.n_layer)]
+        link_native([B for B in self.blocks if isinstance(B, Mamba2Mixer)], hp)   # one native object
         self.kq_scale = 1.0 / math.sqrt(hp.n_embd_head_k) if hp.n_embd_head_k else 1.0
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
