@@ -7,7 +7,9 @@ pp512: one decode of 512 tokens into an empty cache (logits for the last); tg128
 decodes from an empty cache, as llama-bench measures them. llama.cpp runs through llama-cpp-python in
 a subprocess (its own interpreter, if given with --llama-python), and llama.cpp's own llama-bench
 (--llama-bench, e.g. built by ../shared/tools/build-llama-cpp.sh), each alternating with llamax rep by
-rep so all see the same machine load. Prints medians and the llamax / llama.cpp ratios.
+rep so all see the same machine load. Prints the CPU and SIMD level, then one table: the medians and
+the llamax / llama.cpp ratios (llama-cpp-python's figure from shared/reference's speed.json when it
+cannot run here).
 """
 import argparse
 import json
@@ -76,15 +78,13 @@ def bench_llama_cpp(python, path, threads, fa, n_pp, n_tg):
 
 
 def bench_llama_bench(binary, path, threads, fa, n_pp, n_tg):
-    """pp and tg of one llama-bench run (-r 1: one repetition after its warm-up); None where it failed."""
-    cmd = [binary, "-m", str(path), "-p", str(n_pp), "-n", str(n_tg), "-t", str(threads), "-fa", "1" if fa else "0",
-           "-r", "1", "-o", "json"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    out = {"pp": None, "tg": None}
-    if r.returncode == 0:
-        for row in json.loads(r.stdout):
-            out["pp" if row["n_prompt"] else "tg"] = row["avg_ts"]
-    return out
+    """pp and tg of one llama-bench rep each (bench_llama.run_llama_bench: -r 1 after its warm-up)."""
+    from llamax.bench import BenchTest
+    from llamax.bench_llama import run_llama_bench
+
+    cfg = dict(n_threads=threads, type_k="f16", type_v="f16", flash_attn=fa, n_batch=2048, n_ubatch=512)
+    return {"pp": run_llama_bench(binary, path, BenchTest(n_prompt=n_pp), cfg),
+            "tg": run_llama_bench(binary, path, BenchTest(n_gen=n_tg), cfg)}
 
 
 def reference_speed(model_name, fa):
@@ -130,37 +130,42 @@ def main():
             res["llama.cpp"].append(bench_llama_cpp(a.llama_python, path, a.threads, fa, a.pp, a.tg))
         if a.llama_bench:
             res["llama-bench"].append(bench_llama_bench(a.llama_bench, path, a.threads, fa, a.pp, a.tg))
-    print(f"{a.model}, {a.threads} threads, flash attention {a.fa}, f16 cache, median of {a.reps} alternating runs")
+    from llamax.bench import table
+    from llamax.bench_llama import machine
 
     def med(rows, m):
         vals = [r[m] for r in rows if r.get(m) is not None]
         return statistics.median(vals) if vals else None
 
-    ours = {m: med(res["llamax"], m) for m in ("pp", "tg")}
-    theirs = {m: med(res["llama.cpp"], m) for m in ("pp", "tg")}
+    where = machine()
+    print(f"CPU: {where['cpu']} ({where['cores']} cores), SIMD level {where['simd']}; {a.model}, {a.threads} "
+          f"threads, flash attention {a.fa}, f16 cache, medians of {a.reps} alternating reps\n")
     ref = reference_speed(a.model, fa) or {}
-    source = {}
-    for m in ("pp", "tg"):
-        source[m] = "same run"
-        if theirs[m] is None:
-            theirs[m] = ref.get(m)
-            source[m] = "speed.json (not measurable in this run)" if theirs[m] is not None else "n/a"
-    print(f"  llamax     pp{a.pp} {ours['pp']:8.1f} t/s   tg{a.tg} {ours['tg']:8.1f} t/s")
+    rows = []
     for m, n in (("pp", a.pp), ("tg", a.tg)):
-        if theirs[m] is not None:
-            print(f"  llama.cpp  {m}{n} {theirs[m]:8.1f} t/s  [{source[m]}]   llamax / llama.cpp = "
-                  f"{ours[m] / theirs[m]:.2f}x")
-    bench = {m: med(res["llama-bench"], m) for m in ("pp", "tg")}
-    for m, n in (("pp", a.pp), ("tg", a.tg)):
-        if bench[m] is not None:
-            print(f"  llama-bench {m}{n} {bench[m]:7.1f} t/s  [same run]   llamax / llama-bench = {ours[m] / bench[m]:.2f}x")
-    if a.reps > 1:
-        for who, rows in res.items():
-            for m in ("pp", "tg"):
-                vals = sorted(r[m] for r in rows if r.get(m) is not None)
-                if vals:
-                    print(f"    {who:11s} {m}: min {vals[0]:.1f}  max {vals[-1]:.1f}")
+        ours = med(res["llamax"], m)
+        row = {"test": f"{m}{n}", "llamax": ours, "bench": med(res["llama-bench"], m),
+               "cpp": med(res["llama.cpp"], m), "cpp_src": "same run"}
+        if row["cpp"] is None and ref.get(m) is not None and n == (512 if m == "pp" else 128):
+            row["cpp"], row["cpp_src"] = ref[m], "speed.json"
+        vals = sorted(r[m] for r in res["llamax"])
+        row["range"] = f"{vals[0]:.1f}-{vals[-1]:.1f}"
+        rows.append(row)
 
+    def num(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    def ratio(r, k):
+        return "-" if r[k] is None else f"{r['llamax'] / r[k]:.2f}x"
+
+    cols = [("test", False, lambda r: r["test"]), ("llamax t/s", True, lambda r: num(r["llamax"])),
+            ("llamax min-max", True, lambda r: r["range"]),
+            ("llama-bench t/s", True, lambda r: num(r["bench"])),
+            ("llamax / llama-bench", True, lambda r: ratio(r, "bench")),
+            ("llama-cpp-python t/s", True, lambda r: num(r["cpp"]) + ("" if r["cpp"] is None or r["cpp_src"] ==
+                                                                         "same run" else " (speed.json)")),
+            ("llamax / llama-cpp-python", True, lambda r: ratio(r, "cpp"))]
+    print(table(cols, rows))
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,7 +38,8 @@ from llamax.context import Context
 from llamax.generate import decode_prompt
 from llamax.params import ContextParams
 
-__all__ = ["BenchTest", "make_tests", "model_info", "run_bench", "run_matrix", "run_speculative", "markdown", "BACKEND"]
+__all__ = ["BenchTest", "make_tests", "model_info", "run_bench", "run_matrix", "run_speculative", "markdown", "table",
+           "BACKEND", "CONFIG_FIELDS"]
 
 #: the only backend llamax has (llama-bench's `backend` column)
 BACKEND = "CPU"
@@ -51,6 +52,10 @@ _FTYPE_NAMES = {0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_
                 16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 32: "BF16"}
 
 Progress = Callable[[str], None]
+#: called after every timed rep with the model, the test and the configuration (CONFIG_FIELDS)
+AfterRep = Callable[[Any, "BenchTest", dict], None]
+#: a row's context configuration (run_bench's cfg)
+CONFIG_FIELDS = ("type_k", "type_v", "flash_attn", "n_batch", "n_ubatch", "n_threads")
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,7 @@ def _summary(samples_ns: list[int], n_tokens: int) -> dict:
 
 def run_bench(model, tests: Sequence[BenchTest], reps: int = 5, *, type_k: str = "f16", type_v: str = "f16",
               flash_attn: bool = True, n_batch: int = DEFAULT_N_BATCH, n_ubatch: int = DEFAULT_N_UBATCH,
-              seed: int = 0, progress: Progress | None = None) -> list[dict]:
+              seed: int = 0, progress: Progress | None = None, after_rep: AfterRep | None = None) -> list[dict]:
     """Run each test on a fresh context of one configuration: a warm-up, then `reps` timed reps.
 
     Args:
@@ -223,6 +228,9 @@ def run_bench(model, tests: Sequence[BenchTest], reps: int = 5, *, type_k: str =
         type_k, type_v, flash_attn, n_batch, n_ubatch: the contexts' parameters (ContextParams').
         seed: seed of the random token ids.
         progress: called with one line per finished test (e.g. to print to stderr).
+        after_rep: called after each timed rep, outside the timers, with (model, test, configuration:
+            the CONFIG_FIELDS as in the row); e.g. another program's rep of the same test
+            (llamax.bench_llama), so the two alternate.
 
     Returns:
         One dict per test, llama-bench's JSON fields: the model fields of model_info, backends,
@@ -252,7 +260,11 @@ def run_bench(model, tests: Sequence[BenchTest], reps: int = 5, *, type_k: str =
         ctx = Context(model, n_ctx=test.n_ctx, n_seq_max=test.n_seq, **cfg)
         when = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         _run_once(ctx, test, tok, test.n_prompt, min(test.n_gen, 1), timed=False)
-        runs = [_run_once(ctx, test, tok, test.n_prompt, test.n_gen, timed=True) for _ in range(reps)]
+        runs = []
+        for _ in range(reps):
+            runs.append(_run_once(ctx, test, tok, test.n_prompt, test.n_gen, timed=True))
+            if after_rep is not None:
+                after_rep(model, test, cfg)
         row = {**info, "backends": BACKEND, **cfg, "n_prompt": test.n_prompt, "n_gen": test.n_gen,
                "n_depth": test.n_depth, "n_parallel": test.n_parallel, "test": test.name, "test_time": when,
                **_summary([r["pp_ns"] + r["tg_ns"] for r in runs], test.n_tokens)}
@@ -270,7 +282,7 @@ def run_matrix(models: Sequence[str], tests: Sequence[BenchTest], reps: int = 5,
                threads: Sequence[int | None] = (None,), type_k: Sequence[str] = ("f16",),
                type_v: Sequence[str] = ("f16",), flash_attn: Sequence[bool] = (True,),
                n_batch: Sequence[int] = (DEFAULT_N_BATCH,), n_ubatch: Sequence[int] = (DEFAULT_N_UBATCH,),
-               seed: int = 0, progress: Progress | None = None) -> list[dict]:
+               seed: int = 0, progress: Progress | None = None, after_rep: AfterRep | None = None) -> list[dict]:
     """run_bench over every combination of the list-valued options (llama-bench's instances): each
     model (a GGUF path or registry name) is loaded once per thread count. A quantized V cache without
     flash attention (which llama.cpp refuses) is skipped with a progress line.
@@ -304,7 +316,7 @@ def run_matrix(models: Sequence[str], tests: Sequence[BenchTest], reps: int = 5,
             progress(f"loading {name}" + (f" ({nt} threads)" if nt is not None else ""))
         model = Model.load(name, n_threads=nt)
         for cfg in configs:
-            rows += run_bench(model, tests, reps, seed=seed, progress=progress, **cfg)
+            rows += run_bench(model, tests, reps, seed=seed, progress=progress, after_rep=after_rep, **cfg)
     return rows
 
 
@@ -349,6 +361,12 @@ def markdown(rows: Sequence[dict]) -> str:
         cols.append(("n_ubatch", True, lambda r: str(r["n_ubatch"])))
     cols += [("test", True, lambda r: r["test"]),
              ("t/s", True, lambda r: f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}")]
+    return table(cols, rows)
+
+
+def table(cols: Sequence[tuple[str, bool, Callable[[dict], str]]], rows: Sequence[dict]) -> str:
+    """A markdown table of rows: cols are (name, right-aligned, cell of a row); each column as wide as
+    its widest cell."""
     cells = [[f(r) for _, _, f in cols] for r in rows]
     widths = [max([len(name)] + [len(c[i]) for c in cells]) for i, (name, _, _) in enumerate(cols)]
 

@@ -272,6 +272,10 @@ def _bench_parser(sub) -> None:
     p.add_argument("--question", type=int, default=32, help="question tokens of the --serving test (default 32)")
     p.add_argument("-c", "--ctx-size", type=int, default=4096, help="n_ctx of the --serving test (default 4096)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random token ids (default 0)")
+    p.add_argument("--llama-bench", metavar="PATH",
+                   help="llama.cpp's llama-bench binary: one rep of each pp/tg test by it after every llamax "
+                   "rep (same file, threads, cache types, fa, batch sizes); the table gives the CPU, the SIMD "
+                   "level and both medians with their ratio")
     p.add_argument("-o", "--output", choices=["md", "json"], default="md", help="md (default) or json")
     p.add_argument("--json", action="store_const", const="json", dest="output", help="same as -o json")
     p.add_argument("-v", "--verbose", action="store_true", help="log what llama.cpp would log")
@@ -288,6 +292,10 @@ def cmd_bench(a) -> int:
     if a.repetitions < 1:
         print(f"llamax bench: -r {a.repetitions}: the number of reps must be >= 1", file=sys.stderr)
         return 2
+    if a.llama_bench and (a.serving or a.grammar is not None or a.spec_type != "none" or a.parallel):
+        print("llamax bench: --llama-bench compares the pp/tg tests only (not --serving, --grammar, --spec-type "
+              "or --parallel)", file=sys.stderr)
+        return 2
     if a.serving:
         return _bench_serving(a, flat)
     if a.grammar is not None:
@@ -303,14 +311,38 @@ def cmd_bench(a) -> int:
     def progress(line: str) -> None:
         print(f"llamax bench: {line}", file=sys.stderr, flush=True)
 
-    rows = bench.run_matrix(flat(a.model, [models.DEFAULT]), tests, a.repetitions, threads=flat(a.threads, [None]),
-                            type_k=flat(a.cache_type_k, ["f16"]), type_v=flat(a.cache_type_v, ["f16"]),
-                            flash_attn=flat(a.flash_attn, [True]), n_batch=flat(a.batch_size, [2048]),
-                            n_ubatch=flat(a.ubatch_size, [512]), seed=a.seed, progress=progress)
+    options = dict(threads=flat(a.threads, [None]), type_k=flat(a.cache_type_k, ["f16"]),
+                   type_v=flat(a.cache_type_v, ["f16"]), flash_attn=flat(a.flash_attn, [True]),
+                   n_batch=flat(a.batch_size, [2048]), n_ubatch=flat(a.ubatch_size, [512]), seed=a.seed,
+                   progress=progress)
+    names = flat(a.model, [models.DEFAULT])
+    if a.llama_bench:
+        return _bench_beside_llama(a, names, tests, options)
+    rows = bench.run_matrix(names, tests, a.repetitions, **options)
     if a.output == "json":
         print(json.dumps(rows, indent=2))
     else:
         print(bench.markdown(rows))
+    return 0
+
+
+def _bench_beside_llama(a, names: list[str], tests: list, options: dict) -> int:
+    """`llamax bench --llama-bench PATH`: bench_llama.compare's table (JSON: its rows, each with the machine's
+    fields)."""
+    import json
+
+    from llamax import bench_llama
+
+    try:
+        rows = bench_llama.compare(names, tests, a.repetitions, a.llama_bench, **options)
+    except RuntimeError as e:
+        print(f"llamax bench: {e}", file=sys.stderr)
+        return 1
+    where = bench_llama.machine()
+    if a.output == "json":
+        print(json.dumps([{**where, **r} for r in rows], indent=2))
+    else:
+        print(bench_llama.markdown(rows, where))
     return 0
 
 
