@@ -47,12 +47,14 @@
 #ifndef LX_ATTN_PASS
 
 #include "attention.h"
+#include "attn_tile.h"
 #include "cpu.h"
 #include "simd.h"
 #include "vexp.h"
 
 #include <assert.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -1232,41 +1234,60 @@ static void remap_visible(vis_list *vl, const int32_t *perm, int64_t i0) {
     }
 }
 
-/* The state of the chunk whose scan runs from cell i0 to i_end (at most LX_ATTN_CHUNK visible
- * cells, gather_visible), computed from scratch into st; an empty chunk gives an empty state
- * (m = -inf). Reads only the K/V rows (or V^T columns) of visible cells. Returns where the
- * next chunk's scan may start. */
-static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos *it, int64_t i0,
-                           int64_t i_end, attn_state st) {
+/* The visible cells of item it's chunk whose scan runs from cell i0 to i_end (at most
+ * LX_ATTN_CHUNK of them, gather_visible) into vl, their offsets counted from cell *c0 (0 through
+ * a perm). Returns where the next chunk's scan may start. */
+static int64_t chunk_gather(const attn_ctx *c, const item_pos *it, int64_t i0, int64_t i_end, vis_list *vl,
+                            int64_t *c0) {
     const lx_attn_params *p = c->p;
-    const int nh = it->nh;
     const float *mrow = c->mask + (it->s * p->n_tps_pad + it->t) * p->n_kv;
-
-    vis_list vl;
-    const int64_t next = gather_visible(mrow, i0, i_end, &vl);
-    int64_t c0 = i0;                            /* the cell the offsets in vl count from */
-    if (p->perm && vl.n) {
-        remap_visible(&vl, p->perm + it->s * p->n_kv, i0);
-        c0 = 0;
+    const int64_t next = gather_visible(mrow, i0, i_end, vl);
+    *c0 = i0;
+    if (p->perm && vl->n) {
+        remap_visible(vl, p->perm + it->s * p->n_kv, i0);
+        *c0 = 0;
     }
-    if (vl.n == 0) {
-        for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
-        return next;
-    }
+    return next;
+}
 
-    _Alignas(32) float S[LX_ATTN_MAX_GROUP * LDS];
+/* element offsets of item it's K row (of its kv head) of cell c0 and the stride between cells */
+static int64_t k_base_of(const attn_ctx *c, const item_pos *it, int64_t c0, int64_t *stride) {
+    const lx_attn_params *p = c->p;
+    *stride = p->n_head_kv * p->d_k;
+    return (it->s * p->kv_size + c0) * *stride + it->g * p->d_k;
+}
+
+/* the same for V (flash layout) */
+static int64_t v_base_of(const attn_ctx *c, const item_pos *it, int64_t c0, int64_t *stride) {
+    const lx_attn_params *p = c->p;
+    *stride = p->n_head_kv * p->d_v;
+    return (it->s * p->kv_size + c0) * *stride + it->g * p->d_v;
+}
+
+/* S [nh][LDS] <- the raw scores q . k of item it's heads over vl's cells */
+static void chunk_dots(const attn_ctx *c, const kernel_set *ks, const item_pos *it, const vis_list *vl,
+                       int64_t c0, float *S) {
+    const lx_attn_params *p = c->p;
     const float *qh = c->q + ((it->s * p->n_tps + it->t) * p->n_head + it->h0) * p->d_k;
-    const int64_t k_stride = p->n_head_kv * p->d_k;
-    const int64_t k_base = (it->s * p->kv_size + c0) * k_stride + it->g * p->d_k;
+    int64_t k_stride;
+    const int64_t k_base = k_base_of(c, it, c0, &k_stride);
     if (type_quant(p->type_k)) {
         /* the pass's query heads as q8_0, once per chunk (nh * d_k values against the chunk's
          * up to 256 * nh * d_k multiply-adds) */
         q8_heads qq;
-        quantize_heads(qh, nh, p->d_k, &qq);
-        ks->dots_q(c, &qq, k_base, k_stride, &vl, nh, S);
+        quantize_heads(qh, it->nh, p->d_k, &qq);
+        ks->dots_q(c, &qq, k_base, k_stride, vl, it->nh, S);
     } else {
-        ks->dots(c, qh, k_base, k_stride, &vl, nh, S);
+        ks->dots(c, qh, k_base, k_stride, vl, it->nh, S);
     }
+}
+
+/* st's m and l (and S's rows the weights P) of a non-empty chunk from its raw scores S
+ * (chunk_dots): the logits, their max, the exp and its sum */
+static void chunk_probs(const attn_ctx *c, const kernel_set *ks, const item_pos *it, const vis_list *vl, float *S,
+                        attn_state st) {
+    const lx_attn_params *p = c->p;
+    const int nh = it->nh;
 
     /* scores -> logits, as llama.cpp's two paths define them */
     const float cap = p->softcap;
@@ -1275,41 +1296,65 @@ static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_p
         if (!c->vtrans) {
             const float scale = cap != 0.0f ? p->scale / cap : p->scale;
             if (cap != 0.0f) {
-                for (int j = 0; j < vl.n; ++j) row[j] = cap * tanhf(row[j] * scale) + vl.mv[j];
+                for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * scale) + vl->mv[j];
             } else {
-                for (int j = 0; j < vl.n; ++j) row[j] = row[j] * scale + vl.mv[j];
+                for (int j = 0; j < vl->n; ++j) row[j] = row[j] * scale + vl->mv[j];
             }
         } else {
             const float inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
             if (cap != 0.0f) {
-                for (int j = 0; j < vl.n; ++j) row[j] = cap * tanhf(row[j] * inv_cap) * p->scale + vl.mv[j];
+                for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * inv_cap) * p->scale + vl->mv[j];
             } else {
-                for (int j = 0; j < vl.n; ++j) row[j] = row[j] * p->scale + vl.mv[j];
+                for (int j = 0; j < vl->n; ++j) row[j] = row[j] * p->scale + vl->mv[j];
             }
         }
-        st.m[h] = row_max(row, vl.n);
+        st.m[h] = row_max(row, vl->n);
     }
 
     /* a head whose scores are all -inf (possible only with infinite inputs) takes no part */
-    bool degenerate = false;
-    float m_safe[LX_ATTN_MAX_GROUP];
-    for (int h = 0; h < nh; ++h) {
-        degenerate |= st.m[h] == -INFINITY;
-        m_safe[h] = st.m[h] == -INFINITY ? 0.0f : st.m[h];
-    }
-    ks->expsum(S, vl.n, nh, m_safe, st.l);
+    float m_safe[LX_ATTN_MAX_GROUP] = {0.0f};
+    for (int h = 0; h < nh; ++h) m_safe[h] = st.m[h] == -INFINITY ? 0.0f : st.m[h];
+    ks->expsum(S, vl->n, nh, m_safe, st.l);
+    for (int h = 0; h < nh; ++h) if (st.m[h] == -INFINITY) st.l[h] = 0.0f;
+}
 
+/* st <- the state of a non-empty chunk from its raw scores S: chunk_probs, then the V
+ * accumulation from the cache */
+static void chunk_finish(const attn_ctx *c, const kernel_set *ks, const item_pos *it, const vis_list *vl,
+                         int64_t c0, float *S, attn_state st) {
+    const lx_attn_params *p = c->p;
+    chunk_probs(c, ks, it, vl, S, st);
     if (!c->vtrans) {
-        const int64_t v_stride = p->n_head_kv * p->d_v;
-        const int64_t v_base = (it->s * p->kv_size + c0) * v_stride + it->g * p->d_v;
-        ks->vacc(c, S, v_base, v_stride, &vl, nh, st.acc);
+        int64_t v_stride;
+        const int64_t v_base = v_base_of(c, it, c0, &v_stride);
+        ks->vacc(c, S, v_base, v_stride, vl, it->nh, st.acc);
     } else {
         const int64_t vt_base = (it->s * p->n_head_kv + it->g) * p->d_v * p->kv_size + c0;
-        ks->vtacc(c, S, vt_base, &vl, nh, st.acc);
+        ks->vtacc(c, S, vt_base, vl, it->nh, st.acc);
     }
-    if (degenerate) {
-        for (int h = 0; h < nh; ++h) if (st.m[h] == -INFINITY) st.l[h] = 0.0f;
+}
+
+/* st <- the empty state of nh heads (m = -inf) */
+static void state_clear(attn_state st, int nh) {
+    for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
+}
+
+/* The state of the chunk whose scan runs from cell i0 to i_end (at most LX_ATTN_CHUNK visible
+ * cells, gather_visible), computed from scratch into st; an empty chunk gives an empty state
+ * (m = -inf). Reads only the K/V rows (or V^T columns) of visible cells. Returns where the
+ * next chunk's scan may start. */
+static int64_t chunk_state(const attn_ctx *c, const kernel_set *ks, const item_pos *it, int64_t i0,
+                           int64_t i_end, attn_state st) {
+    vis_list vl;
+    int64_t c0;
+    const int64_t next = chunk_gather(c, it, i0, i_end, &vl, &c0);
+    if (vl.n == 0) {
+        state_clear(st, it->nh);
+        return next;
     }
+    _Alignas(32) float S[LX_ATTN_MAX_GROUP * LDS];
+    chunk_dots(c, ks, it, &vl, c0, S);
+    chunk_finish(c, ks, it, &vl, c0, S, st);
     return next;
 }
 
@@ -1347,9 +1392,6 @@ static void state_store(const attn_ctx *c, const item_pos *it, attn_state run) {
     }
 }
 
-static void state_clear(attn_state st, int nh) {
-    for (int h = 0; h < nh; ++h) { st.m[h] = -INFINITY; st.l[h] = 0.0f; }
-}
 
 /* every chunk of item w, in order, folded on this thread: a running cursor walks the mask row
  * once (each chunk's scan starts where the previous one stopped) */
@@ -1474,6 +1516,155 @@ static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
     state_store(c, &it, run);
 }
 
+/* ---- tiles of query tokens (prefill, the AVX2 level: attn_tile.h) ---------------------------
+ *
+ * Tile u = (stream, TILE_TOKENS consecutive tokens, kv head, head pass). Its tokens walk their
+ * chunks together: each round takes the first unfinished token's next chunk and every token whose
+ * next chunk is the same (the same scan start, visible cells, mask values and end); their K rows
+ * are converted and transposed once, their V rows converted once, and the attn_tile kernels run
+ * every query head of them. A token whose chunk differs (a causal row's last chunk) runs it alone
+ * with the per-token kernels. Each token's chunks and merges are those of run_item, with the same
+ * bits (attn_tile.h). */
+#define TILE_TOKENS 16
+
+static bool tiles_apply(const attn_ctx *c) {
+    const lx_attn_params *p = c->p;
+    return c->level == LX_SIMD_AVX2 && p->n_tps > 1 && !type_quant(p->type_k) && !type_quant(p->type_v) &&
+           p->d_k % 8 == 0 && p->d_v % 8 == 0;
+}
+
+static int64_t n_tiles_of(const attn_ctx *c) {
+    const lx_attn_params *p = c->p;
+    return p->n_stream * ((p->n_tps + TILE_TOKENS - 1) / TILE_TOKENS) * p->n_head_kv * c->n_pass;
+}
+
+/* one thread's buffers of run_tile, sized for the call (tile_alloc) */
+typedef struct {
+    vis_list *vl;     /* [TILE_TOKENS] */
+    int64_t *off;     /* [LX_ATTN_CHUNK] */
+    float *S;         /* [TILE_TOKENS][hp * LDS] */
+    float *run;       /* [TILE_TOKENS][hp * (d_v + 2)] */
+    float *tmp;       /* [TILE_TOKENS][hp * (d_v + 2)] */
+    float *kt;        /* [d_k][LX_ATTN_CHUNK]: K transposed */
+    float *vf;        /* [LX_ATTN_CHUNK][d_v]: V rows */
+    void *mem;
+} tile_buf;
+
+/* tb's buffers for a call of c in one allocation; false (nothing allocated) when there is no memory */
+static bool tile_alloc(const attn_ctx *c, tile_buf *tb) {
+    const int64_t st = c->hp * (c->p->d_v + 2);
+    const size_t sizes[7] = {TILE_TOKENS * sizeof(vis_list), LX_ATTN_CHUNK * sizeof(int64_t),
+                             (size_t) (TILE_TOKENS * c->hp * LDS) * sizeof(float),
+                             (size_t) (TILE_TOKENS * st) * sizeof(float), (size_t) (TILE_TOKENS * st) * sizeof(float),
+                             (size_t) (c->p->d_k * LX_ATTN_CHUNK) * sizeof(float),
+                             (size_t) (LX_ATTN_CHUNK * c->p->d_v) * sizeof(float)};
+    size_t at[7], total = 0;
+    for (int i = 0; i < 7; ++i) {
+        at[i] = total;
+        total += (sizes[i] + 63) & ~(size_t) 63;
+    }
+    uint8_t *m = aligned_alloc(64, total);
+    if (!m) return false;
+    *tb = (tile_buf) {(vis_list *) m, (int64_t *) (m + at[1]), (float *) (m + at[2]), (float *) (m + at[3]),
+                      (float *) (m + at[4]), (float *) (m + at[5]), (float *) (m + at[6]), m};
+    return true;
+}
+
+static bool same_chunk(const vis_list *a, const vis_list *b) {
+    return a->n == b->n && memcmp(a->idx, b->idx, (size_t) a->n * sizeof a->idx[0]) == 0 &&
+           memcmp(a->mv, b->mv, (size_t) a->n * sizeof a->mv[0]) == 0;
+}
+
+static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, tile_buf *tb) {
+    const lx_attn_params *p = c->p;
+    const int64_t dv = p->d_v, n_kv = p->n_kv, n_tt = (p->n_tps + TILE_TOKENS - 1) / TILE_TOKENS;
+    const int64_t pass = u % c->n_pass;
+    int64_t r = u / c->n_pass;
+    const int64_t g = r % p->n_head_kv;
+    r /= p->n_head_kv;
+    const int64_t t0 = (r % n_tt) * TILE_TOKENS, s = r / n_tt;
+    const int nt = (int) (p->n_tps - t0 < TILE_TOKENS ? p->n_tps - t0 : TILE_TOKENS);
+    if (!tb) {   /* no buffer: each token alone */
+        for (int k = 0; k < nt; ++k) run_item(c, ks, ((s * p->n_tps + t0 + k) * p->n_head_kv + g) * c->n_pass + pass);
+        return;
+    }
+    item_pos its[TILE_TOKENS];
+    attn_state run[TILE_TOKENS];
+    attn_state tmp[TILE_TOKENS];   /* token k's state of the chunk at hand */
+    float *S[TILE_TOKENS];         /* token k's scores [hp][LDS] */
+    int64_t cur[TILE_TOKENS], next[TILE_TOKENS], c0[TILE_TOKENS];
+    for (int k = 0; k < nt; ++k) {
+        S[k] = tb->S + k * c->hp * LDS;
+        its[k] = item_at(c, ((s * p->n_tps + t0 + k) * p->n_head_kv + g) * c->n_pass + pass);
+        run[k] = state_at(tb->run + k * c->hp * (dv + 2), c->hp);
+        tmp[k] = state_at(tb->tmp + k * c->hp * (dv + 2), c->hp);
+        state_clear(run[k], its[k].nh);
+        cur[k] = 0;
+    }
+    const int kf16 = p->type_k == LX_TYPE_F16, vf16 = p->type_v == LX_TYPE_F16;
+    for (;;) {
+        int lead = 0;
+        while (lead < nt && cur[lead] >= n_kv) ++lead;
+        if (lead == nt) break;
+        const int64_t i0 = cur[lead];
+        bool with[TILE_TOKENS] = {false};
+        int n_with = 0;
+        for (int k = lead; k < nt; ++k) {
+            if (cur[k] != i0) continue;
+            next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
+            with[k] = k == lead || (next[k] == next[lead] && c0[k] == c0[lead] && same_chunk(&tb->vl[k], &tb->vl[lead]));
+            n_with += with[k];
+        }
+        const vis_list *vl = &tb->vl[lead];
+        if (n_with > 1 && vl->n > 0) {
+            /* the shared chunk: K and V once, every query head of the tokens with it */
+            int64_t k_stride;
+            const int64_t k_base = k_base_of(c, &its[lead], c0[lead], &k_stride);
+            for (int j = 0; j < vl->n; ++j) tb->off[j] = k_base + (int64_t) vl->idx[j] * k_stride;
+            const int64_t ld = (vl->n + 7) & ~(int64_t) 7;
+            lx_attn_tile_kt(c->k, kf16, tb->off, vl->n, p->d_k, tb->kt, ld);
+            const float *qs[TILE_TOKENS * LX_ATTN_MAX_GROUP];   /* the query rows, then the weights P */
+            float *Ss[TILE_TOKENS * LX_ATTN_MAX_GROUP];         /* their scores, then their acc rows */
+            int nq = 0;
+            for (int k = lead; k < nt; ++k) {
+                if (!with[k]) continue;
+                const float *qk = c->q + ((its[k].s * p->n_tps + its[k].t) * p->n_head + its[k].h0) * p->d_k;
+                for (int h = 0; h < its[k].nh; ++h, ++nq) qs[nq] = qk + h * p->d_k, Ss[nq] = S[k] + h * LDS;
+            }
+            lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq);
+            int nv = 0;
+            for (int k = lead; k < nt; ++k) {
+                if (!with[k]) continue;
+                if (c->vtrans) {
+                    chunk_finish(c, ks, &its[k], vl, c0[k], S[k], tmp[k]);
+                    continue;
+                }
+                chunk_probs(c, ks, &its[k], vl, S[k], tmp[k]);
+                for (int h = 0; h < its[k].nh; ++h, ++nv) qs[nv] = S[k] + h * LDS, Ss[nv] = tmp[k].acc + h * dv;
+            }
+            if (nv) {
+                int64_t v_stride;
+                const int64_t v_base = v_base_of(c, &its[lead], c0[lead], &v_stride);
+                for (int j = 0; j < vl->n; ++j) tb->off[j] = v_base + (int64_t) vl->idx[j] * v_stride;
+                lx_attn_tile_vf(c->v, vf16, tb->off, vl->n, dv, tb->vf);
+                lx_attn_tile_vacc(tb->vf, vl->n, dv, qs, Ss, nv);
+            }
+            for (int k = lead; k < nt; ++k)
+                if (with[k]) state_merge(run[k], tmp[k], its[k].nh, dv);
+        }
+        for (int k = lead; k < nt; ++k) {   /* the tokens whose chunk starts here alone (an empty one adds nothing) */
+            if (cur[k] != i0) continue;
+            if ((!with[k] || n_with == 1) && tb->vl[k].n > 0) {
+                chunk_dots(c, ks, &its[k], &tb->vl[k], c0[k], S[k]);
+                chunk_finish(c, ks, &its[k], &tb->vl[k], c0[k], S[k], tmp[k]);
+                state_merge(run[k], tmp[k], its[k].nh, dv);
+            }
+            cur[k] = next[k];
+        }
+    }
+    for (int k = 0; k < nt; ++k) state_store(c, &its[k], run[k]);
+}
+
 static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n_threads) {
     const lx_attn_params *p = c->p;
     const kernel_set *ks = kernels_for(c->level);
@@ -1503,8 +1694,20 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
             }
         } else {
             /* chunk size 1: causal prefill rows grow with the token, so deal them round-robin */
-            #pragma omp parallel for schedule(static, 1) num_threads(n_threads)
-            for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
+            if (tiles_apply(c)) {
+                const int64_t n_tiles = n_tiles_of(c);
+                #pragma omp parallel num_threads(n_threads)
+                {
+                    tile_buf tb;
+                    const bool ok = tile_alloc(c, &tb);
+                    #pragma omp for schedule(static, 1)
+                    for (int64_t u = 0; u < n_tiles; ++u) run_tile(c, ks, u, ok ? &tb : NULL);
+                    if (ok) free(tb.mem);
+                }
+            } else {
+                #pragma omp parallel for schedule(static, 1) num_threads(n_threads)
+                for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
+            }
         }
         return;
     }
@@ -1513,6 +1716,11 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     if (split) {
         for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, pairs[x], scratch);
         for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
+    } else if (tiles_apply(c)) {
+        tile_buf tb;
+        const bool ok = tile_alloc(c, &tb);
+        for (int64_t u = 0, n_tiles = n_tiles_of(c); u < n_tiles; ++u) run_tile(c, ks, u, ok ? &tb : NULL);
+        if (ok) free(tb.mem);
     } else {
         for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
     }

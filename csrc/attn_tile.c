@@ -1,0 +1,234 @@
+/* attn_tile.c: the kernels of attn_tile.h. Each AVX2 kernel sits under its scalar twin.
+ *
+ * dots: the cells are in the lanes (kt's columns), so a head's 8 partial sums p_l are 8 vectors
+ * over 8 cells, each an fma chain over its e = l + 8 i; register tile: 6 query rows x 16 cells
+ * (12 accumulators), one broadcast of q per row and step, one load of kt per 8 cells and step.
+ * The tree then adds whole vectors: no horizontal sums. vacc: 3 rows x 32 output lanes (12
+ * accumulators) over 64 cells at a time (their V rows stay in L1 for all rows), the chains carried
+ * through acc from one block of cells to the next (a store and a load change no value).
+ */
+#include "attn_tile.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "quants.h"
+#include "simd.h"
+
+static float elt(const void *base, int f16, int64_t i) {
+    return f16 ? lx_fp16_to_fp32(((const uint16_t *) base)[i]) : ((const float *) base)[i];
+}
+
+/* ---- K transposed ------------------------------------------------------------------------- */
+
+void lx_attn_tile_kt_ref(const void *base, int f16, const int64_t *off, int n, int64_t d, float *kt, int64_t ld) {
+    for (int64_t e = 0; e < d; ++e)
+        for (int64_t j = 0; j < ld; ++j) kt[e * ld + j] = j < n ? elt(base, f16, off[j] + e) : 0.0f;
+}
+
+#ifdef LX_SIMD_AVX2_FN
+LX_SIMD_AVX2_FN __m256 row8(const void *base, int f16, int64_t at) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) ((const uint16_t *) base + at)))
+               : _mm256_loadu_ps((const float *) base + at);
+}
+
+__attribute__((target("avx2,fma,f16c"))) static void kt_avx2(const void *base, int f16, const int64_t *off, int n,
+                                                             int64_t d, float *kt, int64_t ld) {
+    const size_t es = f16 ? 2 : 4, row_bytes = (size_t) d * es;
+    for (int64_t j0 = 0; j0 < ld; j0 += 8) {
+        for (int64_t x = j0 + 16; x < j0 + 24 && x < n; ++x)   /* the rows two blocks ahead */
+            for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *) base + (size_t) off[x] * es + b, _MM_HINT_T0);
+        for (int64_t e0 = 0; e0 < d; e0 += 8) {
+            __m256 r[8];
+            for (int x = 0; x < 8; ++x)
+                r[x] = j0 + x < n ? row8(base, f16, off[j0 + x] + e0) : _mm256_setzero_ps();
+            const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+            const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+            const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+            const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+            float *o = kt + e0 * ld + j0;
+            _mm256_storeu_ps(o + 0 * ld, _mm256_permute2f128_ps(u0, u4, 0x20));
+            _mm256_storeu_ps(o + 1 * ld, _mm256_permute2f128_ps(u1, u5, 0x20));
+            _mm256_storeu_ps(o + 2 * ld, _mm256_permute2f128_ps(u2, u6, 0x20));
+            _mm256_storeu_ps(o + 3 * ld, _mm256_permute2f128_ps(u3, u7, 0x20));
+            _mm256_storeu_ps(o + 4 * ld, _mm256_permute2f128_ps(u0, u4, 0x31));
+            _mm256_storeu_ps(o + 5 * ld, _mm256_permute2f128_ps(u1, u5, 0x31));
+            _mm256_storeu_ps(o + 6 * ld, _mm256_permute2f128_ps(u2, u6, 0x31));
+            _mm256_storeu_ps(o + 7 * ld, _mm256_permute2f128_ps(u3, u7, 0x31));
+        }
+    }
+}
+#endif
+
+void lx_attn_tile_kt(const void *base, int f16, const int64_t *off, int n, int64_t d, float *kt, int64_t ld) {
+#ifdef LX_SIMD_AVX2_FN
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
+        kt_avx2(base, f16, off, n, d, kt, ld);
+        return;
+    }
+#endif
+    lx_attn_tile_kt_ref(base, f16, off, n, d, kt, ld);
+}
+
+/* ---- V rows ------------------------------------------------------------------------------- */
+
+void lx_attn_tile_vf(const void *base, int f16, const int64_t *off, int n, int64_t dv, float *vf) {
+    const size_t es = f16 ? 2 : 4, row_bytes = (size_t) dv * es;
+    for (int j = 0; j < n; ++j) {
+        if (j + 8 < n)   /* the row eight ahead */
+            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *) base + (size_t) off[j + 8] * es + b);
+        if (f16) lx_fp16_to_fp32_row((const uint16_t *) base + off[j], vf + (int64_t) j * dv, dv);
+        else memcpy(vf + (int64_t) j * dv, (const float *) base + off[j], (size_t) dv * sizeof(float));
+    }
+}
+
+/* ---- scores ------------------------------------------------------------------------------- */
+
+void lx_attn_tile_dots_ref(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
+                           int nq) {
+    for (int i = 0; i < nq; ++i)
+        for (int j = 0; j < n; ++j) {
+            float p[8];
+            for (int l = 0; l < 8; ++l) {
+                float a = 0.0f;
+                for (int64_t e = l; e < d; e += 8) a = fmaf(kt[e * ld + j], q[i][e], a);
+                p[l] = a;
+            }
+            S[i][j] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+        }
+}
+
+#ifdef LX_SIMD_AVX2_FN
+#define TILE_ROWS 6
+
+/* rows q[0..H) x cells [j0, j0 + 8 C) */
+LX_SIMD_AVX2_FN void dots_block(const float *kt, int64_t ld, int64_t d, int64_t j0, const float *const *q,
+                                float *const *S, const int H, const int C) {
+    __m256 part[8][TILE_ROWS][2];
+    for (int l = 0; l < 8; ++l) {
+        __m256 acc[TILE_ROWS][2];
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
+        for (int64_t e = l; e < d; e += 8) {
+            const float *kr = kt + e * ld + j0;
+            const __m256 k0 = _mm256_loadu_ps(kr), k1 = C > 1 ? _mm256_loadu_ps(kr + 8) : k0;
+            for (int h = 0; h < H; ++h) {
+                const __m256 b = _mm256_broadcast_ss(q[h] + e);
+                acc[h][0] = _mm256_fmadd_ps(k0, b, acc[h][0]);
+                if (C > 1) acc[h][1] = _mm256_fmadd_ps(k1, b, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) part[l][h][c] = acc[h][c];
+    }
+    for (int h = 0; h < H; ++h)
+        for (int c = 0; c < C; ++c) {
+            const __m256 a = _mm256_add_ps(_mm256_add_ps(part[0][h][c], part[1][h][c]),
+                                           _mm256_add_ps(part[2][h][c], part[3][h][c]));
+            const __m256 b = _mm256_add_ps(_mm256_add_ps(part[4][h][c], part[5][h][c]),
+                                           _mm256_add_ps(part[6][h][c], part[7][h][c]));
+            _mm256_storeu_ps(S[h] + j0 + 8 * c, _mm256_add_ps(a, b));
+        }
+}
+
+#define DOTS_H(H)                                                      \
+    case H:                                                            \
+        if (C == 2) dots_block(kt, ld, d, j0, q + i, S + i, H, 2);     \
+        else dots_block(kt, ld, d, j0, q + i, S + i, H, 1);            \
+        break;
+
+__attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *kt, int64_t ld, int n, int64_t d,
+                                                               const float *const *q, float *const *S, int nq) {
+    for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int C = n - j0 > 8 ? 2 : 1;
+        for (int i = 0; i < nq; i += TILE_ROWS) {
+            switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
+                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
+            }
+        }
+    }
+}
+#undef DOTS_H
+#endif
+
+void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
+                       int nq) {
+#ifdef LX_SIMD_AVX2_FN
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
+        dots_avx2(kt, ld, n, d, q, S, nq);
+        return;
+    }
+#endif
+    lx_attn_tile_dots_ref(kt, ld, n, d, q, S, nq);
+}
+
+/* ---- V accumulation ----------------------------------------------------------------------- */
+
+void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+    for (int i = 0; i < nq; ++i)
+        for (int64_t e = 0; e < dv; ++e) {
+            float a = 0.0f;
+            for (int j = 0; j < n; ++j) a = fmaf(P[i][j], vf[(int64_t) j * dv + e], a);
+            acc[i][e] = a;
+        }
+}
+
+#ifdef LX_SIMD_AVX2_FN
+#define VACC_ROWS 3     /* query rows per pass */
+#define VACC_CELLS 64   /* cells per pass: 64 rows of vf stay in L1 for every row of P */
+
+/* rows [0, H) of P / acc, lanes [e0, e0 + 8 NV), cells [j0, j1): the chains go on from acc (from +0 at
+ * j0 == 0) */
+LX_SIMD_AVX2_FN void vacc_block(const float *vf, int64_t dv, const float *const *P, float *const *acc, int j0,
+                                int j1, int64_t e0, const int H, const int NV) {
+    __m256 a[VACC_ROWS][4];
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc[h] + e0 + 8 * r);
+    for (int j = j0; j < j1; ++j) {
+        __m256 p[VACC_ROWS];
+        for (int h = 0; h < H; ++h) p[h] = _mm256_broadcast_ss(P[h] + j);
+        const float *row = vf + (int64_t) j * dv + e0;
+        for (int r = 0; r < NV; ++r) {
+            const __m256 v = _mm256_loadu_ps(row + 8 * r);
+            for (int h = 0; h < H; ++h) a[h][r] = _mm256_fmadd_ps(p[h], v, a[h][r]);
+        }
+    }
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) _mm256_storeu_ps(acc[h] + e0 + 8 * r, a[h][r]);
+}
+
+#define VACC_NV(H, NV) case NV: vacc_block(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
+#define VACC_H(H)                                                                           \
+    case H:                                                                                 \
+        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
+        break;
+
+__attribute__((target("avx2,fma,f16c"))) static void vacc_avx2(const float *vf, int n, int64_t dv,
+                                                               const float *const *P, float *const *acc, int nq) {
+    for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
+        const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
+        for (int i = 0; i < nq; i += VACC_ROWS)
+            for (int64_t e0 = 0; e0 < dv; e0 += 32) {
+                const int nv = (dv - e0) / 8 < 4 ? (int) ((dv - e0) / 8) : 4;
+                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
+            }
+    }
+}
+#undef VACC_H
+#undef VACC_NV
+#endif
+
+void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+#ifdef LX_SIMD_AVX2_FN
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
+        vacc_avx2(vf, n, dv, P, acc, nq);
+        return;
+    }
+#endif
+    lx_attn_tile_vacc_ref(vf, n, dv, P, acc, nq);
+}

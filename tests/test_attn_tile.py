@@ -1,0 +1,152 @@
+"""The attention of a tile of query tokens sharing a chunk (csrc/attn_tile.h, attention.c's run_tile).
+
+(a) Each kernel against its scalar twin, bit for bit, at every SIMD level of this CPU: the transposed K,
+    the scores (6-row register tiles, remainders of rows and cells), the V accumulation (3 rows x 32
+    lanes, carried over blocks of 64 cells), the V rows.
+(b) A prefill's tokens, run together in tiles, give each token the bits it gets alone: a causal prompt
+    at depth (every chunk but the last shared), with hidden cells, per-token mask values (nothing
+    shared), a column order (perm), softcap, two streams, GQA groups of 3, 4 and 10 heads (two passes),
+    f16 / f32 / mixed caches and the transposed V, for 1 and 2 threads, at every level.
+"""
+import numpy as np
+import pytest
+
+from llamax._native import attention as A
+from llamax._native import attn_tile as T
+from llamax._native import cpu
+
+LEVELS = cpu.levels()
+
+
+@pytest.fixture(autouse=True)
+def restore():
+    A._set_min_work(1)   # small problems use every thread too
+    yield
+    A._set_min_work(-1)
+    cpu.set_simd_level(-1)
+
+
+def same(a, b):
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+# ---- (a) the kernels and their twins -------------------------------------------------------------
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("n, d", [(1, 8), (7, 64), (8, 64), (13, 256), (100, 72), (256, 64)])
+def test_kt_is_the_transpose(level, dtype, n, d):
+    cpu.set_simd_level(level)
+    rows = np.random.default_rng(n * d).standard_normal((n, d)).astype(dtype)
+    kt = T.kt(rows)
+    assert kt.shape == (d, (n + 7) // 8 * 8)
+    assert same(kt, T.kt(rows, ref=True))
+    assert same(kt[:, :n], np.ascontiguousarray(rows.astype(np.float32).T)) and not kt[:, n:].any()
+    assert same(T.vf(rows), rows.astype(np.float32))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("n, d, nq", [(1, 8, 1), (9, 64, 5), (16, 64, 6), (37, 64, 13), (256, 64, 48),
+                                      (200, 256, 8), (24, 136, 7)])
+def test_dots_match_their_twin(level, n, d, nq):
+    cpu.set_simd_level(level)
+    rng = np.random.default_rng(n + d + nq)
+    kt = T.kt(rng.standard_normal((n, d)).astype(np.float16))
+    q = rng.standard_normal((nq, d)).astype(np.float32)
+    S = T.dots(kt, n, q)
+    assert same(S, T.dots(kt, n, q, ref=True))
+    exact = (q.astype(np.float64) @ kt[:, :n].astype(np.float64))
+    assert np.allclose(S, exact, rtol=1e-5, atol=1e-4)
+    # the order of the twin: 8 chains over e = l, l + 8, ..., then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
+    p = np.zeros((8,), np.float32)
+    for l in range(8):
+        acc = np.float32(0)
+        for e in range(l, d, 8):
+            acc = np.float32(np.float64(kt[e, 0]) * np.float64(q[0, e]) + np.float64(acc))   # an exact fma of f32
+        p[l] = acc
+    tree = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    assert S[0, 0] == tree
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("n, dv, nq", [(1, 8, 1), (63, 64, 2), (64, 64, 3), (65, 64, 4), (256, 64, 48),
+                                       (130, 256, 7), (70, 40, 5), (5, 264, 3)])
+def test_vacc_matches_its_twin(level, n, dv, nq):
+    cpu.set_simd_level(level)
+    rng = np.random.default_rng(n + dv + nq)
+    vf = rng.standard_normal((n, dv)).astype(np.float32)
+    P = rng.random((nq, n)).astype(np.float32)
+    acc = T.vacc(vf, P)
+    assert same(acc, T.vacc(vf, P, ref=True))
+    assert np.allclose(acc, P.astype(np.float64) @ vf.astype(np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_kernels_refuse_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of 8"):
+        T.kt(np.zeros((4, 12), np.float32))
+    with pytest.raises(TypeError):
+        T.kt(np.zeros((4, 16), np.float64))
+    with pytest.raises(ValueError, match="kt"):
+        T.dots(np.zeros((16, 8), np.float32), 9, np.zeros((1, 16), np.float32))
+    with pytest.raises(ValueError, match="P must be"):
+        T.vacc(np.zeros((4, 8), np.float32), np.zeros((2, 5), np.float32))
+
+
+# ---- (b) a token's bits in a tile and alone --------------------------------------------------------
+
+def cache(rng, t, n_stream, kv_size, n_head_kv, d):
+    x = rng.standard_normal((n_stream, kv_size, n_head_kv, d)).astype(np.float32)
+    return x.astype(np.float16) if t == "f16" else x
+
+
+def causal_mask(n_stream, n_tps, n_kv, depth, holes=(), per_token=False):
+    """Token t of a stream sees cells [0, depth + t] but the holes; per_token: each token's visible
+    cells get a value of its own (ALiBi-like), so no two tokens share a chunk."""
+    m = np.full((n_stream, n_tps, n_kv), -np.inf, np.float32)
+    for t in range(n_tps):
+        m[:, t, :depth + t + 1] = -np.float32(t) * np.arange(depth + t + 1, dtype=np.float32)[::-1] / 64 if per_token else 0
+    for h in holes:
+        m[:, :, h] = -np.inf
+    return m
+
+
+CASES = {   # n_head, n_head_kv, d, type_k, type_v, v_trans, n_stream, depth, n_tps, extra
+    "smollm2 f16": (9, 3, 64, "f16", "f16", False, 1, 600, 37, {}),
+    "gemma d256": (4, 1, 256, "f16", "f16", False, 1, 300, 20, {}),
+    "two passes": (20, 2, 64, "f16", "f32", False, 1, 520, 17, {}),
+    "f32 cache": (8, 2, 32, "f32", "f32", False, 1, 700, 33, {}),
+    "vtrans": (9, 3, 64, "f16", "f16", True, 1, 600, 19, {}),
+    "two streams": (6, 2, 64, "f16", "f16", False, 2, 400, 18, {}),
+    "holes": (9, 3, 64, "f16", "f16", False, 1, 600, 21, {"holes": (3, 100, 101, 257, 511)}),
+    "per-token mask": (9, 3, 64, "f16", "f16", False, 1, 300, 17, {"per_token": True}),
+    "softcap": (4, 1, 64, "f16", "f16", False, 1, 300, 16, {"softcap": 30.0}),
+    "perm": (9, 3, 64, "f16", "f16", False, 1, 600, 18, {"perm": True}),
+}
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("n_threads", [1, 2])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_token_in_a_tile_gets_its_bits_alone(level, n_threads, case):
+    cpu.set_simd_level(level)
+    nh, nkv, d, tk, tv, v_trans, ns, depth, n_tps, extra = CASES[case]
+    rng = np.random.default_rng(len(case))
+    n_kv = depth + n_tps + 5           # cells past every token's row: hidden from all
+    kv_size = n_kv + 3
+    k = cache(rng, tk, ns, kv_size, nkv, d)
+    v = cache(rng, tv, ns, kv_size, nkv, d)
+    if v_trans:
+        v = np.ascontiguousarray(v.transpose(0, 2, 3, 1))
+    q = rng.standard_normal((ns * n_tps, nh, d)).astype(np.float32)
+    mask = causal_mask(ns, n_tps, n_kv, depth, extra.get("holes", ()), extra.get("per_token", False))
+    kw = dict(n_kv=n_kv, scale=0.125, softcap=extra.get("softcap", 0.0), v_trans=v_trans, n_threads=n_threads)
+    if extra.get("perm"):
+        kw["perm"] = np.stack([rng.permutation(n_kv).astype(np.int32) for _ in range(ns)])
+    out = A.attn(q, k, v, mask, **kw).reshape(ns, n_tps, nh, d)
+    assert np.isfinite(out).all()
+    for t in range(n_tps):
+        qt = np.ascontiguousarray(q.reshape(ns, n_tps, nh, d)[:, t].reshape(ns, nh, d))
+        alone = A.attn(qt, k, v, np.ascontiguousarray(mask[:, t:t + 1]), **kw).reshape(ns, nh, d)
+        assert same(out[:, t], alone), f"token {t}"
+    ref = A.attn_ref(q, k, v, mask, **kw).reshape(ns, n_tps, nh, d)
+    assert np.abs(out - ref).max() <= A.MAX_ERR * max(1.0, float(np.abs(v).max()))
