@@ -25,7 +25,10 @@
  * starts (row_bounds, parked in the scratch), then OpenMP over (item, chunk)
  * pairs taken chunk-major, states parked in the scratch, then a fold per item.
  * Both fold the same states with the same code in the same order, so the
- * result does not depend on n_threads.
+ * result does not depend on n_threads. At the AVX2 level with a float cache, a
+ * prefill's items run in tiles of query tokens (run_tile): the chunks the tokens
+ * share get their K and V converted once and attn_tile.h's kernels for all the
+ * tokens' heads, with the per-token kernels' bits.
  *
  * Memory: decode streams the whole cache, so K/V rows of the next cells are
  * prefetched (rows of one kv head are n_head_kv * d apart, a stride hardware
