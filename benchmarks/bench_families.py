@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -31,16 +30,7 @@ from pathlib import Path
 
 import family_models as fm
 
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), else the platform's processor string."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from llamax.bench_llama import cpu_name
 
 
 def _common(a: argparse.Namespace, model: Path) -> list[str]:
@@ -125,7 +115,7 @@ def table(rows: list[dict], a: argparse.Namespace) -> str:
         return "" if v is None else f"{v:.2f}x"
 
     fa = f"llamax -fa {a.fa}, llama-bench -fa {1 if a.fa == 'on' else 0}"
-    out = [f"CPU: {cpu_model()}; {a.threads} threads on both sides, flash attention {a.fa} ({fa}), f16 K/V, "
+    out = [f"CPU: {cpu_name()}; {a.threads} threads on both sides, flash attention {a.fa} ({fa}), f16 K/V, "
            f"n_batch 2048, n_ubatch 512; medians of {a.reps} alternating rep(s) of one timed run each.", "",
            f"| family | model | qtype | file MiB | llamax {pp} | llamax {tg} | llama.cpp {pp} | llama.cpp {tg} "
            f"| {pp} ratio | {tg} ratio |",
@@ -174,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--llama-bench: no executable at {a.llama_bench!r} (give the path, or set LLAMA_BENCH)")
     rows = [bench_model(a, fam, q) for fam in a.families for q in qtypes]
     if a.json:
-        print(json.dumps({"cpu": cpu_model(), "threads": a.threads, "flash_attn": a.fa, "n_prompt": a.n_prompt,
+        print(json.dumps({"cpu": cpu_name(), "threads": a.threads, "flash_attn": a.fa, "n_prompt": a.n_prompt,
                           "n_gen": a.n_gen, "reps": a.reps, "rows": rows}, indent=1))
     else:
         print(table(rows, a))
