@@ -1566,10 +1566,11 @@ static bool tile_alloc(const attn_ctx *c, tile_buf *tb) {
         at[i] = total;
         total += (sizes[i] + 63) & ~(size_t) 63;
     }
-    uint8_t *m = aligned_alloc(64, total);
-    if (!m) return false;
+    void *mem = malloc(total + 64);
+    if (!mem) return false;
+    uint8_t *m = (uint8_t *) (((uintptr_t) mem + 63) & ~(uintptr_t) 63);
     *tb = (tile_buf) {(vis_list *) m, (int64_t *) (m + at[1]), (float *) (m + at[2]), (float *) (m + at[3]),
-                      (float *) (m + at[4]), (float *) (m + at[5]), (float *) (m + at[6]), m};
+                      (float *) (m + at[4]), (float *) (m + at[5]), (float *) (m + at[6]), mem};
     return true;
 }
 
