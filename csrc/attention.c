@@ -1521,9 +1521,9 @@ static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
 
 /* ---- tiles of query tokens (prefill, the AVX2 level: attn_tile.h) ---------------------------
  *
- * Tile u = (stream, TILE_TOKENS consecutive tokens, kv head, head pass). Its tokens walk their
- * chunks together: each round takes the first unfinished token's next chunk and every token whose
- * next chunk is the same (the same scan start, visible cells, mask values and end); their K rows
+ * Tile u = (stream, up to TILE_TOKENS consecutive tokens (tile_tokens), kv head, head pass). Its
+ * tokens walk their chunks together: each round takes the first unfinished token's next chunk and
+ * every token whose next chunk is the same (the same scan start, visible cells, mask values and end); their K rows
  * are converted and transposed once, their V rows converted once, and the attn_tile kernels run
  * every query head of them. A token whose chunk differs (a causal row's last chunk) runs it alone
  * with the per-token kernels. Each token's chunks and merges are those of run_item, with the same
@@ -1536,9 +1536,17 @@ static bool tiles_apply(const attn_ctx *c) {
            p->d_k % 8 == 0 && p->d_v % 8 == 0;
 }
 
-static int64_t n_tiles_of(const attn_ctx *c) {
+static int64_t n_tiles_of(const attn_ctx *c, int64_t tt) {
     const lx_attn_params *p = c->p;
-    return p->n_stream * ((p->n_tps + TILE_TOKENS - 1) / TILE_TOKENS) * p->n_head_kv * c->n_pass;
+    return p->n_stream * ((p->n_tps + tt - 1) / tt) * p->n_head_kv * c->n_pass;
+}
+
+/* tokens per tile: TILE_TOKENS, halved while that leaves fewer than 4 tiles per thread (a decode
+ * batch of many sequences shares no chunk and needs its items spread; the size changes no bits) */
+static int64_t tile_tokens(const attn_ctx *c, int n_threads) {
+    int64_t tt = TILE_TOKENS;
+    while (tt > 1 && n_tiles_of(c, tt) < 4 * (int64_t) n_threads) tt /= 2;
+    return tt;
 }
 
 /* one thread's buffers of run_tile, sized for the call (tile_alloc) */
@@ -1579,15 +1587,15 @@ static bool same_chunk(const vis_list *a, const vis_list *b) {
            memcmp(a->mv, b->mv, (size_t) a->n * sizeof a->mv[0]) == 0;
 }
 
-static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, tile_buf *tb) {
+static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t tt, tile_buf *tb) {
     const lx_attn_params *p = c->p;
-    const int64_t dv = p->d_v, n_kv = p->n_kv, n_tt = (p->n_tps + TILE_TOKENS - 1) / TILE_TOKENS;
+    const int64_t dv = p->d_v, n_kv = p->n_kv, n_tt = (p->n_tps + tt - 1) / tt;
     const int64_t pass = u % c->n_pass;
     int64_t r = u / c->n_pass;
     const int64_t g = r % p->n_head_kv;
     r /= p->n_head_kv;
-    const int64_t t0 = (r % n_tt) * TILE_TOKENS, s = r / n_tt;
-    const int nt = (int) (p->n_tps - t0 < TILE_TOKENS ? p->n_tps - t0 : TILE_TOKENS);
+    const int64_t t0 = (r % n_tt) * tt, s = r / n_tt;
+    const int nt = (int) (p->n_tps - t0 < tt ? p->n_tps - t0 : tt);
     if (!tb) {   /* no buffer: each token alone */
         for (int k = 0; k < nt; ++k) run_item(c, ks, ((s * p->n_tps + t0 + k) * p->n_head_kv + g) * c->n_pass + pass);
         return;
@@ -1699,13 +1707,13 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
         } else {
             /* chunk size 1: causal prefill rows grow with the token, so deal them round-robin */
             if (tiles_apply(c)) {
-                const int64_t n_tiles = n_tiles_of(c);
+                const int64_t tt = tile_tokens(c, n_threads), n_tiles = n_tiles_of(c, tt);
                 #pragma omp parallel num_threads(n_threads)
                 {
                     tile_buf tb;
                     const bool ok = tile_alloc(c, &tb);
                     #pragma omp for schedule(static, 1)
-                    for (int64_t u = 0; u < n_tiles; ++u) run_tile(c, ks, u, ok ? &tb : NULL);
+                    for (int64_t u = 0; u < n_tiles; ++u) run_tile(c, ks, u, tt, ok ? &tb : NULL);
                     if (ok) free(tb.mem);
                 }
             } else {
@@ -1723,7 +1731,8 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     } else if (tiles_apply(c)) {
         tile_buf tb;
         const bool ok = tile_alloc(c, &tb);
-        for (int64_t u = 0, n_tiles = n_tiles_of(c); u < n_tiles; ++u) run_tile(c, ks, u, ok ? &tb : NULL);
+        for (int64_t u = 0, n_tiles = n_tiles_of(c, TILE_TOKENS); u < n_tiles; ++u)
+            run_tile(c, ks, u, TILE_TOKENS, ok ? &tb : NULL);
         if (ok) free(tb.mem);
     } else {
         for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
