@@ -131,15 +131,14 @@ def main():
         if a.llama_bench:
             res["llama-bench"].append(bench_llama_bench(a.llama_bench, path, a.threads, fa, a.pp, a.tg))
     from llamax.bench import table
-    from llamax.bench_llama import machine
+    from llamax.bench_llama import machine_line
 
     def med(rows, m):
         vals = [r[m] for r in rows if r.get(m) is not None]
         return statistics.median(vals) if vals else None
 
-    where = machine()
-    print(f"CPU: {where['cpu']} ({where['cores']} cores), SIMD level {where['simd']}; {a.model}, {a.threads} "
-          f"threads, flash attention {a.fa}, f16 cache, medians of {a.reps} alternating reps\n")
+    print(f"{machine_line()}; {a.model}, {a.threads} threads, flash attention {a.fa}, f16 cache, medians of "
+          f"{a.reps} alternating reps\n")
     ref = reference_speed(a.model, fa) or {}
     rows = []
     for m, n in (("pp", a.pp), ("tg", a.tg)):

@@ -57,8 +57,11 @@
 
 #include <assert.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LX_X86 1
@@ -1395,7 +1398,6 @@ static void state_store(const attn_ctx *c, const item_pos *it, attn_state run) {
     }
 }
 
-
 /* every chunk of item w, in order, folded on this thread: a running cursor walks the mask row
  * once (each chunk's scan starts where the previous one stopped) */
 static void run_item(const attn_ctx *c, const kernel_set *ks, int64_t w) {
@@ -1460,12 +1462,10 @@ _Static_assert(sizeof(int32_t) == sizeof(float), "an int32 takes one float slot"
 
 static int64_t split_states_size(const attn_ctx *c) { return c->n_items * c->n_chunks * c->st_stride; }
 
-int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads) {
-    assert(lx_attn_params_valid(p));
-    (void) n_threads;
-    const attn_ctx c = make_ctx(p, NULL, NULL, NULL, NULL, NULL, false);
-    if (c.n_chunks <= 1 || c.n_items > SPLIT_ITEMS) return 0;
-    return split_states_size(&c) + (p->n_stream * p->n_tps + c.n_items) * c.n_chunks;
+/* float slots of the split's scratch; 0 when the call does not split (many items, or one chunk) */
+static int64_t split_size(const attn_ctx *c) {
+    if (c->n_chunks <= 1 || c->n_items > SPLIT_ITEMS) return 0;
+    return split_states_size(c) + (c->p->n_stream * c->p->n_tps + c->n_items) * c->n_chunks;
 }
 
 /* the chunk starts of item w's mask row (row s * n_tps + t = w / (n_head_kv * n_pass)) */
@@ -1523,11 +1523,12 @@ static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
  *
  * Tile u = (stream, up to TILE_TOKENS consecutive tokens (tile_tokens), kv head, head pass). Its
  * tokens walk their chunks together: each round takes the first unfinished token's next chunk and
- * every token whose next chunk is the same (the same scan start, visible cells, mask values and end); their K rows
- * are converted and transposed once, their V rows converted once, and the attn_tile kernels run
- * every query head of them. A token whose chunk differs (a causal row's last chunk) runs it alone
- * with the per-token kernels. Each token's chunks and merges are those of run_item, with the same
- * bits (attn_tile.h). */
+ * every token whose next chunk is the same (the same scan start, visible cells, mask values and
+ * end); their K rows are converted and transposed once, their V rows converted once, and the
+ * attn_tile kernels run every query head of them. A token whose chunk differs (a causal row's last
+ * chunk) runs it alone with the per-token kernels. Each token's chunks and merges are those of
+ * run_item, with the same bits (attn_tile.h). The buffers are each thread's slice of the caller's
+ * scratch (lx_attn_scratch_size); without it the items run one by one (run_item). */
 #define TILE_TOKENS 16
 
 static bool tiles_apply(const attn_ctx *c) {
@@ -1549,7 +1550,7 @@ static int64_t tile_tokens(const attn_ctx *c, int n_threads) {
     return tt;
 }
 
-/* one thread's buffers of run_tile, sized for the call (tile_alloc) */
+/* one thread's buffers of run_tile, in its slice of the scratch (tile_carve) */
 typedef struct {
     vis_list *vl;     /* [TILE_TOKENS] */
     int64_t *off;     /* [LX_ATTN_CHUNK] */
@@ -1558,28 +1559,37 @@ typedef struct {
     float *tmp;       /* [TILE_TOKENS][hp * (d_v + 2)] */
     float *kt;        /* [d_k][LX_ATTN_CHUNK]: K transposed */
     float *vf;        /* [LX_ATTN_CHUNK][d_v]: V rows */
-    void *mem;
 } tile_buf;
 
-/* tb's buffers for a call of c in one allocation; false (nothing allocated) when there is no memory */
-static bool tile_alloc(const attn_ctx *c, tile_buf *tb) {
+enum { TILE_PARTS = 7 };
+
+/* the bytes of tile_buf's parts for a call of c */
+static void tile_part_bytes(const attn_ctx *c, size_t bytes[TILE_PARTS]) {
     const int64_t st = c->hp * (c->p->d_v + 2);
-    const size_t sizes[7] = {TILE_TOKENS * sizeof(vis_list), LX_ATTN_CHUNK * sizeof(int64_t),
-                             (size_t) (TILE_TOKENS * c->hp * LDS) * sizeof(float),
-                             (size_t) (TILE_TOKENS * st) * sizeof(float), (size_t) (TILE_TOKENS * st) * sizeof(float),
-                             (size_t) (c->p->d_k * LX_ATTN_CHUNK) * sizeof(float),
-                             (size_t) (LX_ATTN_CHUNK * c->p->d_v) * sizeof(float)};
-    size_t at[7], total = 0;
-    for (int i = 0; i < 7; ++i) {
-        at[i] = total;
-        total += (sizes[i] + 63) & ~(size_t) 63;
-    }
-    void *mem = malloc(total + 64);
-    if (!mem) return false;
-    uint8_t *m = (uint8_t *) (((uintptr_t) mem + 63) & ~(uintptr_t) 63);
-    *tb = (tile_buf) {(vis_list *) m, (int64_t *) (m + at[1]), (float *) (m + at[2]), (float *) (m + at[3]),
-                      (float *) (m + at[4]), (float *) (m + at[5]), (float *) (m + at[6]), mem};
-    return true;
+    const size_t sizes[TILE_PARTS] = {
+        TILE_TOKENS * sizeof(vis_list), LX_ATTN_CHUNK * sizeof(int64_t),
+        (size_t) (TILE_TOKENS * c->hp * LDS) * sizeof(float), (size_t) (TILE_TOKENS * st) * sizeof(float),
+        (size_t) (TILE_TOKENS * st) * sizeof(float), (size_t) (c->p->d_k * LX_ATTN_CHUNK) * sizeof(float),
+        (size_t) (LX_ATTN_CHUNK * c->p->d_v) * sizeof(float)};
+    for (int i = 0; i < TILE_PARTS; ++i) bytes[i] = (sizes[i] + 63) & ~(size_t) 63;
+}
+
+/* float slots of one thread's slice (its parts, 64-byte aligned from anywhere in the slice) */
+static int64_t tile_floats(const attn_ctx *c) {
+    size_t bytes[TILE_PARTS], total = 64;
+    tile_part_bytes(c, bytes);
+    for (int i = 0; i < TILE_PARTS; ++i) total += bytes[i];
+    return (int64_t) ((total + sizeof(float) - 1) / sizeof(float));
+}
+
+/* tb's buffers in the slice at base (tile_floats slots) */
+static void tile_carve(const attn_ctx *c, float *base, tile_buf *tb) {
+    size_t bytes[TILE_PARTS];
+    tile_part_bytes(c, bytes);
+    uint8_t *m = (uint8_t *) (((uintptr_t) base + 63) & ~(uintptr_t) 63);
+    void *part[TILE_PARTS];
+    for (int i = 0; i < TILE_PARTS; ++i) part[i] = m, m += bytes[i];
+    *tb = (tile_buf) {part[0], part[1], part[2], part[3], part[4], part[5], part[6]};
 }
 
 static bool same_chunk(const vis_list *a, const vis_list *b) {
@@ -1596,10 +1606,6 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
     r /= p->n_head_kv;
     const int64_t t0 = (r % n_tt) * tt, s = r / n_tt;
     const int nt = (int) (p->n_tps - t0 < tt ? p->n_tps - t0 : tt);
-    if (!tb) {   /* no buffer: each token alone */
-        for (int k = 0; k < nt; ++k) run_item(c, ks, ((s * p->n_tps + t0 + k) * p->n_head_kv + g) * c->n_pass + pass);
-        return;
-    }
     item_pos its[TILE_TOKENS];
     attn_state run[TILE_TOKENS];
     attn_state tmp[TILE_TOKENS];   /* token k's state of the chunk at hand */
@@ -1624,7 +1630,8 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
         for (int k = lead; k < nt; ++k) {
             if (cur[k] != i0) continue;
             next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
-            with[k] = k == lead || (next[k] == next[lead] && c0[k] == c0[lead] && same_chunk(&tb->vl[k], &tb->vl[lead]));
+            /* the same cells (then the same c0) and the same end */
+            with[k] = k == lead || (next[k] == next[lead] && same_chunk(&tb->vl[k], &tb->vl[lead]));
             n_with += with[k];
         }
         const vis_list *vl = &tb->vl[lead];
@@ -1664,7 +1671,7 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
             for (int k = lead; k < nt; ++k)
                 if (with[k]) state_merge(run[k], tmp[k], its[k].nh, dv);
         }
-        for (int k = lead; k < nt; ++k) {   /* the tokens whose chunk starts here alone (an empty one adds nothing) */
+        for (int k = lead; k < nt; ++k) {   /* the others whose chunk starts here, alone (an empty one adds nothing) */
             if (cur[k] != i0) continue;
             if ((!with[k] || n_with == 1) && tb->vl[k].n > 0) {
                 chunk_dots(c, ks, &its[k], &tb->vl[k], c0[k], S[k]);
@@ -1675,6 +1682,13 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
         }
     }
     for (int k = 0; k < nt; ++k) state_store(c, &its[k], run[k]);
+}
+
+int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads) {
+    assert(lx_attn_params_valid(p) && n_threads >= 1);
+    const attn_ctx c = make_ctx(p, NULL, NULL, NULL, NULL, NULL, false);
+    const int64_t split = split_size(&c);
+    return split ? split : tiles_apply(&c) ? n_threads * tile_floats(&c) : 0;
 }
 
 static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n_threads) {
@@ -1690,8 +1704,9 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     const int64_t ovr = __atomic_load_n(&min_work_override, __ATOMIC_RELAXED);
     const int64_t per_thread = ovr >= 1 ? ovr : MIN_WORK_PER_THREAD;
     if ((int64_t) n_threads > 1 + work / per_thread) n_threads = (int) (1 + work / per_thread);
-    const int64_t need = lx_attn_scratch_size(p, n_threads);
+    const int64_t need = split_size(c), per_tile_buf = tile_floats(c);
     const bool split = need > 0 && scratch != NULL && n_scratch >= need;
+    const bool tiles = !split && tiles_apply(c) && scratch != NULL && n_scratch >= n_threads * per_tile_buf;
     const int64_t n_pairs = split ? split_plan(c, scratch) : 0;
     const int32_t *pairs = split ? split_pairs(c, scratch) : NULL;
 #ifdef _OPENMP
@@ -1706,15 +1721,14 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
             }
         } else {
             /* chunk size 1: causal prefill rows grow with the token, so deal them round-robin */
-            if (tiles_apply(c)) {
+            if (tiles) {
                 const int64_t tt = tile_tokens(c, n_threads), n_tiles = n_tiles_of(c, tt);
                 #pragma omp parallel num_threads(n_threads)
                 {
                     tile_buf tb;
-                    const bool ok = tile_alloc(c, &tb);
+                    tile_carve(c, scratch + omp_get_thread_num() * per_tile_buf, &tb);
                     #pragma omp for schedule(static, 1)
-                    for (int64_t u = 0; u < n_tiles; ++u) run_tile(c, ks, u, tt, ok ? &tb : NULL);
-                    if (ok) free(tb.mem);
+                    for (int64_t u = 0; u < n_tiles; ++u) run_tile(c, ks, u, tt, &tb);
                 }
             } else {
                 #pragma omp parallel for schedule(static, 1) num_threads(n_threads)
@@ -1728,12 +1742,11 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     if (split) {
         for (int64_t x = 0; x < n_pairs; ++x) split_pair(c, ks, pairs[x], scratch);
         for (int64_t w = 0; w < c->n_items; ++w) fold_item(c, w, scratch);
-    } else if (tiles_apply(c)) {
+    } else if (tiles) {
         tile_buf tb;
-        const bool ok = tile_alloc(c, &tb);
+        tile_carve(c, scratch, &tb);
         for (int64_t u = 0, n_tiles = n_tiles_of(c, TILE_TOKENS); u < n_tiles; ++u)
-            run_tile(c, ks, u, TILE_TOKENS, ok ? &tb : NULL);
-        if (ok) free(tb.mem);
+            run_tile(c, ks, u, TILE_TOKENS, &tb);
     } else {
         for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
     }

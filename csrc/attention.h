@@ -172,10 +172,14 @@ int64_t lx_attn_v_row_bytes(const lx_attn_params *p);
  * few the items or visible cells, and parked in the scratch (hp * (d_v + 2)
  * floats each, hp = query heads per pass); then each item's states are folded:
  *   n_items * n_chunks * hp * (d_v + 2) + (n_stream * n_tps + n_items) * n_chunks
- * floats (the int32s take one float slot each). 0 when the kernel would not use
- * it (today the size does not depend on n_threads). Passing less (or NULL) is
- * allowed: each thread then takes whole items, walking each item's chunks in
- * order with a running cursor; the result is the same bit for bit. */
+ * floats (the int32s take one float slot each). Many items at the AVX2 level
+ * with a float cache (a prefill: attention.c's tiles of query tokens) take
+ * n_threads slices of tile buffers instead: the tokens' chunk lists, scores and
+ * states, and one chunk's K transposed and V rows as floats (about 270 KB a
+ * thread for 3 query heads per kv head of 64 values, 650 KB for 4 of 256).
+ * 0 when the kernel would not use it. Passing less (or NULL) is allowed: each
+ * thread then takes whole items, walking each item's chunks in order with a
+ * running cursor; the result is the same bit for bit. */
 int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads);
 
 /* Flash-layout attention (one pass over the visible cells; per chunk of

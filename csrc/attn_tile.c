@@ -16,6 +16,12 @@
 #include "quants.h"
 #include "simd.h"
 
+/* the cache lines of a row of row_bytes at element offset off (elements of es bytes) into L1 */
+static inline void prefetch_row(const void *base, int64_t off, size_t es, size_t row_bytes) {
+    const char *r = (const char *) base + (size_t) off * es;
+    for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(r + b);
+}
+
 static float elt(const void *base, int f16, int64_t i) {
     return f16 ? lx_fp16_to_fp32(((const uint16_t *) base)[i]) : ((const float *) base)[i];
 }
@@ -37,8 +43,7 @@ __attribute__((target("avx2,fma,f16c"))) static void kt_avx2(const void *base, i
                                                              int64_t d, float *kt, int64_t ld) {
     const size_t es = f16 ? 2 : 4, row_bytes = (size_t) d * es;
     for (int64_t j0 = 0; j0 < ld; j0 += 8) {
-        for (int64_t x = j0 + 16; x < j0 + 24 && x < n; ++x)   /* the rows two blocks ahead */
-            for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch((const char *) base + (size_t) off[x] * es + b, _MM_HINT_T0);
+        for (int64_t x = j0 + 16; x < j0 + 24 && x < n; ++x) prefetch_row(base, off[x], es, row_bytes);   /* 2 blocks ahead */
         for (int64_t e0 = 0; e0 < d; e0 += 8) {
             __m256 r[8];
             for (int x = 0; x < 8; ++x)
@@ -80,8 +85,7 @@ void lx_attn_tile_kt(const void *base, int f16, const int64_t *off, int n, int64
 void lx_attn_tile_vf(const void *base, int f16, const int64_t *off, int n, int64_t dv, float *vf) {
     const size_t es = f16 ? 2 : 4, row_bytes = (size_t) dv * es;
     for (int j = 0; j < n; ++j) {
-        if (j + 8 < n)   /* the row eight ahead */
-            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch((const char *) base + (size_t) off[j + 8] * es + b);
+        if (j + 8 < n) prefetch_row(base, off[j + 8], es, row_bytes);   /* the row eight ahead */
         if (f16) lx_fp16_to_fp32_row((const uint16_t *) base + off[j], vf + (int64_t) j * dv, dv);
         else memcpy(vf + (int64_t) j * dv, (const float *) base + off[j], (size_t) dv * sizeof(float));
     }

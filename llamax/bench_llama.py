@@ -6,9 +6,11 @@ cache types, flash attention and batch sizes. Both see the same machine load, re
 the medians of both and their ratio. `machine` names the CPU and the SIMD level llamax's kernels run
 at, and `markdown` prints both with the rows:
 
-    CPU: AMD EPYC 7B13 (2 cores), SIMD level avx2 (the CPU's: avx2)
+    CPU: AMD EPYC (2 cores), SIMD level portable (the CPU's: avx2); medians of 3 alternating reps
 
-    | model | threads | fa | test | llamax t/s | llama-bench t/s | llamax / llama-bench |
+    | model | threads | cache | fa | test | llamax t/s | llama-bench t/s | llamax / llama-bench |
+
+(the CPU's own level is named only when LLAMAX_SIMD set a lower one).
 
 batched-bench's shared-prefix tests have no llama-bench counterpart and are refused.
 """
@@ -25,7 +27,7 @@ from typing import Any
 
 from llamax import bench
 
-__all__ = ["cpu_name", "machine", "llama_bench_command", "run_llama_bench", "compare", "markdown"]
+__all__ = ["cpu_name", "machine", "machine_line", "llama_bench_command", "run_llama_bench", "compare", "markdown"]
 
 #: seconds one llama-bench rep may take (a depth-8192 prefill of a small model on two cores is ~1 min)
 TIMEOUT_S = 1800
@@ -51,6 +53,19 @@ def machine() -> dict:
             "cpu_simd": cpu.LEVEL_NAMES[cpu.cpu_level()]}
 
 
+def machine_line(where: dict | None = None) -> str:
+    """"CPU: name (N cores), SIMD level L" of machine() (or where), with the CPU's own level when lower."""
+    m = where or machine()
+    simd = m["simd"] + ("" if m["simd"] == m["cpu_simd"] else f" (the CPU's: {m['cpu_simd']})")
+    return f"CPU: {m['cpu']} ({m['cores']} cores), SIMD level {simd}"
+
+
+def _comparable(test: bench.BenchTest) -> None:
+    """ValueError for a shared-prefix test (batched-bench's, not llama-bench's)."""
+    if test.n_parallel:
+        raise ValueError(f"{test.name}: a shared-prefix test has no llama-bench counterpart")
+
+
 def llama_bench_command(binary: str | os.PathLike, model_path: str | os.PathLike, test: bench.BenchTest,
                         cfg: dict) -> list[str]:
     """The llama-bench command of one rep of test with a run_bench configuration (n_threads, type_k,
@@ -59,8 +74,7 @@ def llama_bench_command(binary: str | os.PathLike, model_path: str | os.PathLike
     Raises:
         ValueError: a shared-prefix test (batched-bench's, not llama-bench's).
     """
-    if test.n_parallel:
-        raise ValueError(f"{test.name}: a shared-prefix test has no llama-bench counterpart")
+    _comparable(test)
     if test.n_prompt and test.n_gen:
         shape = ["-p", "0", "-n", "0", "-pg", f"{test.n_prompt},{test.n_gen}"]
     else:
@@ -108,8 +122,7 @@ def compare(models: Sequence[str], tests: Sequence[bench.BenchTest], reps: int, 
     if not Path(llama_bench).is_file():
         raise FileNotFoundError(f"llama-bench: {llama_bench} is not a file")
     for t in tests:  # a shared-prefix test fails before any run
-        if t.n_parallel:
-            raise ValueError(f"{t.name}: a shared-prefix test has no llama-bench counterpart")
+        _comparable(t)
     samples: dict[tuple, list[float]] = {}
 
     def after_rep(model, test: bench.BenchTest, cfg: dict) -> None:
@@ -131,11 +144,8 @@ def markdown(rows: Sequence[dict], where: dict | None = None) -> str:
     """The machine line (machine(), or where), a blank line, then one table row per compare row: model,
     threads, type_k / type_v, fa, n_batch / n_ubatch (when a row differs from 2048 / 512), test, the
     median t/s of llamax and of llama-bench over the reps, and their ratio."""
-    m = where or machine()
-    simd = m["simd"] + ("" if m["simd"] == m["cpu_simd"] else f" (the CPU's: {m['cpu_simd']})")
     reps = {len(r["samples_ts"]) for r in rows}
-    head = (f"CPU: {m['cpu']} ({m['cores']} cores), SIMD level {simd}; medians of "
-            f"{'/'.join(str(n) for n in sorted(reps))} alternating reps")
+    head = f"{machine_line(where)}; medians of {'/'.join(str(n) for n in sorted(reps))} alternating reps"
     cols: list[tuple[str, bool, Any]] = [
         ("model", False, lambda r: r["model_type"]),
         ("threads", True, lambda r: str(r["n_threads"])),

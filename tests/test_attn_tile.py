@@ -6,7 +6,8 @@
 (b) A prefill's tokens, run together in tiles, give each token the bits it gets alone: a causal prompt
     at depth (every chunk but the last shared), with hidden cells, per-token mask values (nothing
     shared), a column order (perm), softcap, two streams, GQA groups of 3, 4 and 10 heads (two passes),
-    f16 / f32 / mixed caches and the transposed V, for 1 and 2 threads, at every level.
+    f16 / f32 / mixed caches and the transposed V, for 1 and 2 threads, at every level; and the same bits
+    without a scratch (no tile buffers: the items one by one).
 """
 import numpy as np
 import pytest
@@ -104,7 +105,8 @@ def causal_mask(n_stream, n_tps, n_kv, depth, holes=(), per_token=False):
     cells get a value of its own (ALiBi-like), so no two tokens share a chunk."""
     m = np.full((n_stream, n_tps, n_kv), -np.inf, np.float32)
     for t in range(n_tps):
-        m[:, t, :depth + t + 1] = -np.float32(t) * np.arange(depth + t + 1, dtype=np.float32)[::-1] / 64 if per_token else 0
+        seen = np.arange(depth + t + 1, dtype=np.float32)[::-1]
+        m[:, t, :depth + t + 1] = -np.float32(t) * seen / 64 if per_token else 0
     for h in holes:
         m[:, :, h] = -np.inf
     return m
@@ -144,6 +146,7 @@ def test_a_token_in_a_tile_gets_its_bits_alone(level, n_threads, case):
         kw["perm"] = np.stack([rng.permutation(n_kv).astype(np.int32) for _ in range(ns)])
     out = A.attn(q, k, v, mask, **kw).reshape(ns, n_tps, nh, d)
     assert np.isfinite(out).all()
+    assert same(out, A.attn(q, k, v, mask, use_scratch=False, **kw).reshape(ns, n_tps, nh, d))   # item by item
     for t in range(n_tps):
         qt = np.ascontiguousarray(q.reshape(ns, n_tps, nh, d)[:, t].reshape(ns, nh, d))
         alone = A.attn(qt, k, v, np.ascontiguousarray(mask[:, t:t + 1]), **kw).reshape(ns, nh, d)

@@ -7,7 +7,6 @@ import numpy as np
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t
-from libc.stdlib cimport free, malloc
 
 # the declarations of csrc/attn_tile.h come from attn_tile.pxd (same module name)
 
@@ -60,6 +59,13 @@ def vf(rows):
     return out
 
 
+cdef object _row_addresses(object a):
+    """uintp [max(rows, 1)]: the address of each row of the C-contiguous 2-D array a, what the kernels
+    take as a float ** (a stays alive with the caller's reference)."""
+    return np.ascontiguousarray(a.ctypes.data + np.arange(max(a.shape[0], 1), dtype=np.uintp) * a.strides[0],
+                                dtype=np.uintp)
+
+
 def dots(kt_, int n, q, *, bint ref=False):
     """float32 [nq, n]: the scores of query rows q [nq, d] against the first n columns of kt_ [d, ld]
     (lx_attn_tile_dots; ref: lx_attn_tile_dots_ref)."""
@@ -70,25 +76,14 @@ def dots(kt_, int n, q, *, bint ref=False):
     cdef int nq = q.shape[0]
     out = np.empty((nq, kt_.shape[1]), dtype=np.float32)
     cdef const float[:, ::1] kv = kt_
-    cdef const float[:, ::1] qv = q
-    cdef float[:, ::1] sv = out
+    cdef const size_t[::1] qa = _row_addresses(q)     # IN: the rows of q
+    cdef const size_t[::1] sa = _row_addresses(out)   # OUT: the rows of out
     cdef int64_t d = q.shape[1], ld = kt_.shape[1]
-    cdef const float **qp = <const float **> malloc(max(nq, 1) * sizeof(float *))
-    cdef float **sp = <float **> malloc(max(nq, 1) * sizeof(float *))
-    if qp == NULL or sp == NULL:
-        free(qp); free(sp)
-        raise MemoryError()
-    for i in range(nq):
-        qp[i] = &qv[i, 0]
-        sp[i] = &sv[i, 0]
-    try:
-        with nogil:
-            if ref:
-                lx_attn_tile_dots_ref(&kv[0, 0], ld, n, d, qp, sp, nq)
-            else:
-                lx_attn_tile_dots(&kv[0, 0], ld, n, d, qp, sp, nq)
-    finally:
-        free(qp); free(sp)
+    with nogil:
+        if ref:
+            lx_attn_tile_dots_ref(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq)
+        else:
+            lx_attn_tile_dots(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq)
     return out[:, :n]
 
 
@@ -103,22 +98,12 @@ def vacc(vf_, P, *, bint ref=False):
     cdef int64_t dv = vf_.shape[1]
     out = np.empty((nq, dv), dtype=np.float32)
     cdef const float[:, ::1] vv = vf_
-    cdef const float[:, ::1] pv = P
-    cdef float[:, ::1] av = out
-    cdef const float **pp = <const float **> malloc(max(nq, 1) * sizeof(float *))
-    cdef float **ap = <float **> malloc(max(nq, 1) * sizeof(float *))
-    if pp == NULL or ap == NULL:
-        free(pp); free(ap)
-        raise MemoryError()
-    for i in range(nq):
-        pp[i] = &pv[i, 0] if n else NULL
-        ap[i] = &av[i, 0]
-    try:
-        with nogil:
-            if ref:
-                lx_attn_tile_vacc_ref(&vv[0, 0] if n else NULL, n, dv, pp, ap, nq)
-            else:
-                lx_attn_tile_vacc(&vv[0, 0] if n else NULL, n, dv, pp, ap, nq)
-    finally:
-        free(pp); free(ap)
+    cdef const size_t[::1] pa = _row_addresses(P)     # IN: the rows of P
+    cdef const size_t[::1] aa = _row_addresses(out)   # OUT: the rows of out
+    cdef const float *vp = &vv[0, 0] if n else NULL
+    with nogil:
+        if ref:
+            lx_attn_tile_vacc_ref(vp, n, dv, <const float **> &pa[0], <float **> &aa[0], nq)
+        else:
+            lx_attn_tile_vacc(vp, n, dv, <const float **> &pa[0], <float **> &aa[0], nq)
     return out
