@@ -30,6 +30,10 @@
 #endif
 
 #define LX_INLINE inline __attribute__((always_inline))
+/* v as the result of an opaque step: keeps an integer add chain a chain (GCC's reassociation would
+ * otherwise rebuild p += m0; p += m1; ... as a tree of all the products, keeping every one live:
+ * 20 ymm spilled per block in the 4-row tile) */
+#define LX_CHAIN(v) __asm__("" : "+x"(v))
 #define LX_GEMM_R 4        /* W rows per tile (every pass) */
 #define LX_GEMM_LMAX 16    /* most token lanes of a group (zmm) */
 #define LX_GEMM_PREFETCH 4096  /* bytes of W prefetched ahead of the row tile being read (n_tok <= 8) */
@@ -805,17 +809,36 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *rec[TMAX];
         VI is[LX_GEMM_R * TMAX];
-        for (int g = 0; g < T; ++g) {
-            rec[g] = act + g * gs + b * rb;
-            const VI c = LDI(rec[g] + 32 * L);
-            for (int r = 0; r < R; ++r) is[r * T + g] = c;
-        }
+        for (int g = 0; g < T; ++g) rec[g] = act + g * gs + b * rb;
+        if (LX_GEMM_PASS != 1 || (wt != LX_TYPE_Q4_0 && wt != LX_TYPE_Q4_1))
+            for (int g = 0; g < T; ++g) {
+                const VI c = LDI(rec[g] + 32 * L);
+                for (int r = 0; r < R; ++r) is[r * T + g] = c;
+            }
 #if LX_GEMM_PASS == 1
-        if (wt != LX_TYPE_Q8_0) {
-            /* int16 pair sums u*a + u'*a' summed over `per` steps before the one madd: |pair| <=
-             * 2 * 15 * 127 (nibbles, 8 steps: <= 30480) or 2 * 31 * 127 (q5_0 / q5_1, 4 steps:
-             * <= 31496), so the int16 sums are exact */
-            const int per = is_5bit(wt) ? 4 : 8;
+        if (wt == LX_TYPE_Q4_0 || wt == LX_TYPE_Q4_1) {
+            /* nibbles: the int16 pair sums u*a + u'*a' of all 8 steps (|pair| <= 2 * 15 * 127, the
+             * sum <= 30480: exact), then one madd per output; the block's int32 sums are formed
+             * after the steps, so only the pair sums, a and u are live in them (no spills) */
+            __m256i p[LX_GEMM_R * TMAX];
+            for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
+            for (int s = 0; s < 8; ++s) {
+                VI a[TMAX];
+                for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
+                for (int r = 0; r < R; ++r) {
+                    const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
+                    for (int g = 0; g < T; ++g) {
+                        p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
+                        LX_CHAIN(p[r * T + g]);
+                    }
+                }
+            }
+            for (int i = 0; i < R * T; ++i)   /* + the offset term c of token group i % T */
+                is[i] = _mm256_add_epi32(LDI(rec[i % T] + 32 * L), _mm256_madd_epi16(p[i], _mm256_set1_epi16(1)));
+        } else if (wt != LX_TYPE_Q8_0) {
+            /* int16 pair sums u*a + u'*a' summed over 4 steps before the one madd: |pair| <=
+             * 2 * 31 * 127 (q5_0 / q5_1, 4 steps: <= 31496), so the int16 sums are exact */
+            const int per = 4;
             for (int h = 0; h < 8; h += per) {
                 __m256i p[LX_GEMM_R * TMAX];
                 for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
@@ -824,8 +847,10 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
                     for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
                     for (int r = 0; r < R; ++r) {
                         const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
-                        for (int g = 0; g < T; ++g)
+                        for (int g = 0; g < T; ++g) {
                             p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
+                            LX_CHAIN(p[r * T + g]);
+                        }
                     }
                 }
                 for (int i = 0; i < R * T; ++i)
@@ -838,7 +863,10 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
             for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
             for (int r = 0; r < R; ++r) {
                 const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
-                for (int g = 0; g < T; ++g) is[r * T + g] = SFX(dot_step)(wt, is[r * T + g], u, a[g]);
+                for (int g = 0; g < T; ++g) {
+                    is[r * T + g] = SFX(dot_step)(wt, is[r * T + g], u, a[g]);
+                    LX_CHAIN(is[r * T + g]);
+                }
             }
         }
         for (int g = 0; g < T; ++g) {
@@ -1197,12 +1225,16 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
                 for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
                 for (int s = 0; s < 4; ++s) {
                     const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (4 * e + s)));
-                    for (int r = 0; r < R; ++r)
+                    for (int r = 0; r < R; ++r) {
                         p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 16 * e + 4 * s)), a));
+                        LX_CHAIN(p[r]);
+                    }
                 }
                 const __m256i q = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
-                for (int r = 0; r < R; ++r)
+                for (int r = 0; r < R; ++r) {
                     is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(_mm256_sub_epi16(p[r], q), _mm256_set1_epi16(sb[r][e])));
+                    LX_CHAIN(is[r]);
+                }
             }
         } else {
             /* pair sums <= 2 * 15 * 127 over 8 steps (q4_K: 30480) or 2 * 31 * 127 over 4 (q5_K:
@@ -1214,11 +1246,15 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
                     for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
                     for (int s = h; s < h + per; ++s) {
                         const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (8 * j + s)));
-                        for (int r = 0; r < R; ++r)
+                        for (int r = 0; r < R; ++r) {
                             p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 32 * j + 4 * s)), a));
+                            LX_CHAIN(p[r]);
+                        }
                     }
-                    for (int r = 0; r < R; ++r)
+                    for (int r = 0; r < R; ++r) {
                         is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], _mm256_set1_epi16(sb[r][j])));
+                        LX_CHAIN(is[r]);
+                    }
                 }
             for (int e = 0; e < 4; ++e) {
                 const __m256i bs = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
