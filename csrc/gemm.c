@@ -615,11 +615,13 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
                 const uint8_t *src = (const uint8_t *) w;
                 int64_t so = o0;
-                if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
 #ifdef LX_GEMM_X86
-                if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                (void) mine;   /* the r8 tile is unpacked from the layout itself */
+                if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile);
+                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
                 else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile);
 #else
+                if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
                 unpack_tile(w_type, src, wrb, so, nr, n_in, u128, tile);
 #endif
                 run(w_type, tile, n_in, nr, act + g0 * gs, ng, y + g0 * L * n_out, n_tok - g0 * L, n_out, o0);
@@ -939,6 +941,44 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
 #endif
 
 #if LX_GEMM_PASS == 1
+/* unpack_tile straight from the r8 layout (lx_gemm_pack_r8): rows [o0, o0 + nr) lie in one group of 8
+ * (o0 % 4 == 0, nr <= 4); each row's block is gathered from the group-block's head and chunks and
+ * unpacked as block_u does (the same bytes and scales as unpack_tile over the GGUF rows) */
+static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in, int u128,
+                                       uint8_t *tile) {
+    const int64_t nb = n_in / LX_QK;
+    const size_t gbb = 8 * lx_type_block_bytes(wt);
+    const int head = r8_head(wt), nc = wt == LX_TYPE_Q8_0 ? 8 : 4;
+    float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    const uint8_t *grp = w + (size_t) (o0 / 8) * (size_t) nb * gbb;
+    for (int r = 0; r < nr; ++r) {
+        const int rr = (int) ((o0 + r) % 8);
+        uint8_t *u = tile + r * n_in;
+        for (int64_t b = 0; b < nb; ++b, u += LX_QK) {
+            const uint8_t *gb = grp + (size_t) b * gbb;
+            uint8_t qs[32] __attribute__((aligned(32)));
+            for (int c = 0; c < nc; ++c) memcpy(qs + 4 * c, gb + head + 32 * c + 4 * rr, 4);
+            uint16_t dh, mh;
+            memcpy(&dh, gb + 2 * rr, 2);
+            dw[r * nb + b] = _cvtsh_ss(dh);
+            __m256i v;
+            if (wt == LX_TYPE_Q8_0) {
+                v = _mm256_load_si256((const __m256i *) qs);
+                if (u128) v = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
+            } else {
+                v = lx_nib32_avx2(qs);
+                if (wt == LX_TYPE_Q5_0)
+                    v = _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(gb + 16 + 4 * rr), _mm256_set1_epi8(0x10)));
+                if (wt == LX_TYPE_Q4_1) {
+                    memcpy(&mh, gb + 16 + 2 * rr, 2);
+                    mw[r * nb + b] = _cvtsh_ss(mh);
+                }
+            }
+            _mm256_storeu_si256((__m256i *) u, v);
+        }
+    }
+}
+
 /* ---- few tokens (n_tok <= LX_GEMM_SMALL): 8 W rows in the lanes --------------------------------
  *
  * Each W block is unpacked in registers once per call and dotted with the few tokens' blocks
@@ -1348,6 +1388,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
                     if (wt == LX_TYPE_Q6_K)   /* minus 32 y pair-wise: |pair| <= 8128 */
                         p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv));
                     vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, scv[j]));
+                    LX_CHAIN(vi);
                 }
                 vbuf[k][r] = vi;
             }
