@@ -162,7 +162,8 @@ void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_
  * is rounded up to a multiple of 8 with zero rows. The few-token kernel then reads one contiguous
  * stream and each SIMD lane is one row throughout (a token's 4 bytes broadcast), so it needs no
  * reduction across lanes; on GGUF rows it had 8 row streams and a per-block hadd tree. The
- * tokens-in-lanes path gathers each row tile back to GGUF rows before unpacking it. lx_gemm_r8
+ * tokens-in-lanes path unpacks each row tile from the group-blocks directly (the portable build
+ * gathers it back to GGUF rows first). lx_gemm_r8
  * gives lx_gemm's bits for any n_tok at every level. */
 int lx_gemm_r8_supported(lx_type w_type);
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out);
