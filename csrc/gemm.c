@@ -36,7 +36,7 @@
 #define LX_CHAIN(v) __asm__("" : "+x"(v))
 #define LX_GEMM_R 4        /* W rows per tile (every pass) */
 #define LX_GEMM_LMAX 16    /* most token lanes of a group (zmm) */
-#define LX_GEMM_PREFETCH 4096  /* bytes of W prefetched ahead of the row tile being read (n_tok <= 8) */
+#define LX_GEMM_PREFETCH 4096  /* bytes of W prefetched ahead of what the few-token kernels read (n_tok <= 8) */
 #define LX_GEMM_SMALL 8    /* n_tok up to which the rows-in-lanes kernel runs (AVX2 and up) */
 #define LX_GEMM_R8_NT 4    /* tokens per pass of the r8 few-token tile (16 ymm) */
 
@@ -514,7 +514,7 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
 #endif
     for (int64_t i = 0; i < n_tiles; ++i) {
         const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
-        prefetch_tile(w, wrb, 8 * i, nr, n_out);
+        if (!r8) prefetch_tile(w, wrb, 8 * i, nr, n_out);   /* r8: one stream, prefetched in the kernel */
         small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nb, y, n_out, r8);
     }
 }
@@ -1069,6 +1069,9 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
     const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32((int) 0x80402010);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *gb = grp + (size_t) b * gbb;
+        /* the stream LX_GEMM_PREFETCH bytes ahead, a line at a time beside the work (a prefetch
+         * never faults, so the last group's run past the end is harmless) */
+        for (size_t off = 0; off < gbb; off += 64) __builtin_prefetch(gb + LX_GEMM_PREFETCH + off, 0, 3);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[8];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
@@ -1218,11 +1221,17 @@ static LX_INLINE LX_TGT void SFX(unpack_k)(lx_type wt, const uint8_t *row, int64
         _mm256_storeu_si256((__m256i *) (o + 64 * p), lo);
         _mm256_storeu_si256((__m256i *) (o + 64 * p + 32), hi);
     }
-    for (int j = 0; j < 8; ++j) {
-        uint8_t sc, mn;
-        lx_k_scale_min(j, scales, &sc, &mn);
-        sc16[j] = sc, sc16[8 + j] = mn;
-    }
+    /* the 12 scale bytes -> 8 scales then 8 mins (lx_k_scale_min's values, ggml's word masks: words
+     * 0-1 the 6-bit scales, 2-3 the mins), widened to int16 in one store */
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4w = 0x0f0f0f0fu, m2 = 0x03030303u;
+    u[3] = ((u[2] >> 4) & m4w) | (((u[1] >> 6) & m2) << 4);
+    const uint32_t mn_lo = u[1] & m6;
+    u[1] = (u[2] & m4w) | (((u[0] >> 6) & m2) << 4);
+    u[2] = mn_lo;
+    u[0] &= m6;
+    _mm256_storeu_si256((__m256i *) sc16, _mm256_cvtepu8_epi16(_mm_set_epi32((int) u[3], (int) u[2], (int) u[1], (int) u[0])));
     *d = _cvtsh_ss(q5 ? x5->d : x4->d), *dmin = _cvtsh_ss(q5 ? x5->dmin : x4->dmin);
 }
 
