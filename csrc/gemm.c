@@ -1071,7 +1071,8 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
         const uint8_t *gb = grp + (size_t) b * gbb;
         /* the stream LX_GEMM_PREFETCH bytes ahead, a line at a time beside the work (a prefetch
          * never faults, so the last group's run past the end is harmless) */
-        for (size_t off = 0; off < gbb; off += 64) __builtin_prefetch(gb + LX_GEMM_PREFETCH + off, 0, 3);
+        for (size_t off = 0; off < gbb; off += 64)
+            __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH + off), 0, 3);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[8];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
