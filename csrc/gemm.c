@@ -801,6 +801,26 @@ static LX_INLINE LX_TGT VI SFX(dot_step)(lx_type wt, VI acc, VI u, VI a) {
     return DP(acc, u, a);
 }
 
+#if LX_GEMM_PASS == 1
+/* p[r T + g] = the int16 pair sums u*a + u'*a' of steps [s0, s1) of block b, W row r against token
+ * group g (AVX2; the caller bounds the steps so the sums stay exact) */
+static LX_INLINE LX_TGT void SFX(pair_sums)(const uint8_t *tile, int64_t n_in, int64_t b, const uint8_t *const *rec,
+                                            int s0, int s1, __m256i *p, const int R, const int T) {
+    for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
+    for (int s = s0; s < s1; ++s) {
+        VI a[TMAX];
+        for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
+        for (int r = 0; r < R; ++r) {
+            const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
+            for (int g = 0; g < T; ++g) {
+                p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
+                LX_CHAIN(p[r * T + g]);
+            }
+        }
+    }
+}
+#endif
+
 /* out[(r T + g) L + l] = output of W row r and token lane l of group g, for r < R, g < T */
 static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *act,
                                        int64_t nb, float *out, const int R, const int T) {
@@ -823,38 +843,14 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
              * sum <= 30480: exact), then one madd per output; the block's int32 sums are formed
              * after the steps, so only the pair sums, a and u are live in them (no spills) */
             __m256i p[LX_GEMM_R * TMAX];
-            for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
-            for (int s = 0; s < 8; ++s) {
-                VI a[TMAX];
-                for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
-                for (int r = 0; r < R; ++r) {
-                    const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
-                    for (int g = 0; g < T; ++g) {
-                        p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
-                        LX_CHAIN(p[r * T + g]);
-                    }
-                }
-            }
+            SFX(pair_sums)(tile, n_in, b, rec, 0, 8, p, R, T);
             for (int i = 0; i < R * T; ++i)   /* + the offset term c of token group i % T */
                 is[i] = _mm256_add_epi32(LDI(rec[i % T] + 32 * L), _mm256_madd_epi16(p[i], _mm256_set1_epi16(1)));
         } else if (wt != LX_TYPE_Q8_0) {
-            /* int16 pair sums u*a + u'*a' summed over 4 steps before the one madd: |pair| <=
-             * 2 * 31 * 127 (q5_0 / q5_1, 4 steps: <= 31496), so the int16 sums are exact */
-            const int per = 4;
-            for (int h = 0; h < 8; h += per) {
+            /* q5_0 / q5_1: |pair| <= 2 * 31 * 127, so 4 steps at a time (<= 31496) before a madd */
+            for (int h = 0; h < 8; h += 4) {
                 __m256i p[LX_GEMM_R * TMAX];
-                for (int i = 0; i < R * T; ++i) p[i] = _mm256_setzero_si256();
-                for (int s = h; s < h + per; ++s) {
-                    VI a[TMAX];
-                    for (int g = 0; g < T; ++g) a[g] = LDI(rec[g] + 4 * L * s);
-                    for (int r = 0; r < R; ++r) {
-                        const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
-                        for (int g = 0; g < T; ++g) {
-                            p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
-                            LX_CHAIN(p[r * T + g]);
-                        }
-                    }
-                }
+                SFX(pair_sums)(tile, n_in, b, rec, h, h + 4, p, R, T);
                 for (int i = 0; i < R * T; ++i)
                     is[i] = _mm256_add_epi32(is[i], _mm256_madd_epi16(p[i], _mm256_set1_epi16(1)));
             }
