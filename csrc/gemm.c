@@ -71,6 +71,12 @@ static int r8_head(lx_type wt) {
     return wt == LX_TYPE_Q4_1 ? 32 : wt == LX_TYPE_Q5_0 ? 48 : 16;
 }
 
+/* group-block (o / 8, b) of 8 blocks' bytes: the head, then chunk c (of 8 for q8_0, 4 for the
+ * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row */
+static uint8_t *r8_block(const void *w, lx_type wt, int64_t nb, int64_t o, int64_t b) {
+    return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * lx_type_block_bytes(wt);
+}
+
 /* gemm.h's offset c of the stored quants (the canonical one) */
 static int canon_offset(lx_type wt) {
     return wt == LX_TYPE_Q4_0 ? 8 : wt == LX_TYPE_Q5_0 ? 16 : 0;
@@ -647,11 +653,6 @@ size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
     return (size_t) ((n_out + 7) / 8 * 8) * lx_row_bytes(w_type, n_in);
 }
 
-/* group-block (o / 8, b) of 8 blocks' bytes: the head, then chunk c (of 8 for q8_0, 4 for the
- * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row */
-static uint8_t *r8_block(const void *w, lx_type wt, int64_t nb, int64_t o, int64_t b) {
-    return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * lx_type_block_bytes(wt);
-}
 
 /* one GGUF block's fields: d, m (q4_1), qh (q5_0), qs and its byte count */
 typedef struct { uint8_t *d, *m, *qh, *qs; int nqs; } block_fields;
@@ -943,15 +944,13 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
 static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in, int u128,
                                        uint8_t *tile) {
     const int64_t nb = n_in / LX_QK;
-    const size_t gbb = 8 * lx_type_block_bytes(wt);
     const int head = r8_head(wt), nc = wt == LX_TYPE_Q8_0 ? 8 : 4;
     float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
-    const uint8_t *grp = w + (size_t) (o0 / 8) * (size_t) nb * gbb;
     for (int r = 0; r < nr; ++r) {
         const int rr = (int) ((o0 + r) % 8);
         uint8_t *u = tile + r * n_in;
         for (int64_t b = 0; b < nb; ++b, u += LX_QK) {
-            const uint8_t *gb = grp + (size_t) b * gbb;
+            const uint8_t *gb = r8_block(w, wt, nb, o0 + r, b);   /* r8_move's places within it */
             uint8_t qs[32] __attribute__((aligned(32)));
             for (int c = 0; c < nc; ++c) memcpy(qs + 4 * c, gb + head + 32 * c + 4 * rr, 4);
             uint16_t dh, mh;
