@@ -364,6 +364,7 @@ static void quantize_heads(const float *q, int nh, int64_t d, q8_heads *qh) {
  * dots: S[h*LDS + j] = q_h . K(cell i0 + idx[j]) for h < nh, j < n.
  *   q: [nh][d_k] (consecutive heads), k_base: element offset of (stream, cell i0, head g),
  *   k_stride: elements between consecutive cells.
+ * logits: row[j] = row[j] * scale + mv[j] for j < n (n >= 1), returns their max as row_max finds it.
  * expsum: P = exp(S - m[h]) in place for j < n, l[h] = sum_j P; S rows hold n values.
  * vacc: acc[h*d_v + c] = sum_j P[h][j] * V(cell i0 + idx[j], c)   (flash layout)
  * vtacc: the same reading V^T: column of cell i at c*kv_size + i from vt_base.
@@ -374,6 +375,7 @@ typedef struct {
                  const vis_list *vl, int nh, float *S);
     void (*dots_q)(const attn_ctx *c, const q8_heads *qh, int64_t k_base, int64_t k_stride,
                    const vis_list *vl, int nh, float *S);
+    float (*logits)(float *row, int n, float scale, const float *mv);
     void (*expsum)(float *S, int n, int nh, const float *m, float *l);
     void (*vacc)(const attn_ctx *c, const float *S, int64_t v_base, int64_t v_stride,
                  const vis_list *vl, int nh, float *acc);
@@ -431,6 +433,13 @@ static void dots_c(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_
     }
 }
 
+static float row_max(const float *row, int n);
+
+static float logits_c(float *row, int n, float scale, const float *mv) {
+    for (int j = 0; j < n; ++j) row[j] = row[j] * scale + mv[j];
+    return row_max(row, n);
+}
+
 static void expsum_c(float *S, int n, int nh, const float *m, float *l) {
     for (int h = 0; h < nh; ++h) {
         float sum = 0.0f;
@@ -477,7 +486,7 @@ static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
     }
 }
 
-static const kernel_set kernels_c = { dots_c, dots_q_c, expsum_c, vacc_c, vtacc_c };
+static const kernel_set kernels_c = { dots_c, dots_q_c, logits_c, expsum_c, vacc_c, vtacc_c };
 
 /* -- the VNNI kernel's arithmetic in portable C --
  *
@@ -1053,10 +1062,35 @@ static void dots_q_vnni(const attn_ctx *c, const q8_heads *qh, int64_t k_base, i
     dots_q_vnni_tab[c->p->type_k == LX_TYPE_Q4_0][nh - 1](c, qh, k_base, k_stride, vl, S);
 }
 
-static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
+/* logits_c in 8 lanes: the same multiply and add per value, and row_max's lanes (lane u takes the
+ * values j = u mod 8, a value replaces the lane's only when greater: _mm256_max_ps(v, lane)), tail
+ * and fold, so the same bits (signed zeros and NaNs included) */
+static LX_AVX2 float logits_avx2(float *row, int n, float scale, const float *mv) {
+    const __m256 s = _mm256_set1_ps(scale);
+    __m256 lane = _mm256_set1_ps(row[0] * scale + mv[0]);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const __m256 x = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(row + j), s), _mm256_loadu_ps(mv + j));
+        _mm256_storeu_ps(row + j, x);
+        lane = _mm256_max_ps(x, lane);
+    }
+    float l[8];
+    _mm256_storeu_ps(l, lane);
+    for (; j < n; ++j) {
+        row[j] = row[j] * scale + mv[j];
+        l[0] = row[j] > l[0] ? row[j] : l[0];
+    }
+    float m = l[0];
+    for (int u = 1; u < 8; ++u) m = l[u] > m ? l[u] : m;
+    return m;
+}
+
+static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, logits_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
 /* LX_SIMD_AVX512: a quantized K takes the AVX2 integer dots (maddubs); LX_SIMD_VNNI512 the VNNI ones */
-static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, expsum_avx512, vacc_avx512, vtacc_avx512 };
-static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, expsum_avx512, vacc_avx512, vtacc_avx512 };
+static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, logits_avx2, expsum_avx512, vacc_avx512,
+                                           vtacc_avx512 };
+static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, logits_avx2, expsum_avx512, vacc_avx512,
+                                                vtacc_avx512 };
 #endif /* LX_X86 */
 
 
@@ -1243,11 +1277,15 @@ static void remap_visible(vis_list *vl, const int32_t *perm, int64_t i0) {
 /* The visible cells of item it's chunk whose scan runs from cell i0 to i_end (at most
  * LX_ATTN_CHUNK of them, gather_visible) into vl, their offsets counted from cell *c0 (0 through
  * a perm). Returns where the next chunk's scan may start. */
+/* item it's mask row [n_kv] */
+static const float *mask_row(const attn_ctx *c, const item_pos *it) {
+    return c->mask + (it->s * c->p->n_tps_pad + it->t) * c->p->n_kv;
+}
+
 static int64_t chunk_gather(const attn_ctx *c, const item_pos *it, int64_t i0, int64_t i_end, vis_list *vl,
                             int64_t *c0) {
     const lx_attn_params *p = c->p;
-    const float *mrow = c->mask + (it->s * p->n_tps_pad + it->t) * p->n_kv;
-    const int64_t next = gather_visible(mrow, i0, i_end, vl);
+    const int64_t next = gather_visible(mask_row(c, it), i0, i_end, vl);
     *c0 = i0;
     if (p->perm && vl->n) {
         remap_visible(vl, p->perm + it->s * p->n_kv, i0);
@@ -1299,20 +1337,16 @@ static void chunk_probs(const attn_ctx *c, const kernel_set *ks, const item_pos 
     const float cap = p->softcap;
     for (int h = 0; h < nh; ++h) {
         float *row = S + h * LDS;
+        if (cap == 0.0f) {                        /* both paths: score * scale + mask */
+            st.m[h] = ks->logits(row, vl->n, p->scale, vl->mv);
+            continue;
+        }
         if (!c->vtrans) {
-            const float scale = cap != 0.0f ? p->scale / cap : p->scale;
-            if (cap != 0.0f) {
-                for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * scale) + vl->mv[j];
-            } else {
-                for (int j = 0; j < vl->n; ++j) row[j] = row[j] * scale + vl->mv[j];
-            }
+            const float scale = p->scale / cap;
+            for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * scale) + vl->mv[j];
         } else {
-            const float inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
-            if (cap != 0.0f) {
-                for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * inv_cap) * p->scale + vl->mv[j];
-            } else {
-                for (int j = 0; j < vl->n; ++j) row[j] = row[j] * p->scale + vl->mv[j];
-            }
+            const float inv_cap = 1.0f / cap;
+            for (int j = 0; j < vl->n; ++j) row[j] = cap * tanhf(row[j] * inv_cap) * p->scale + vl->mv[j];
         }
         st.m[h] = row_max(row, vl->n);
     }
@@ -1529,7 +1563,16 @@ static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
  * chunk) runs it alone with the per-token kernels. Each token's chunks and merges are those of
  * run_item, with the same bits (attn_tile.h). The buffers are each thread's slice of the caller's
  * scratch (lx_attn_scratch_size); without it the items run one by one (run_item). */
-#define TILE_TOKENS 16
+#define TILE_TOKENS 32
+
+/* kt's row pitch for n cells: n rounded up to 16 floats, plus 16 when that is an even number of
+ * 64-byte lines. The dots walk kt's rows e = l, l + 8, ... for a block of 16 columns; with a pitch
+ * of 2^k lines (256 cells: 16 lines) those rows fall into 64 / 2^k of L1's 64 sets and evict each
+ * other (the kernel ran from L2: 1.4x slower at d_k 64). An odd number of lines spreads them. */
+static int64_t kt_pitch(int64_t n) {
+    const int64_t ld = (n + 15) & ~(int64_t) 15;
+    return (ld / 16) % 2 ? ld : ld + 16;
+}
 
 static bool tiles_apply(const attn_ctx *c) {
     const lx_attn_params *p = c->p;
@@ -1557,7 +1600,7 @@ typedef struct {
     float *S;         /* [TILE_TOKENS][hp * LDS] */
     float *run;       /* [TILE_TOKENS][hp * (d_v + 2)] */
     float *tmp;       /* [TILE_TOKENS][hp * (d_v + 2)] */
-    float *kt;        /* [d_k][LX_ATTN_CHUNK]: K transposed */
+    float *kt;        /* [d_k][kt_pitch(LX_ATTN_CHUNK)]: K transposed */
     float *vf;        /* [LX_ATTN_CHUNK][d_v]: V rows */
 } tile_buf;
 
@@ -1569,7 +1612,7 @@ static void tile_part_bytes(const attn_ctx *c, size_t bytes[TILE_PARTS]) {
     const size_t sizes[TILE_PARTS] = {
         TILE_TOKENS * sizeof(vis_list), LX_ATTN_CHUNK * sizeof(int64_t),
         (size_t) (TILE_TOKENS * c->hp * LDS) * sizeof(float), (size_t) (TILE_TOKENS * st) * sizeof(float),
-        (size_t) (TILE_TOKENS * st) * sizeof(float), (size_t) (c->p->d_k * LX_ATTN_CHUNK) * sizeof(float),
+        (size_t) (TILE_TOKENS * st) * sizeof(float), (size_t) (c->p->d_k * kt_pitch(LX_ATTN_CHUNK)) * sizeof(float),
         (size_t) (LX_ATTN_CHUNK * c->p->d_v) * sizeof(float)};
     for (int i = 0; i < TILE_PARTS; ++i) bytes[i] = (sizes[i] + 63) & ~(size_t) 63;
 }
@@ -1627,9 +1670,18 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
         const int64_t i0 = cur[lead];
         bool with[TILE_TOKENS] = {false};
         int n_with = 0;
+        next[lead] = chunk_gather(c, &its[lead], i0, n_kv, &tb->vl[lead], &c0[lead]);
+        const float *lead_mask = mask_row(c, &its[lead]) + i0;
+        const size_t scanned = (size_t) (next[lead] - i0) * sizeof(float);
         for (int k = lead; k < nt; ++k) {
             if (cur[k] != i0) continue;
-            next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
+            if (k > lead && memcmp(mask_row(c, &its[k]) + i0, lead_mask, scanned) == 0) {
+                /* the mask values lead's scan read: the same visible cells, c0 and end (its
+                 * tokens share a stream); no gather of its own */
+                next[k] = next[lead], c0[k] = c0[lead], with[k] = true, n_with++;
+                continue;
+            }
+            if (k > lead) next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
             /* the same cells (then the same c0) and the same end */
             with[k] = k == lead || (next[k] == next[lead] && same_chunk(&tb->vl[k], &tb->vl[lead]));
             n_with += with[k];
@@ -1640,7 +1692,7 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
             int64_t k_stride;
             const int64_t k_base = k_base_of(c, &its[lead], c0[lead], &k_stride);
             for (int j = 0; j < vl->n; ++j) tb->off[j] = k_base + (int64_t) vl->idx[j] * k_stride;
-            const int64_t ld = (vl->n + 7) & ~(int64_t) 7;
+            const int64_t ld = kt_pitch(vl->n);
             lx_attn_tile_kt(c->k, kf16, tb->off, vl->n, p->d_k, tb->kt, ld);
             const float *qs[TILE_TOKENS * LX_ATTN_MAX_GROUP];   /* the query rows, then the weights P */
             float *Ss[TILE_TOKENS * LX_ATTN_MAX_GROUP];         /* their scores, then their acc rows */
@@ -1766,6 +1818,18 @@ void lx_attn_vtrans(const lx_attn_params *p, const float *q, const void *k, cons
     assert(n_threads >= 1);
     const attn_ctx c = make_ctx(p, q, k, v, mask, out, true);
     attn_run(&c, scratch, n_scratch, n_threads);
+}
+
+/* ---- a chunk's logits alone (tests) ------------------------------------------------------ */
+
+float lx_attn_logits(float *row, int n, float scale, const float *mv) {
+    assert(n >= 1 && n <= LX_ATTN_CHUNK);
+    return kernels_for(lx_simd_level())->logits(row, n, scale, mv);
+}
+
+float lx_attn_logits_ref(float *row, int n, float scale, const float *mv) {
+    assert(n >= 1 && n <= LX_ATTN_CHUNK);
+    return logits_c(row, n, scale, mv);
 }
 
 /* ---- the quantized-K scores alone (tests) ------------------------------------------------ */

@@ -240,6 +240,13 @@ void lx_attn_dots_q_ref(lx_type type_k, int64_t d_k, const float *q, int nh, con
 void lx_attn_dots_q_vnni_emul(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
                               float *S, int32_t *isum);
 
+/* Testing: a chunk's logits alone. row[j] <- row[j] * scale + mv[j] for j < n (1 <= n <=
+ * LX_ATTN_CHUNK), the step from raw scores to logits without a softcap; returns their maximum (the
+ * chunk's m). lx_attn_logits runs lx_simd_level()'s kernel, lx_attn_logits_ref the scalar twin: the
+ * same bits. */
+float lx_attn_logits(float *row, int n, float scale, const float *mv);
+float lx_attn_logits_ref(float *row, int n, float scale, const float *mv);
+
 /* Testing hook: the kernels wake no more threads than 1 + (n_tokens * n_head *
  * n_kv * (d_k + d_v)) / macs (default 2^18 multiply-adds per thread, so a tiny
  * call stays on the caller's thread); macs = 1 lets every thread work, -1

@@ -591,3 +591,45 @@ def test_quantized_shape_errors(fn, field, bad, kw, err):
     arrays[field] = bad
     with pytest.raises(ValueError, match=err):
         fn(arrays["q"], arrays["k"], arrays["v"], arrays["mask"], **{**base, **kw})
+
+
+# ---- a chunk's logits (the step before the softmax) ---------------------------------------------
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 100, 255, A.CHUNK])
+def test_logits_kernel_same_bits_as_scalar_twin(level, n):
+    """Every level's logits kernel gives its scalar twin's bits, values and maximum: hidden cells
+    (-inf), ties, the sign of a zero maximum (only a greater value replaces a lane's), a NaN score."""
+    rng = np.random.default_rng(n)
+    cases = []
+    s = rng.standard_normal(n).astype(np.float32) * 8
+    mv = np.where(rng.random(n) < 0.3, -np.inf, 0.0).astype(np.float32)
+    mv[0] = 0.0
+    cases.append((s, mv, 0.125))
+    z = np.where(rng.random(n) < 0.5, -0.0, 0.0).astype(np.float32)       # zero maxima of both signs
+    low = -rng.random(n).astype(np.float32)
+    cases.append((np.where(rng.random(n) < 0.7, z, low), np.full(n, -0.0, np.float32), 1.0))
+    cases.append((np.full(n, 3.0, np.float32), np.full(n, -np.inf, np.float32), 0.5))   # all hidden
+    alibi = -np.abs(np.arange(n, dtype=np.float32) - n / 2)                              # ties of the max
+    cases.append((np.zeros(n, np.float32), alibi, 1.0))
+    nan = s.copy()
+    nan[n // 2] = np.nan
+    cases.append((nan, mv, 0.125))
+    for scores, masks, scale in cases:
+        want, m_want = A.logits_ref(scores, masks, scale)
+        got, m_got = A.logits(scores, masks, scale)
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        assert np.float32(m_got).view(np.uint32) == np.float32(m_want).view(np.uint32)
+        with np.errstate(invalid="ignore"):
+            ref = scores * np.float32(scale) + masks
+        np.testing.assert_array_equal(want, ref)
+        if not np.isnan(ref).any():
+            assert m_want == ref.max()
+
+
+def test_logits_bad_input():
+    with pytest.raises(ValueError):
+        A.logits(np.zeros(0, np.float32), np.zeros(0, np.float32), 1.0)
+    with pytest.raises(ValueError):
+        A.logits(np.zeros(A.CHUNK + 1, np.float32), np.zeros(A.CHUNK + 1, np.float32), 1.0)
+    with pytest.raises(ValueError):
+        A.logits(np.zeros(4, np.float32), np.zeros(5, np.float32), 1.0)

@@ -50,6 +50,10 @@ cdef extern from "attention.h" nogil:
 
     void lx_attn_set_min_work(int64_t macs)
 
+    # row [n] (scores in, logits out), mv [n] mask values; returns the logits' maximum
+    float lx_attn_logits(float *row, int n, float scale, const float *mv)
+    float lx_attn_logits_ref(float *row, int n, float scale, const float *mv)
+
     # q [nh][d_k], k [n][row bytes of d_k values of type_k], S [nh][n], isum [nh][n][d_k / 32] or NULL
     void lx_attn_dots_q(lx_type type_k, int64_t d_k, const float *q, int nh, const void *k, int64_t n,
                         float *S)

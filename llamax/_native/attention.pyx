@@ -387,6 +387,40 @@ cdef tuple _dots_q_check(object q, object k, object type_k):
     return t, nh, d_k, k.shape[0]
 
 
+cdef object _logits(scores, mask_values, float scale, bint ref):
+    row = np.array(_check_array(scores, "scores", np.float32), copy=True)
+    mv = _check_array(mask_values, "mask_values", np.float32)
+    if row.ndim != 1 or mv.shape != row.shape or not 1 <= row.shape[0] <= LX_ATTN_CHUNK:
+        raise ValueError(f"scores and mask_values must be float32 [n], 1 <= n <= {LX_ATTN_CHUNK}, "
+                         f"got {row.shape} and {mv.shape}")
+    cdef float[::1] rv = row              # IN / OUT
+    cdef const float[::1] mvv = mv        # IN
+    cdef int n = row.shape[0]
+    cdef float m
+    with nogil:
+        m = lx_attn_logits_ref(&rv[0], n, scale, &mvv[0]) if ref else lx_attn_logits(&rv[0], n, scale, &mvv[0])
+    return row, m
+
+
+def logits(scores, mask_values, scale):
+    """A chunk's logits as the attention kernels of the current SIMD level form them (no softcap).
+
+    Args:
+        scores: float32 [n], 1 <= n <= CHUNK, the raw scores q . k of one head.   # IN
+        mask_values: float32 [n], the mask values of those cells.                  # IN
+        scale: the attention scale.
+
+    Returns:
+        (logits float32 [n] = scores * scale + mask_values, their maximum as a float), lx_attn_logits.
+    """
+    return _logits(scores, mask_values, scale, False)
+
+
+def logits_ref(scores, mask_values, scale):
+    """logits by the scalar twin (lx_attn_logits_ref): the same bits at every level."""
+    return _logits(scores, mask_values, scale, True)
+
+
 def dots_q(q, k, *, type_k):
     """The scores of a quantized K as the attention kernels of the current SIMD level form them.
 
