@@ -802,6 +802,40 @@ static LX_INLINE LX_TGT VI SFX(dot_step)(lx_type wt, VI acc, VI u, VI a) {
     return DP(acc, u, a);
 }
 
+/* a tile's outputs out[(r nt + g) lanes + l] (W row r < nr, token group g < nt) into y[t][o0 + r] for the
+ * tokens t = t0 + g lanes + l < n_tok. Whole pieces of 4 rows x 8 tokens go as a 4 x 8 transpose and 8
+ * stores of 4 floats (one scalar store per output, each to another token's row of y, cost about a sixth
+ * of the tile's time); the rest one float at a time. Moves bits only. */
+static LX_INLINE LX_TGT void SFX(put_tile)(const float *out, int nr, int nt, int lanes, float *y, int64_t t0,
+                                           int64_t n_tok, int64_t n_out, int64_t o0) {
+    const int64_t rs = (int64_t) nt * lanes;   /* out's stride between rows */
+    for (int g = 0; g < nt; ++g)
+        for (int h = 0; h < lanes; h += 8) {
+            const float *p = out + g * lanes + h;
+            const int64_t t = t0 + g * lanes + h;
+            float *q = y + t * n_out + o0;
+            if (nr == 4 && t + 8 <= n_tok) {
+                const __m256 a0 = _mm256_loadu_ps(p), a1 = _mm256_loadu_ps(p + rs);
+                const __m256 a2 = _mm256_loadu_ps(p + 2 * rs), a3 = _mm256_loadu_ps(p + 3 * rs);
+                const __m256 t01l = _mm256_unpacklo_ps(a0, a1), t01h = _mm256_unpackhi_ps(a0, a1);
+                const __m256 t23l = _mm256_unpacklo_ps(a2, a3), t23h = _mm256_unpackhi_ps(a2, a3);
+                const __m256 c0 = _mm256_shuffle_ps(t01l, t23l, 0x44), c1 = _mm256_shuffle_ps(t01l, t23l, 0xEE);
+                const __m256 c2 = _mm256_shuffle_ps(t01h, t23h, 0x44), c3 = _mm256_shuffle_ps(t01h, t23h, 0xEE);
+                _mm_storeu_ps(q, _mm256_castps256_ps128(c0));   /* token lane l: c[l % 4], half l / 4 */
+                _mm_storeu_ps(q + n_out, _mm256_castps256_ps128(c1));
+                _mm_storeu_ps(q + 2 * n_out, _mm256_castps256_ps128(c2));
+                _mm_storeu_ps(q + 3 * n_out, _mm256_castps256_ps128(c3));
+                _mm_storeu_ps(q + 4 * n_out, _mm256_extractf128_ps(c0, 1));
+                _mm_storeu_ps(q + 5 * n_out, _mm256_extractf128_ps(c1, 1));
+                _mm_storeu_ps(q + 6 * n_out, _mm256_extractf128_ps(c2, 1));
+                _mm_storeu_ps(q + 7 * n_out, _mm256_extractf128_ps(c3, 1));
+                continue;
+            }
+            for (int r = 0; r < nr; ++r)
+                for (int l = 0; l < 8 && t + l < n_tok; ++l) q[l * n_out + r] = p[r * rs + l];
+        }
+}
+
 #if LX_GEMM_PASS == 1
 /* p[r T + g] = the int16 pair sums u*a + u'*a' of steps [s0, s1) of block b, W row r against token
  * group g (AVX2; the caller bounds the steps so the sums stay exact) */
@@ -938,30 +972,42 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
 #endif
 
 #if LX_GEMM_PASS == 1
+/* rows 4 hi .. 4 hi + 3 of the 4 r8 chunks at c (bytes [4c', 4c' + 4) of the 8 rows' qs, c' = 0..3): each
+ * row's 16 bytes, a 4 x 8 transpose of dwords */
+static LX_INLINE LX_TGT void SFX(r8_rows4)(const uint8_t *c, int hi, __m128i *q) {
+    const __m256i c0 = _mm256_loadu_si256((const __m256i *) c), c1 = _mm256_loadu_si256((const __m256i *) (c + 32));
+    const __m256i c2 = _mm256_loadu_si256((const __m256i *) (c + 64)), c3 = _mm256_loadu_si256((const __m256i *) (c + 96));
+    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
+    const __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i r[4] = {_mm256_unpacklo_epi64(t0, t2), _mm256_unpackhi_epi64(t0, t2),   /* rows k | k + 4 */
+                          _mm256_unpacklo_epi64(t1, t3), _mm256_unpackhi_epi64(t1, t3)};
+    for (int k = 0; k < 4; ++k) q[k] = hi ? _mm256_extracti128_si256(r[k], 1) : _mm256_castsi256_si128(r[k]);
+}
+
 /* unpack_tile straight from the r8 layout (lx_gemm_pack_r8): rows [o0, o0 + nr) lie in one group of 8
- * (o0 % 4 == 0, nr <= 4); each row's block is gathered from the group-block's head and chunks and
- * unpacked as block_u does (the same bytes and scales as unpack_tile over the GGUF rows) */
+ * (o0 % 4 == 0, nr <= 4), so each group-block gives the tile's rows' qs by one transpose of its chunks
+ * (r8_rows4); unpacked as block_u does (the same bytes and scales as unpack_tile over the GGUF rows) */
 static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in, int u128,
                                        uint8_t *tile) {
     const int64_t nb = n_in / LX_QK;
-    const int head = r8_head(wt), nc = wt == LX_TYPE_Q8_0 ? 8 : 4;
+    const int head = r8_head(wt), hi = (int) (o0 % 8) / 4, rr0 = 4 * hi;
     float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
-    for (int r = 0; r < nr; ++r) {
-        const int rr = (int) ((o0 + r) % 8);
-        uint8_t *u = tile + r * n_in;
-        for (int64_t b = 0; b < nb; ++b, u += LX_QK) {
-            const uint8_t *gb = r8_block(w, wt, nb, o0 + r, b);   /* r8_move's places within it */
-            uint8_t qs[32] __attribute__((aligned(32)));
-            for (int c = 0; c < nc; ++c) memcpy(qs + 4 * c, gb + head + 32 * c + 4 * rr, 4);
+    for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t *gb = r8_block(w, wt, nb, o0, b);
+        __m128i lo[4], up[4];
+        SFX(r8_rows4)(gb + head, hi, lo);
+        if (wt == LX_TYPE_Q8_0) SFX(r8_rows4)(gb + head + 128, hi, up);
+        for (int r = 0; r < nr; ++r) {
+            const int rr = rr0 + r;
             uint16_t dh, mh;
             memcpy(&dh, gb + 2 * rr, 2);
             dw[r * nb + b] = _cvtsh_ss(dh);
             __m256i v;
             if (wt == LX_TYPE_Q8_0) {
-                v = _mm256_load_si256((const __m256i *) qs);
+                v = _mm256_set_m128i(up[r], lo[r]);
                 if (u128) v = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
             } else {
-                v = lx_nib32_avx2(qs);
+                v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo[r], 4), lo[r]), _mm256_set1_epi8(0x0F));
                 if (wt == LX_TYPE_Q5_0)
                     v = _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(gb + 16 + 4 * rr), _mm256_set1_epi8(0x10)));
                 if (wt == LX_TYPE_Q4_1) {
@@ -969,7 +1015,7 @@ static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0,
                     mw[r * nb + b] = _cvtsh_ss(mh);
                 }
             }
-            _mm256_storeu_si256((__m256i *) u, v);
+            _mm256_storeu_si256((__m256i *) (tile + r * n_in + LX_QK * b), v);
         }
     }
 }
@@ -1341,11 +1387,7 @@ static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int
         case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
         default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
         }
-        for (int r = 0; r < nr; ++r)
-            for (int l = 0; l < 8; ++l) {
-                const int64_t t = g * 8 + l;
-                if (t < n_tok) y[t * n_out + o0 + r] = out[r * 8 + l];
-            }
+        SFX(put_tile)(out, nr, 1, 8, y, g * 8, n_tok, n_out, o0);
     }
 }
 #undef LX_GEMM_KR
@@ -1461,12 +1503,7 @@ static LX_TGT void SFX(run)(lx_type wt, const uint8_t *tile, int64_t n_in, int n
         case LX_TYPE_Q5_1: LX_GEMM_R_CASES(LX_TYPE_Q5_1) break;
         default: LX_GEMM_R_CASES(LX_TYPE_Q8_0) break;
         }
-        for (int r = 0; r < nr; ++r)
-            for (int g = 0; g < nt; ++g)
-                for (int l = 0; l < L; ++l) {
-                    const int64_t t = (g0 + g) * L + l;
-                    if (t < n_tok) y[t * n_out + o0 + r] = out[(r * nt + g) * L + l];
-                }
+        SFX(put_tile)(out, nr, nt, L, y, g0 * L, n_tok, n_out, o0);
     }
 }
 
