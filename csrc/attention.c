@@ -27,8 +27,9 @@
  * Both fold the same states with the same code in the same order, so the
  * result does not depend on n_threads. At the AVX2 level with a float cache, a
  * prefill's items run in tiles of query tokens (run_tile): the chunks the tokens
- * share get their K and V converted once and attn_tile.h's kernels for all the
- * tokens' heads, with the per-token kernels' bits.
+ * share (their visible cells one list and its prefixes, as causal prefill's
+ * diagonal) get their K and V converted once and attn_tile.h's kernels for all
+ * the tokens' heads, with the per-token kernels' bits.
  *
  * Memory: decode streams the whole cache, so K/V rows of the next cells are
  * prefetched (rows of one kv head are n_head_kv * d apart, a stride hardware
@@ -1636,11 +1637,20 @@ static void tile_carve(const attn_ctx *c, float *base, tile_buf *tb) {
     *tb = (tile_buf) {part[0], part[1], part[2], part[3], part[4], part[5], part[6]};
 }
 
-static bool same_chunk(const vis_list *a, const vis_list *b) {
-    return a->n == b->n && memcmp(a->idx, b->idx, (size_t) a->n * sizeof a->idx[0]) == 0 &&
-           memcmp(a->mv, b->mv, (size_t) a->n * sizeof a->mv[0]) == 0;
+/* a's visible cells are the first a->n of b's (the same cells in the same order) */
+static bool is_prefix(const vis_list *a, const vis_list *b) {
+    return a->n <= b->n && memcmp(a->idx, b->idx, (size_t) a->n * sizeof a->idx[0]) == 0;
 }
 
+/* The tile's tokens walk their chunks together: at each step the tokens whose scan starts at the
+ * lead's cell i0 gather their chunks; those whose visible cells are a prefix of the longest such
+ * chunk's (the base) share it: K transposed and V converted once for the base's cells, the dots of
+ * every query head over them, then each token's own softmax over its own cells (its list: count and
+ * mask values) and its V sum over those cells alone. A token's scores and sums are the per-token
+ * kernels' bits: a score depends on its query row and cell only, and the V chain of a row runs over
+ * the row's own cells in order (the cells past a token's count are never read for it). Causal
+ * prefill is why: a token sees its predecessors' cells plus its own, so the diagonal chunk of the
+ * tile's tokens is one list and its prefixes. The others run their chunk alone. */
 static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t tt, tile_buf *tb) {
     const lx_attn_params *p = c->p;
     const int64_t dv = p->d_v, n_kv = p->n_kv, n_tt = (p->n_tps + tt - 1) / tt;
@@ -1669,29 +1679,35 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
         while (lead < nt && cur[lead] >= n_kv) ++lead;
         if (lead == nt) break;
         const int64_t i0 = cur[lead];
-        bool with[TILE_TOKENS] = {false};
-        int n_with = 0;
+        const vis_list *lst[TILE_TOKENS];   /* token k's chunk (k with cur[k] == i0) */
         next[lead] = chunk_gather(c, &its[lead], i0, n_kv, &tb->vl[lead], &c0[lead]);
+        lst[lead] = &tb->vl[lead];
         const float *lead_mask = mask_row(c, &its[lead]) + i0;
         const size_t scanned = (size_t) (next[lead] - i0) * sizeof(float);
-        for (int k = lead; k < nt; ++k) {
+        int base = lead;
+        for (int k = lead + 1; k < nt; ++k) {
             if (cur[k] != i0) continue;
-            if (k > lead && memcmp(mask_row(c, &its[k]) + i0, lead_mask, scanned) == 0) {
+            if (memcmp(mask_row(c, &its[k]) + i0, lead_mask, scanned) == 0) {
                 /* the mask values lead's scan read: the same visible cells, c0 and end (its
                  * tokens share a stream); no gather of its own */
-                next[k] = next[lead], c0[k] = c0[lead], with[k] = true, n_with++;
-                continue;
+                next[k] = next[lead], c0[k] = c0[lead], lst[k] = lst[lead];
+            } else {
+                next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
+                lst[k] = &tb->vl[k];
             }
-            if (k > lead) next[k] = chunk_gather(c, &its[k], i0, n_kv, &tb->vl[k], &c0[k]);
-            /* the same cells (then the same c0) and the same end */
-            with[k] = k == lead || (next[k] == next[lead] && same_chunk(&tb->vl[k], &tb->vl[lead]));
+            if (lst[k]->n > lst[base]->n) base = k;
+        }
+        bool with[TILE_TOKENS] = {false};
+        int n_with = 0;
+        for (int k = lead; k < nt; ++k) {   /* c0 is i0 (or 0 through a perm) for them all */
+            with[k] = cur[k] == i0 && lst[k]->n > 0 && is_prefix(lst[k], lst[base]);
             n_with += with[k];
         }
-        const vis_list *vl = &tb->vl[lead];
-        if (n_with > 1 && vl->n > 0) {
+        if (n_with > 1) {
             /* the shared chunk: K and V once, every query head of the tokens with it */
+            const vis_list *vl = lst[base];
             int64_t k_stride;
-            const int64_t k_base = k_base_of(c, &its[lead], c0[lead], &k_stride);
+            const int64_t k_base = k_base_of(c, &its[base], c0[base], &k_stride);
             for (int j = 0; j < vl->n; ++j) tb->off[j] = k_base + (int64_t) vl->idx[j] * k_stride;
             const int64_t ld = kt_pitch(vl->n);
             lx_attn_tile_kt(c->k, kf16, tb->off, vl->n, p->d_k, tb->kt, ld);
@@ -1704,31 +1720,34 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
                 for (int h = 0; h < its[k].nh; ++h, ++nq) qs[nq] = qk + h * p->d_k, Ss[nq] = S[k] + h * LDS;
             }
             lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq);
-            int nv = 0;
-            for (int k = lead; k < nt; ++k) {
-                if (!with[k]) continue;
-                if (c->vtrans) {
-                    chunk_finish(c, ks, &its[k], vl, c0[k], S[k], tmp[k]);
-                    continue;
-                }
-                chunk_probs(c, ks, &its[k], vl, S[k], tmp[k]);
-                for (int h = 0; h < its[k].nh; ++h, ++nv) qs[nv] = S[k] + h * LDS, Ss[nv] = tmp[k].acc + h * dv;
-            }
-            if (nv) {
+            if (c->vtrans) {
+                for (int k = lead; k < nt; ++k)
+                    if (with[k]) chunk_finish(c, ks, &its[k], lst[k], c0[k], S[k], tmp[k]);
+            } else {
                 int64_t v_stride;
-                const int64_t v_base = v_base_of(c, &its[lead], c0[lead], &v_stride);
+                const int64_t v_base = v_base_of(c, &its[base], c0[base], &v_stride);
                 for (int j = 0; j < vl->n; ++j) tb->off[j] = v_base + (int64_t) vl->idx[j] * v_stride;
                 lx_attn_tile_vf(c->v, vf16, tb->off, vl->n, dv, tb->vf);
-                lx_attn_tile_vacc(tb->vf, vl->n, dv, qs, Ss, nv);
+                for (int k = lead; k < nt;) {   /* runs of tokens with the same count: one V sum each */
+                    if (!with[k]) { ++k; continue; }
+                    const int n = lst[k]->n;
+                    int nv = 0;
+                    for (; k < nt && (!with[k] || lst[k]->n == n); ++k) {
+                        if (!with[k]) continue;
+                        chunk_probs(c, ks, &its[k], lst[k], S[k], tmp[k]);
+                        for (int h = 0; h < its[k].nh; ++h, ++nv) qs[nv] = S[k] + h * LDS, Ss[nv] = tmp[k].acc + h * dv;
+                    }
+                    lx_attn_tile_vacc(tb->vf, n, dv, qs, Ss, nv);
+                }
             }
             for (int k = lead; k < nt; ++k)
                 if (with[k]) state_merge(run[k], tmp[k], its[k].nh, dv);
         }
         for (int k = lead; k < nt; ++k) {   /* the others whose chunk starts here, alone (an empty one adds nothing) */
             if (cur[k] != i0) continue;
-            if ((!with[k] || n_with == 1) && tb->vl[k].n > 0) {
-                chunk_dots(c, ks, &its[k], &tb->vl[k], c0[k], S[k]);
-                chunk_finish(c, ks, &its[k], &tb->vl[k], c0[k], S[k], tmp[k]);
+            if ((!with[k] || n_with == 1) && lst[k]->n > 0) {
+                chunk_dots(c, ks, &its[k], lst[k], c0[k], S[k]);
+                chunk_finish(c, ks, &its[k], lst[k], c0[k], S[k], tmp[k]);
                 state_merge(run[k], tmp[k], its[k].nh, dv);
             }
             cur[k] = next[k];

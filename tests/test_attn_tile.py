@@ -4,8 +4,10 @@
     the scores (6-row register tiles, remainders of rows and cells), the V accumulation (3 rows x 32
     lanes, carried over blocks of 64 cells), the V rows.
 (b) A prefill's tokens, run together in tiles, give each token the bits it gets alone: a causal prompt
-    at depth (every chunk but the last shared), with hidden cells, per-token mask values (nothing
-    shared), a column order (perm), softcap, two streams, GQA groups of 3, 4 and 10 heads (two passes),
+    at depth (every chunk shared; the last, the diagonal, as one list of cells and its prefixes) and
+    from an empty cache (diagonal chunks only), with hidden cells, a sliding window and masks whose
+    lists are no prefixes of each other, per-token mask values (the cells
+    shared, each token's softmax its own), a column order (perm), softcap, two streams, GQA groups of 3, 4 and 10 heads (two passes),
     f16 / f32 / mixed caches and the transposed V, for 1 and 2 threads, at every level; and the same bits
     without a scratch (no tile buffers: the items one by one).
 """
@@ -100,13 +102,19 @@ def cache(rng, t, n_stream, kv_size, n_head_kv, d):
     return x.astype(np.float16) if t == "f16" else x
 
 
-def causal_mask(n_stream, n_tps, n_kv, depth, holes=(), per_token=False):
+def causal_mask(n_stream, n_tps, n_kv, depth, holes=(), per_token=False, window=0, skip_prev=False):
     """Token t of a stream sees cells [0, depth + t] but the holes; per_token: each token's visible
-    cells get a value of its own (ALiBi-like), so no two tokens share a chunk."""
+    cells get a value of its own (ALiBi-like); window: only the last `window` of them (a sliding
+    window: lists of one length, shifted); skip_prev: not the cell of the token before it (each
+    token's cells are no prefix of the next one's)."""
     m = np.full((n_stream, n_tps, n_kv), -np.inf, np.float32)
     for t in range(n_tps):
         seen = np.arange(depth + t + 1, dtype=np.float32)[::-1]
         m[:, t, :depth + t + 1] = -np.float32(t) * seen / 64 if per_token else 0
+        if window:
+            m[:, t, :max(0, depth + t + 1 - window)] = -np.inf
+        if skip_prev and depth + t >= 1:
+            m[:, t, depth + t - 1] = -np.inf
     for h in holes:
         m[:, :, h] = -np.inf
     return m
@@ -123,6 +131,13 @@ CASES = {   # n_head, n_head_kv, d, type_k, type_v, v_trans, n_stream, depth, n_
     "per-token mask": (9, 3, 64, "f16", "f16", False, 1, 300, 17, {"per_token": True}),
     "softcap": (4, 1, 64, "f16", "f16", False, 1, 300, 16, {"softcap": 30.0}),
     "perm": (9, 3, 64, "f16", "f16", False, 1, 600, 18, {"perm": True}),
+    "from empty": (9, 3, 64, "f16", "f16", False, 1, 0, 45, {}),
+    "from empty, gemma": (4, 1, 256, "f16", "f16", False, 1, 0, 40, {}),
+    "past a chunk": (9, 3, 64, "f16", "f16", False, 1, 0, 300, {}),
+    "from empty, holes": (9, 3, 64, "f16", "f16", False, 1, 0, 40, {"holes": (0, 7, 8, 30)}),
+    "from empty, vtrans": (9, 3, 64, "f16", "f16", True, 1, 0, 40, {}),
+    "sliding window": (4, 1, 64, "f16", "f16", False, 1, 0, 70, {"window": 24}),
+    "no prefixes": (9, 3, 64, "f16", "f16", False, 1, 0, 40, {"skip_prev": True}),
 }
 
 
@@ -140,7 +155,8 @@ def test_a_token_in_a_tile_gets_its_bits_alone(level, n_threads, case):
     if v_trans:
         v = np.ascontiguousarray(v.transpose(0, 2, 3, 1))
     q = rng.standard_normal((ns * n_tps, nh, d)).astype(np.float32)
-    mask = causal_mask(ns, n_tps, n_kv, depth, extra.get("holes", ()), extra.get("per_token", False))
+    mask = causal_mask(ns, n_tps, n_kv, depth, extra.get("holes", ()), extra.get("per_token", False),
+                       extra.get("window", 0), extra.get("skip_prev", False))
     kw = dict(n_kv=n_kv, scale=0.125, softcap=extra.get("softcap", 0.0), v_trans=v_trans, n_threads=n_threads)
     if extra.get("perm"):
         kw["perm"] = np.stack([rng.permutation(n_kv).astype(np.int32) for _ in range(ns)])
