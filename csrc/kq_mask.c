@@ -463,3 +463,18 @@ void lx_kq_mask_fill(const lx_kq_mask_args *a, float *mask, void *work, int n_th
         }
     }
 }
+
+int lx_kq_cells_in_order(const lx_pos *pos, const lx_seq_bits *bits, int64_t n_kv, const lx_seq_id *seqs,
+                         int n_seqs) {
+    lx_pos last[LX_MAX_SEQ];   /* the position of the sequence's latest cell so far */
+    for (int i = 0; i < n_seqs; ++i) last[i] = -1;
+    for (int64_t j = 0; j < n_kv; ++j) {
+        if (lx_seq_bits_none(&bits[j])) continue;
+        for (int i = 0; i < n_seqs; ++i) {
+            if (!lx_seq_bits_test(&bits[j], seqs[i])) continue;
+            if (pos[j] <= last[i]) return 0;
+            last[i] = pos[j];
+        }
+    }
+    return 1;
+}

@@ -70,4 +70,10 @@ void lx_kq_mask_fill(const lx_kq_mask_args *a, float *mask, void *work, int n_th
 /* Scalar oracle: the definition above, one (token, cell) pair at a time. */
 void lx_kq_mask_fill_ref(const lx_kq_mask_args *a, float *mask);
 
+/* The column order's question (kv_cache.py's _column_order): 1 if, for each of the n_seqs sequences
+ * seqs, the cells [0, n_kv) holding it have strictly increasing positions in cell order (as a
+ * sequence decoded alone leaves them), else 0. O(n_kv) for all of them together. */
+int lx_kq_cells_in_order(const lx_pos *pos, const lx_seq_bits *bits, int64_t n_kv, const lx_seq_id *seqs,
+                         int n_seqs);
+
 #endif /* LX_KQ_MASK_H */

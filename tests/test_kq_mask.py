@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from llamax._native import kq_mask as km
+from llamax.dtypes import SEQ_WORDS
 
 # every fast path against its scalar reference, at each SIMD level of this CPU
 pytestmark = pytest.mark.usefixtures("every_simd_level")
@@ -279,3 +280,66 @@ def test_n_kv_zero():
     for fill in (km.kq_mask_fill, km.kq_mask_fill_ref):
         m = fill(*args)
         assert m.shape == (1, 2, 0) and m.dtype == np.float32
+
+
+# ---- the column order's question (kv_cache.py's _column_order) --------------------------------
+
+def _in_order_oracle(pos, bits, seqs):
+    for s in seqs:
+        has = ((bits[:, s >> 6] >> np.uint64(s & 63)) & np.uint64(1)).astype(bool)
+        p = pos[has]
+        if p.size > 1 and np.any(p[1:] <= p[:-1]):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cells_in_order_matches_its_definition(seed):
+    """Per sequence, the positions of its cells strictly increase in cell order: a sequence's cells
+    as decoding leaves them (in order), shared prefix cells, a swapped pair, a repeated position,
+    empty cells between, several words of sequence bits (ids past 63)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    ids = [0, 1, 70, 200][: int(rng.integers(1, 5))]
+    pos = np.full(n, -1, np.int32)
+    bits = np.zeros((n, SEQ_WORDS), np.uint64)
+    nxt = {s: 0 for s in ids}
+    for j in range(n):
+        if rng.random() < 0.2:
+            continue                                   # an empty cell
+        holders = [s for s in ids if rng.random() < 0.6] or [ids[0]]
+        p = max(nxt[s] for s in holders)
+        pos[j] = p
+        for s in holders:
+            bits[j, s >> 6] |= np.uint64(1) << np.uint64(s & 63)
+            nxt[s] = p + 1
+    if seed % 3 == 1:                                  # two cells swap places
+        used = np.flatnonzero(pos >= 0)
+        if used.size >= 2:
+            a, b = rng.choice(used, 2, replace=False)
+            pos[[a, b]], bits[[a, b]] = pos[[b, a]], bits[[b, a]]
+    if seed % 3 == 2:                                  # a position repeated
+        used = np.flatnonzero(pos >= 0)
+        if used.size >= 2:
+            pos[used[-1]] = pos[used[-2]]
+    seqs = np.array(sorted(ids), np.int32)
+    assert km.cells_in_order(pos, bits, seqs) == _in_order_oracle(pos, bits, seqs)
+    for s in ids:
+        one = np.array([s], np.int32)
+        assert km.cells_in_order(pos, bits, one) == _in_order_oracle(pos, bits, one)
+
+
+def test_cells_in_order_cases_and_refusals():
+    bits = np.zeros((4, SEQ_WORDS), np.uint64)
+    bits[:, 0] = 1                                     # sequence 0 in every cell
+    seq0 = np.array([0], np.int32)
+    assert km.cells_in_order(np.array([0, 1, 2, 3], np.int32), bits, seq0)
+    assert not km.cells_in_order(np.array([0, 2, 1, 3], np.int32), bits, seq0)
+    assert not km.cells_in_order(np.array([0, 1, 1, 3], np.int32), bits, seq0)
+    assert km.cells_in_order(np.array([0, 2, 1, 3], np.int32), bits, np.array([5], np.int32))   # not held
+    with pytest.raises(ValueError, match="cell_seq"):
+        km.cells_in_order(np.zeros(4, np.int32), bits[:3], seq0)
+    with pytest.raises(ValueError, match="cell_pos"):
+        km.cells_in_order(np.zeros(4, np.int64), bits, seq0)
+    with pytest.raises(ValueError, match="sequence ids"):
+        km.cells_in_order(np.zeros(4, np.int32), bits, np.array([256], np.int32))

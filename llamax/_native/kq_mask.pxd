@@ -36,3 +36,5 @@ cdef extern from "kq_mask.h" nogil:
     size_t lx_kq_mask_work_size(int64_t n_stream, int64_t n_tps, int64_t n_kv)
     void lx_kq_mask_fill(const lx_kq_mask_args * a, float * mask, void * work, int n_threads)
     void lx_kq_mask_fill_ref(const lx_kq_mask_args * a, float * mask)
+    int lx_kq_cells_in_order(const lx_pos * pos, const lx_seq_bits * bits, int64_t n_kv, const lx_seq_id * seqs,
+                             int n_seqs)

@@ -162,3 +162,28 @@ def kq_mask_fill_ref(cell_pos, cell_seq, tok_pos, tok_seq, bint causal=True, int
     with nogil:
         lx_kq_mask_fill_ref(&a, mask)
     return out
+
+
+def cells_in_order(cell_pos, cell_seq, seqs) -> bool:
+    """True if, for each sequence of seqs, the cells holding it (cell_seq's bits) have strictly
+    increasing positions (cell_pos) in cell order, as a sequence decoded alone leaves them
+    (lx_kq_cells_in_order; the mask's column order is the cells' own order then).
+
+    cell_pos: int32 [n_kv]; cell_seq: uint64 [n_kv, SEQ_WORDS]; seqs: int32 [k] in [0, MAX_SEQ).
+    Raises ValueError on another dtype, shape or layout, or a sequence id out of range."""
+    _check_1d(cell_pos, "cell_pos", np.int32, -1)
+    cdef Py_ssize_t n_kv = cell_pos.shape[0]
+    if not isinstance(cell_seq, np.ndarray) or cell_seq.dtype != np.uint64 or cell_seq.ndim != 2 \
+            or cell_seq.shape[0] != n_kv or cell_seq.shape[1] != LX_SEQ_WORDS or not cell_seq.flags.c_contiguous:
+        raise ValueError(f"cell_seq must be a C-contiguous uint64 array ({n_kv}, {LX_SEQ_WORDS})")
+    _check_1d(seqs, "seqs", np.int32, -1)
+    if seqs.shape[0] and (seqs.min() < 0 or seqs.max() >= LX_MAX_SEQ):
+        raise ValueError(f"sequence ids must be in [0, {LX_MAX_SEQ})")
+    cdef const lx_pos *pp = <const lx_pos *> cnp.PyArray_DATA(cell_pos)
+    cdef const lx_seq_bits *bp = <const lx_seq_bits *> cnp.PyArray_DATA(cell_seq)
+    cdef const lx_seq_id *sp = <const lx_seq_id *> cnp.PyArray_DATA(seqs)
+    cdef int n_seqs = seqs.shape[0]
+    cdef int r
+    with nogil:
+        r = lx_kq_cells_in_order(pp, bp, n_kv, sp, n_seqs)
+    return r != 0

@@ -203,6 +203,9 @@ class KVCache(KVMemory):
             vs, vdt = _row_layout(type_v, self.n_stream, kv_size, n_head_kv, self.head_dim_v)
         self.k: list[np.ndarray] = [np.zeros(ks, dtype=kdt) for _ in range(n_layer)]
         self.v: list[np.ndarray] = [np.zeros(vs, dtype=vdt) for _ in range(n_layer)]
+        # per range of streams (s0, s1): each layer's K and V views over it (the buffers never move)
+        self._stream_views: dict[tuple[int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._type_ids = (_quants.type_id(type_k), _quants.type_id(type_v))
         self._pending_copies: list[tuple[int, int]] = []
         self._active: _Active | None = None
         log.info("%s", self.summary())
@@ -678,9 +681,12 @@ class KVCache(KVMemory):
         s0, s1 = int(act.strm[0]), int(act.strm[-1])
         if s1 - s0 + 1 != len(act.strm):
             raise LlamaxError(f"the ubatch spans streams {act.strm.tolist()}, which are not consecutive")
-        mask, tk, tv = self.mask(ubatch), _quants.type_id(self.type_k), _quants.type_id(self.type_v)
-        return {il: LayerView(self.k[li][s0:s1 + 1], self.v[li][s0:s1 + 1], tk, tv, self.v_trans, mask, act.idxs,
-                              self.rot_k, self.rot_v, act.perm) for il, li in layers}
+        mask, (tk, tv) = self.mask(ubatch), self._type_ids
+        kv = self._stream_views.get((s0, s1))
+        if kv is None:
+            kv = self._stream_views[(s0, s1)] = [(k[s0:s1 + 1], v[s0:s1 + 1]) for k, v in zip(self.k, self.v)]
+        vt, idxs, rk, rv, perm = self.v_trans, act.idxs, self.rot_k, self.rot_v, act.perm
+        return {il: LayerView(kv[li][0], kv[li][1], tk, tv, vt, mask, idxs, rk, rv, perm) for il, li in layers}
 
     # ---- state (llama_state_*; the framing is in llamax/state.py) -------------------------------
     def _cells_to_save(self, st: int, seq_id: int) -> np.ndarray:
@@ -918,17 +924,8 @@ def _column_order(pos: list[np.ndarray], bits: list[np.ndarray], ubatch: UBatch)
     the cells sorted by position (int32 [n_stream, n_kv]). Attention takes a row's visible cells
     in column order, so its bits then depend only on the positions and contents of those cells,
     not on where a prefix cache's seq_cp, an eviction or a restore put them. O(n_kv) per sequence."""
-    seqs = np.unique(ubatch.seq_id_unq if ubatch.seq_id_unq.size else ubatch.seq_id)
-    ordered = True
-    for p, b in zip(pos, bits):
-        for s in seqs:
-            ps = p[has_seq(b, int(s))]
-            if ps.size > 1 and np.any(ps[1:] <= ps[:-1]):
-                ordered = False
-                break
-        if not ordered:
-            break
-    if ordered:
+    seqs = ubatch.seq_id_unq if ubatch.seq_id_unq.size else np.unique(ubatch.seq_id)
+    if all(_mask.cells_in_order(p, b, seqs) for p, b in zip(pos, bits)):
         return None
     return np.ascontiguousarray(np.stack([np.argsort(p, kind="stable") for p in pos]).astype(np.int32))
 
