@@ -424,7 +424,7 @@ def test_embedded_serve_reports_through_logging_only():
     """serve() from an application of one's own: the listening URL is a logging record on
     llamax.server (here routed to stdout), and nothing is written to stderr by llamax."""
     proc = subprocess.Popen([sys.executable, "-c", EMBEDDED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "LLAMAX_API_KEY": ""})
+                            text=True, env={**os.environ, "LLAMAX_API_KEY": "", "PYTHONFAULTHANDLER": "1"})
     try:
         url = None
         for line in proc.stdout:
@@ -436,7 +436,7 @@ def test_embedded_serve_reports_through_logging_only():
         assert httpx.get(url + "/health", timeout=30).json() == {"status": "ok"}
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
-        assert proc.returncode == 0
+        assert proc.returncode == 0, err   # a crash at exit shows its threads' stacks (faulthandler)
         assert err == "", err
         assert "REC llamax.server" in out  # the request's line and the shutdown's, through logging too
     finally:
