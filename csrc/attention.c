@@ -1639,7 +1639,7 @@ static void tile_carve(const attn_ctx *c, float *base, tile_buf *tb) {
 
 /* a's visible cells are the first a->n of b's (the same cells in the same order) */
 static bool is_prefix(const vis_list *a, const vis_list *b) {
-    return a->n <= b->n && memcmp(a->idx, b->idx, (size_t) a->n * sizeof a->idx[0]) == 0;
+    return a == b || (a->n <= b->n && memcmp(a->idx, b->idx, (size_t) a->n * sizeof a->idx[0]) == 0);
 }
 
 /* The tile's tokens walk their chunks together: at each step the tokens whose scan starts at the
