@@ -1007,7 +1007,7 @@ static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0,
                 v = _mm256_set_m128i(up[r], lo[r]);
                 if (u128) v = _mm256_xor_si256(v, _mm256_set1_epi8((char) 0x80));
             } else {
-                v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(lo[r], 4), lo[r]), _mm256_set1_epi8(0x0F));
+                v = lx_nib32_reg_avx2(lo[r]);
                 if (wt == LX_TYPE_Q5_0)
                     v = _mm256_or_si256(v, _mm256_and_si256(lx_bits32_avx2(gb + 16 + 4 * rr), _mm256_set1_epi8(0x10)));
                 if (wt == LX_TYPE_Q4_1) {

@@ -17,11 +17,15 @@
 
 /* ---- block unpacking ---- */
 
-/* 32 x 4-bit values of 16 bytes (q4_0 / q4_1 / q5_* qs) as bytes: values 0..15 from the low
+/* 32 x 4-bit values of 16 bytes b (q4_0 / q4_1 / q5_* qs) as bytes: values 0..15 from the low
  * nibbles, 16..31 from the high */
-LX_SIMD_AVX2_FN __m256i lx_nib32_avx2(const uint8_t *qs) {
-    const __m128i b = _mm_loadu_si128((const __m128i *) qs);
+LX_SIMD_AVX2_FN __m256i lx_nib32_reg_avx2(__m128i b) {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(b, 4), b), _mm256_set1_epi8(0x0F));
+}
+
+/* the same from the 16 bytes at qs */
+LX_SIMD_AVX2_FN __m256i lx_nib32_avx2(const uint8_t *qs) {
+    return lx_nib32_reg_avx2(_mm_loadu_si128((const __m128i *) qs));
 }
 
 /* byte j = 0xFF if bit j of the 32 bits at p (q5_0 / q5_1 qh) is set, else 0 */

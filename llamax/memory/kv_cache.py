@@ -923,7 +923,8 @@ def _column_order(pos: list[np.ndarray], bits: list[np.ndarray], ubatch: UBatch)
     ubatch holds its cells in position order, as a sequence decoded alone does; else per stream
     the cells sorted by position (int32 [n_stream, n_kv]). Attention takes a row's visible cells
     in column order, so its bits then depend only on the positions and contents of those cells,
-    not on where a prefix cache's seq_cp, an eviction or a restore put them. O(n_kv) per sequence."""
+    not on where a prefix cache's seq_cp, an eviction or a restore put them. One O(n_kv) pass per
+    stream for all the ubatch's sequences (kq_mask.cells_in_order)."""
     seqs = ubatch.seq_id_unq if ubatch.seq_id_unq.size else np.unique(ubatch.seq_id)
     if all(_mask.cells_in_order(p, b, seqs) for p, b in zip(pos, bits)):
         return None
