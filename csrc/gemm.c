@@ -1036,6 +1036,13 @@ static LX_INLINE LX_TGT __m256i SFX(hsum8x8)(const __m256i *v) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20), _mm256_permute2x128_si256(b0, b1, 0x31));
 }
 
+/* lane r = sum of the 4 int32 lanes of m[r] (exact) */
+static LX_INLINE LX_TGT __m256i SFX(hsum4x8)(const __m128i *m) {
+    const __m256i a0 = _mm256_hadd_epi32(_mm256_set_m128i(m[4], m[0]), _mm256_set_m128i(m[5], m[1]));
+    const __m256i a1 = _mm256_hadd_epi32(_mm256_set_m128i(m[6], m[2]), _mm256_set_m128i(m[7], m[3]));
+    return _mm256_hadd_epi32(a0, a1);
+}
+
 /* gemm.h's chain, lane-wise over 8 rows, for block b of planar token tk: acc += (dw dx_b) isum
  * (isum = is + corr_b), then q4_1's / q5_1's acc += mw sx_b */
 static LX_INLINE LX_TGT __m256 SFX(chain_step)(lx_type wt, __m256 acc, __m256i is, __m256 dw, __m256 mw,
@@ -1405,7 +1412,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
     uint8_t ub[LX_QK_K] __attribute__((aligned(32)));
     __m256i vbuf[8][8];                 /* [token][row]: the rows' int32 partial sums */
-    int32_t mnp[4][8] __attribute__((aligned(32)));
+    __m128i mn16[8];                    /* [row]: q4_K / q5_K's 8 mins as int16 */
     for (int64_t b = 0; b < nbk; ++b) {
         float dwa[8], dma[8];
         for (int r = 0; r < 8; ++r) {
@@ -1422,9 +1429,11 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
                     scv[j] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, m));
                 }
             } else {
-                for (int j = 0; j < 8; ++j) scv[j] = _mm256_set1_epi16(sc16[j]);
-                for (int e = 0; e < 4; ++e)
-                    mnp[e][r] = (int32_t) ((uint32_t) (uint16_t) sc16[8 + 2 * e] | ((uint32_t) (uint16_t) sc16[9 + 2 * e] << 16));
+                /* scale j into every int16 of scv[j]: bytes (2j, 2j + 1) of the 8 scales, shuffled */
+                const __m256i scb = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *) sc16));
+                for (int j = 0; j < 8; ++j)
+                    scv[j] = _mm256_shuffle_epi8(scb, _mm256_set1_epi16((short) (0x0100 + 0x0202 * j)));
+                mn16[r] = _mm_loadu_si128((const __m128i *) (sc16 + 8));
             }
             for (int k = 0; k < NT; ++k) {
                 const uint8_t *yq = act + k * ts + LX_QK_K * b;
@@ -1449,9 +1458,11 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
             const __m256 dx = _mm256_set1_ps(dxs[b]);
             acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is), acc[k]);
             if (wt != LX_TYPE_Q6_K) {
-                __m256i ms = _mm256_setzero_si256();
-                for (int e = 0; e < 4; ++e)
-                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_load_si256((const __m256i *) mnp[e]), _mm256_set1_epi32(bsp[4 * b + e])));
+                /* lane r: sum_j m_rj bs_j (the 8 (bs_2e, bs_2e+1) int16 pairs of this super-block) */
+                const __m128i bs16 = _mm_loadu_si128((const __m128i *) (bsp + 4 * b));
+                __m128i mr[8];
+                for (int r = 0; r < 8; ++r) mr[r] = _mm_madd_epi16(mn16[r], bs16);
+                const __m256i ms = SFX(hsum4x8)(mr);
                 acc[k] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), acc[k]);
             }
         }
