@@ -71,8 +71,16 @@ static int r8_head(lx_type wt) {
     return wt == LX_TYPE_Q4_1 ? 32 : wt == LX_TYPE_Q5_0 ? 48 : 16;
 }
 
+/* The K types' group-block (8 super-blocks' bytes), every field a byte permutation of the rows':
+ * q4_K: the 8 d (f16), the 8 dmin, the 12 scale bytes as 3 dwords, dword k of the 8 rows at 32 + 32 k,
+ * then chunk c of 32 (qs bytes [4c, 4c + 4) of the 8 rows) at 128 + 32 c;
+ * q6_K: the 8 d, the 16 scales as 4 dwords at 16 + 32 k, ql chunk c of 32 at 144 + 32 c, then qh
+ * chunk c of 16 at 1168 + 32 c. Lane r of a 32-byte load is row r throughout. */
+enum { R8K_Q4_SC = 32, R8K_Q4_QS = 128, R8K_Q6_SC = 16, R8K_Q6_QL = 144, R8K_Q6_QH = 144 + 1024 };
+
 /* group-block (o / 8, b) of 8 blocks' bytes: the head, then chunk c (of 8 for q8_0, 4 for the
- * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row */
+ * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row
+ * (the K types: r8_move_k); nb = blocks per row */
 static uint8_t *r8_block(const void *w, lx_type wt, int64_t nb, int64_t o, int64_t b) {
     return (uint8_t *) w + (size_t) ((o / 8) * nb + b) * 8 * lx_type_block_bytes(wt);
 }
@@ -346,16 +354,30 @@ static void quantize_token_k(lx_type wt, const float *x, int64_t n_in, int L, in
     }
 }
 
-/* K-quant planar token (n_tok <= LX_GEMM_SMALL), stride n_in + 20 nbk: int8 qs[n_in],
- * float dx[nbk], int32 bsp[nbk][4] (q4_K / q5_K: the pairs (bs_{2e}, bs_{2e+1}) as int16 lo/hi) */
+/* K-quant planar token (n_tok <= LX_GEMM_SMALL), stride LX_K_TS = n_in + 52 nbk: int8 qs[n_in],
+ * float dx[nbk], int32 bsp[nbk][4] (q4_K / q5_K: the pairs (bs_{2e}, bs_{2e+1}) of the sums of 32
+ * as int16 lo/hi), int16 bs16[nbk][16] (q8_K's sums of 16: the r8 q6_K kernel's -32 term) */
+#define LX_K_TS(nbk) ((size_t) (nbk) * (LX_QK_K + 52))
+
+/* a loop with constant bounds unrolled whole (its shuffle patterns and register indices constants) */
+#if defined(__GNUC__) && !defined(__clang__)
+#define LX_UNROLL _Pragma("GCC unroll 16")
+#elif defined(__clang__)
+#define LX_UNROLL _Pragma("unroll")
+#else
+#define LX_UNROLL
+#endif
+
 static void quantize_planar_k(const float *x, int64_t n_in, uint8_t *tk) {
     const int64_t nbk = n_in / LX_QK_K;
     float *dx = (float *) (tk + n_in);
     int32_t *bsp = (int32_t *) (dx + nbk);
+    int16_t *bs16 = (int16_t *) (bsp + 4 * nbk);
     for (int64_t b = 0; b < nbk; ++b) {
         lx_block_q8_K q;
         lx_quantize_row_q8_K(x + b * LX_QK_K, &q, LX_QK_K);
         memcpy(tk + b * LX_QK_K, q.qs, LX_QK_K);
+        memcpy(bs16 + 16 * b, q.bsums, sizeof q.bsums);
         dx[b] = q.d;
         for (int e = 0; e < 4; ++e) {
             const int a = q.bsums[4 * e] + q.bsums[4 * e + 1], c = q.bsums[4 * e + 2] + q.bsums[4 * e + 3];
@@ -529,9 +551,9 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
 #ifdef LX_GEMM_X86
 /* K-quants, n_tok <= LX_GEMM_SMALL on AVX2 and up */
 static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
-                         int64_t n_in, int64_t n_out, void *work, int n_threads) {
+                         int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
     const int64_t nbk = n_in / LX_QK_K, n_tiles = (n_out + 7) / 8;
-    const size_t ts = (size_t) nbk * (LX_QK_K + 20), wrb = lx_row_bytes(wt, n_in);
+    const size_t ts = LX_K_TS(nbk), wrb = lx_row_bytes(wt, n_in);
     uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     for (int64_t t = 0; t < n_tok; ++t) quantize_planar_k(x + t * n_in, n_in, act + t * ts);
     (void) n_threads;
@@ -540,8 +562,12 @@ static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, in
 #endif
     for (int64_t i = 0; i < n_tiles; ++i) {
         const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
-        prefetch_tile(w, wrb, 8 * i, nr, n_out);
-        small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+        if (r8) {
+            small_run_k_r8_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+        } else {
+            prefetch_tile(w, wrb, 8 * i, nr, n_out);
+            small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+        }
     }
 }
 #endif
@@ -576,7 +602,7 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     const lx_type dt = lx_gemm_dot_type(w_type);
 #ifdef LX_GEMM_X86
     if (n_tok <= LX_GEMM_SMALL) {
-        if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads);
+        if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
         else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
         return;
     }
@@ -622,9 +648,11 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 const uint8_t *src = (const uint8_t *) w;
                 int64_t so = o0;
 #ifdef LX_GEMM_X86
-                (void) mine;   /* the r8 tile is unpacked from the layout itself */
-                if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile);
-                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                /* the nibble types' r8 tile is unpacked from the layout itself, the K types' from
+                 * the tile's rows gathered back (their unpack is the longer part) */
+                if (r8 && kq) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
+                if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile);
                 else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile);
 #else
                 if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
@@ -646,7 +674,8 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 /* ---- the row-interleaved layout (r8) -------------------------------------------------------- */
 
 int lx_gemm_r8_supported(lx_type w_type) {
-    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0;
+    return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0 ||
+           w_type == LX_TYPE_Q4_K || w_type == LX_TYPE_Q6_K;
 }
 
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
@@ -679,26 +708,51 @@ static void r8_move(lx_type wt, uint8_t *blk, uint8_t *g, int r, int to_r8) {
 #undef MOVE
 }
 
+/* The K types' group-block: see R8K_Q4_SC */
+static void r8_move_k(lx_type wt, uint8_t *blk, uint8_t *g, int r, int to_r8) {
+#define MOVE(a, b, n) (to_r8 ? memcpy(b, a, n) : memcpy(a, b, n))
+    if (wt == LX_TYPE_Q4_K) {
+        lx_block_q4_K *x = (lx_block_q4_K *) blk;
+        MOVE(&x->d, g + 2 * r, 2);
+        MOVE(&x->dmin, g + 16 + 2 * r, 2);
+        for (int k = 0; k < 3; ++k) MOVE(x->scales + 4 * k, g + R8K_Q4_SC + 32 * k + 4 * r, 4);
+        for (int c = 0; c < 32; ++c) MOVE(x->qs + 4 * c, g + R8K_Q4_QS + 32 * c + 4 * r, 4);
+    } else {
+        lx_block_q6_K *x = (lx_block_q6_K *) blk;
+        MOVE(&x->d, g + 2 * r, 2);
+        for (int k = 0; k < 4; ++k) MOVE((uint8_t *) x->scales + 4 * k, g + R8K_Q6_SC + 32 * k + 4 * r, 4);
+        for (int c = 0; c < 32; ++c) MOVE(x->ql + 4 * c, g + R8K_Q6_QL + 32 * c + 4 * r, 4);
+        for (int c = 0; c < 16; ++c) MOVE(x->qh + 4 * c, g + R8K_Q6_QH + 32 * c + 4 * r, 4);
+    }
+#undef MOVE
+}
+
+/* a block into (to_r8) or out of its place in the group-block g, as row r */
+static void r8_place(lx_type wt, uint8_t *blk, uint8_t *g, int r, int to_r8) {
+    if (is_k(wt)) r8_move_k(wt, blk, g, r, to_r8);
+    else r8_move(wt, blk, g, r, to_r8);
+}
+
 void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out) {
     const size_t wrb = lx_row_bytes(w_type, n_in), bb = lx_type_block_bytes(w_type);
-    const int64_t nb = n_in / LX_QK, n_pad = (n_out + 7) / 8 * 8;
-    uint8_t zero[64] = {0};
+    const int64_t nb = n_in / lx_type_block_size(w_type), n_pad = (n_out + 7) / 8 * 8;
+    uint8_t zero[256] = {0};
     for (int64_t o = 0; o < n_pad; ++o)
         for (int64_t b = 0; b < nb; ++b) {
-            uint8_t blk[64];
+            uint8_t blk[256];
             memcpy(blk, o < n_out ? (const uint8_t *) w + (size_t) o * wrb + b * bb : zero, bb);
-            r8_move(w_type, blk, r8_block(dst, w_type, nb, o, b), (int) (o % 8), 1);
+            r8_place(w_type, blk, r8_block(dst, w_type, nb, o, b), (int) (o % 8), 1);
         }
 }
 
 void lx_gemm_unpack_r8_rows(lx_type w_type, const void *w, const int32_t *rows, int64_t n_rows, void *dst,
                             int64_t n_in) {
     const size_t wrb = lx_row_bytes(w_type, n_in), bb = lx_type_block_bytes(w_type);
-    const int64_t nb = n_in / LX_QK;
+    const int64_t nb = n_in / lx_type_block_size(w_type);
     for (int64_t i = 0; i < n_rows; ++i)
         for (int64_t b = 0; b < nb; ++b)
-            r8_move(w_type, (uint8_t *) dst + (size_t) i * wrb + b * bb, r8_block(w, w_type, nb, rows[i], b),
-                    (int) (rows[i] % 8), 0);
+            r8_place(w_type, (uint8_t *) dst + (size_t) i * wrb + b * bb, r8_block(w, w_type, nb, rows[i], b),
+                     (int) (rows[i] % 8), 0);
 }
 
 /* rows [o0, o0 + nr) of r8 W as GGUF rows into dst (a row tile of the tokens-in-lanes path) */
@@ -745,7 +799,7 @@ static void gemm_r8_portable(const void *w, lx_type wt, const float *x, float *y
 
 void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
                 int64_t n_out, void *work, int n_threads) {
-    assert(lx_gemm_r8_supported(w_type) && n_in > 0 && n_in % LX_QK == 0 && n_threads >= 1);
+    assert(lx_gemm_r8_supported(w_type) && n_in > 0 && n_in % lx_type_block_size(w_type) == 0 && n_threads >= 1);
     if (n_tok <= 0 || n_out <= 0) return;
     gemm_main(w, w_type, 1, x, y, n_tok, n_in, n_out, work, n_threads);
 }
@@ -1475,7 +1529,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
 /* rows [o0, o0 + nr) (nr <= 8) for the n_tok <= 8 planar K tokens at act */
 static LX_TGT void SFX(small_run_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                     const uint8_t *act, int64_t n_tok, int64_t nbk, float *y, int64_t n_out) {
-    const size_t ts = (size_t) nbk * (LX_QK_K + 20);
+    const size_t ts = LX_K_TS(nbk);
     switch (wt) {
     case LX_TYPE_Q4_K: LX_GEMM_SMALL_NT(LX_TYPE_Q4_K) break;
     case LX_TYPE_Q5_K: LX_GEMM_SMALL_NT(LX_TYPE_Q5_K) break;
@@ -1483,6 +1537,153 @@ static LX_TGT void SFX(small_run_k)(lx_type wt, const uint8_t *w, size_t wrb, in
     }
 }
 #undef LX_GEMM_SMALL_NT
+
+/* q4_K / q6_K in the r8 layout (r8_move_k), n_tok <= 8, NT tokens a pass: lane r is row r
+ * throughout, so the integer sums are small_tile_k's (each super-block's sum_j sc_j (q_j . y_j) and
+ * q4_K's sum_j m_j bs_j, exact) without its per-row unpack and reduction, and the float chain is
+ * small_tile_k's lane for lane. Each chunk's int16 pair sums are added before the madd that applies
+ * the sub-block's scale where they cannot overflow: a q4_K sub-block's 8 chunks (<= 8 * 2 * 15 * 127),
+ * two of a q6_K group's four (u y pairs of the stored u = q + 32, <= 2 * 2 * 63 * 127), its -32 y
+ * taken once a super-block from q8_K's sums of 16. */
+static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                                  const uint8_t *act, size_t ts, int64_t nbk, float *y,
+                                                  int64_t n_out, const int NT) {
+    const uint8_t *grp = w + (size_t) o0 * wrb;
+    const size_t gbb = 8 * lx_type_block_bytes(wt);   /* a group-block: 8 super-blocks' bytes */
+    const int64_t n_in = nbk * LX_QK_K;
+    __m256 acc[2];
+    for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    /* 4 q in every byte of dword q of each 128-bit lane: added to a shuffle pattern of one dword, it
+     * picks that dword's bytes of every row (0x80 + 4 q keeps bit 7: a zero byte) */
+    const __m256i lane4 = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+    for (int64_t b = 0; b < nbk; ++b) {
+        const uint8_t *gb = grp + (size_t) b * gbb;
+        for (size_t off = 0; off < gbb; off += 64)
+            __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH + off), 0, 3);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
+        __m256i is[2];
+        for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
+        if (wt == LX_TYPE_Q4_K) {
+            /* unpack_k's word masks, lane-wise: sc 0-3, sc 4-7, mins 0-3, mins 4-7 as bytes */
+            const __m256i u0 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC));
+            const __m256i u1 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC + 32));
+            const __m256i u2 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC + 64));
+            const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4w = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
+            const __m256i sc[2] = {_mm256_and_si256(u0, m6),
+                                   _mm256_or_si256(_mm256_and_si256(u2, m4w), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4))};
+            const __m256i mn[2] = {_mm256_and_si256(u1, m6),
+                                   _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u2, 4), m4w), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u1, 6), m2), 4))};
+            LX_UNROLL
+            for (int p = 0; p < 4; ++p) {
+                __m256i lo16[2], hi16[2];
+                for (int k = 0; k < NT; ++k) lo16[k] = hi16[k] = _mm256_setzero_si256();
+                LX_UNROLL
+                for (int i = 0; i < 8; ++i) {
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_QS + 32 * (8 * p + i)));
+                    const __m256i lo = _mm256_and_si256(wv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    for (int k = 0; k < NT; ++k) {
+                        const uint8_t *yk = act + k * ts + LX_QK_K * b + 64 * p + 4 * i;
+                        lo16[k] = _mm256_add_epi16(lo16[k], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ld32(yk))));
+                        hi16[k] = _mm256_add_epi16(hi16[k], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(ld32(yk + 32))));
+                    }
+                }
+                /* sub-blocks 2p and 2p + 1: byte (2p) % 4, (2p + 1) % 4 of sc[p / 2], zero-extended */
+                const __m256i sl = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p) % 4))));
+                const __m256i sh = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p + 1) % 4))));
+                for (int k = 0; k < NT; ++k)
+                    is[k] = _mm256_add_epi32(is[k], _mm256_add_epi32(_mm256_madd_epi16(lo16[k], sl), _mm256_madd_epi16(hi16[k], sh)));
+            }
+            const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (gb + 16)));
+            for (int k = 0; k < NT; ++k) {
+                const uint8_t *tk = act + k * ts;
+                const float *dxs = (const float *) (tk + n_in);
+                const int32_t *bsp = (const int32_t *) (dxs + nbk);
+                const __m256 dx = _mm256_set1_ps(dxs[b]);
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is[k]), acc[k]);
+                /* lane r: sum_e (m_2e, m_2e+1) . (bs_2e, bs_2e+1): mins pair e = bytes 2 (e % 2), +1 of mn[e / 2] */
+                __m256i ms = _mm256_setzero_si256();
+                for (int e = 0; e < 4; ++e) {
+                    const int e0 = 2 * (e % 2);
+                    const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi32((int) (0x80008000u | (uint32_t) e0 | (uint32_t) (e0 + 1) << 16)));
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn[e / 2], ctl), _mm256_set1_epi32(bsp[4 * b + e])));
+                }
+                acc[k] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), acc[k]);
+            }
+        } else {
+            __m256i s8[4];   /* the 16 scales: dword k = scales 4k .. 4k + 3 */
+            for (int q = 0; q < 4; ++q) s8[q] = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q6_SC + 32 * q));
+            LX_UNROLL
+            for (int h = 0; h < 2; ++h) {
+                LX_UNROLL
+                for (int i2 = 0; i2 < 4; ++i2) {
+                    __m256i a16[2][4];
+                    for (int k = 0; k < NT; ++k)
+                        for (int sx = 0; sx < 4; ++sx) a16[k][sx] = _mm256_setzero_si256();
+                    LX_UNROLL
+                    for (int i = 2 * i2; i < 2 * i2 + 2; ++i) {
+                        const __m256i hv = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q6_QH + 32 * (8 * h + i)));
+                        const __m256i a = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q6_QL + 32 * (16 * h + i)));
+                        const __m256i c = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q6_QL + 32 * (16 * h + 8 + i)));
+                        __m256i v[4];
+                        v[0] = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 4), m30));
+                        v[1] = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16(hv, 2), m30));
+                        v[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(hv, m30));
+                        v[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hv, 2), m30));
+                        for (int k = 0; k < NT; ++k)
+                            for (int sx = 0; sx < 4; ++sx) {   /* values 128 h + 32 sx + 4 i .. + 4 */
+                                const __m256i yb = _mm256_set1_epi32(ld32(act + k * ts + LX_QK_K * b + 128 * h + 32 * sx + 4 * i));
+                                a16[k][sx] = _mm256_add_epi16(a16[k][sx], _mm256_maddubs_epi16(v[sx], yb));
+                            }
+                    }
+                    LX_UNROLL
+                    for (int sx = 0; sx < 4; ++sx) {
+                        /* group 8 h + 2 sx + i2 / 2: its int8 scale into the high byte of both int16, then >> 8 */
+                        const int g = 8 * h + 2 * sx + i2 / 2;
+                        const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x0100 * (g % 4) | 0x80)));
+                        const __m256i scv = _mm256_srai_epi16(_mm256_shuffle_epi8(s8[g / 4], ctl), 8);
+                        for (int k = 0; k < NT; ++k) is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(a16[k][sx], scv));
+                    }
+                }
+            }
+            /* the stored u = q + 32: minus 32 sum_g sc_g bs16_g, lane-wise over the (g, g + 1) pairs */
+            __m256i sp[8];
+            LX_UNROLL
+            for (int e = 0; e < 8; ++e) {
+                const int e0 = 2 * (e % 2);
+                const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi32((int) (0x00800080u | (uint32_t) e0 << 8 | (uint32_t) (e0 + 1) << 24)));
+                sp[e] = _mm256_srai_epi16(_mm256_shuffle_epi8(s8[e / 2], ctl), 8);
+            }
+            for (int k = 0; k < NT; ++k) {
+                const float *dxs = (const float *) (act + k * ts + n_in);
+                const int32_t *bs16 = (const int32_t *) (dxs + 5 * nbk) + 8 * b;   /* after dx, bsp */
+                __m256i cr = _mm256_setzero_si256();
+                for (int e = 0; e < 8; ++e) cr = _mm256_add_epi32(cr, _mm256_madd_epi16(sp[e], _mm256_set1_epi32(bs16[e])));
+                is[k] = _mm256_sub_epi32(is[k], _mm256_slli_epi32(cr, 5));
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dxs[b])), _mm256_cvtepi32_ps(is[k]), acc[k]);
+            }
+        }
+    }
+    SFX(store_tile)(acc, NT, nr, y, n_out, o0);
+}
+
+/* rows [o0, o0 + nr) of r8 W (o0 % 8 == 0) for the n_tok <= 8 planar K tokens at act, two a pass */
+static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
+                                       const uint8_t *act, int64_t n_tok, int64_t nbk, float *y, int64_t n_out) {
+    const size_t ts = LX_K_TS(nbk);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 2) {
+        const uint8_t *a = act + (size_t) t0 * ts;
+        float *yt = y + t0 * n_out;
+        const int two = n_tok - t0 >= 2;
+        if (wt == LX_TYPE_Q4_K) {
+            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
+            else SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
+        } else {
+            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
+            else SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
+        }
+    }
+}
 #endif
 
 #define LX_GEMM_T_CASES(WT, R)                                                   \

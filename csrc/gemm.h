@@ -155,16 +155,18 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                  int64_t n_in, int64_t n_out, void *work);
 
-/* The row-interleaved layout ("r8") of a q4_0 / q4_1 / q5_0 / q8_0 W, for decode: rows in groups of
- * 8; per group and block b (8 blocks' bytes) first a head, the 8 rows' d (f16), then q4_1's 8 m
- * (f16) or q5_0's 8 qh (u32), then chunks of 32 bytes (8 for q8_0, 4 for the nibble types), chunk c
- * holding qs bytes [4c, 4c + 4) of row 0, of row 1, ... of row 7 (ik_llama.cpp's _R8 idea). n_out
- * is rounded up to a multiple of 8 with zero rows. The few-token kernel then reads one contiguous
- * stream and each SIMD lane is one row throughout (a token's 4 bytes broadcast), so it needs no
- * reduction across lanes; on GGUF rows it had 8 row streams and a per-block hadd tree. The
- * tokens-in-lanes path unpacks each row tile from the group-blocks directly (the portable build
- * gathers it back to GGUF rows first). lx_gemm_r8
- * gives lx_gemm's bits for any n_tok at every level. */
+/* The row-interleaved layout ("r8") of a q4_0 / q4_1 / q5_0 / q8_0 / q4_K / q6_K W, for decode: rows in
+ * groups of 8; per group and block b (8 blocks' bytes) first a head, the 8 rows' d (f16), then q4_1's
+ * 8 m (f16) or q5_0's 8 qh (u32), then chunks of 32 bytes (8 for q8_0, 4 for the nibble types), chunk c
+ * holding qs bytes [4c, 4c + 4) of row 0, of row 1, ... of row 7 (ik_llama.cpp's _R8 idea). The K
+ * types' super-blocks likewise, every field (d, dmin, the scale bytes, qs / ql / qh) as dwords of the
+ * 8 rows side by side (gemm.c: R8K_Q4_SC). n_out is rounded up to a multiple of 8 with zero rows.
+ * The few-token kernel then reads one contiguous stream and each SIMD lane is one row throughout (a
+ * token's 4 bytes broadcast), so it needs no reduction across lanes; on GGUF rows it had 8 row
+ * streams and a per-block hadd tree (and, for the K types, each row's scales unpacked alone). The
+ * tokens-in-lanes path unpacks each row tile from the group-blocks directly (the K types and the
+ * portable build gather it back to GGUF rows first). lx_gemm_r8 gives lx_gemm's bits for any n_tok
+ * at every level. */
 int lx_gemm_r8_supported(lx_type w_type);
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out);
 void lx_gemm_pack_r8(lx_type w_type, const void *w, void *dst, int64_t n_in, int64_t n_out);

@@ -201,7 +201,7 @@ def test_r8_gives_the_gemm_bits(t, n_out):
     """pack_r8 + mul_mat_r8 equals the reference bit for bit for any n_tok (the rows-in-lanes kernel
     up to 8, tokens in lanes past it) and at every level; a ragged last group is padded and its rows
     dropped."""
-    n_in = 576 if n_out == 100 else 96
+    n_in = (768 if n_out == 100 else 256) if t in K_TYPES else (576 if n_out == 100 else 96)
     raw, x = case(t, n_in, n_out, 130, n_out + t)
     packed = G.pack_r8(raw, t)
     assert packed.shape == ((n_out + 7) // 8 * 8, raw.shape[1])
@@ -260,7 +260,7 @@ def test_r8_layout_and_rows():
     with pytest.raises(ValueError, match="n_out"):
         G.mul_mat_r8(packed, 8, 30, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="r8"):
-        G.pack_r8(weights(Q.TYPE_Q4_K, 8, 256, rng), Q.TYPE_Q4_K)
+        G.pack_r8(weights(Q.TYPE_Q5_K, 8, 256, rng), Q.TYPE_Q5_K)
 
 
 @pytest.mark.parametrize("t,head", [(Q.TYPE_Q4_0, "d"), (Q.TYPE_Q4_1, "dm"), (Q.TYPE_Q5_0, "dqh")],
@@ -288,6 +288,65 @@ def test_r8_layout_of_the_nibble_types(t, head):
             for c in range(4):
                 np.testing.assert_array_equal(flat[g + hb + 32 * c + 4 * r:][:4], qs[4 * c:4 * c + 4])
     np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])
+
+
+@pytest.mark.parametrize("t", [Q.TYPE_Q4_K, Q.TYPE_Q6_K], ids=["q4_K", "q6_K"])
+def test_r8_layout_of_the_k_types(t):
+    """A K group-block (8 super-blocks' bytes), each field's dword c of rows 0..7 side by side at
+    32 c: q4_K the 8 d, the 8 dmin, the 12 scale bytes (3 dwords), the 128 qs bytes (32); q6_K the 8
+    d, the 16 scales (4 dwords), ql (32), qh (16); rows_r8 gives the GGUF rows back."""
+    rng = np.random.default_rng(t)
+    raw = weights(t, 20, 512, rng)
+    bb = Q.block_bytes(t)
+    packed = G.pack_r8(raw, t)
+    flat, nb, gbb = packed.reshape(-1), 2, 8 * bb
+    # (offset of the field in a GGUF block, its bytes, its place in the group-block)
+    fields = ([(0, 2, 0), (2, 2, 16), (4, 12, 32), (16, 128, 128)] if t == Q.TYPE_Q4_K else
+              [(208, 2, 0), (192, 16, 16), (0, 128, 144), (128, 64, 144 + 1024)])
+    for o in (0, 5, 8, 19):
+        r = o % 8
+        for b in range(nb):
+            g = ((o // 8) * nb + b) * gbb
+            blk = raw[o, b * bb:(b + 1) * bb]
+            for off, n, at in fields:
+                if n == 2:
+                    np.testing.assert_array_equal(flat[g + at + 2 * r:][:2], blk[off:off + 2])
+                    continue
+                for c in range(n // 4):
+                    np.testing.assert_array_equal(flat[g + at + 32 * c + 4 * r:][:4], blk[off + 4 * c:off + 4 * c + 4])
+    assert not flat[2 * nb * gbb:].reshape(nb, gbb)[:, 2 * 4:16].any()   # rows 20..23: zero padding
+    np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])
+
+
+@pytest.mark.parametrize("t", [Q.TYPE_Q4_K, Q.TYPE_Q6_K], ids=["q4_K", "q6_K"])
+@pytest.mark.parametrize("n_tok", [1, 2, 5, 20])
+def test_extreme_k_quants_in_r8(t, n_tok):
+    """The largest integer sums of the K r8 kernels (the int16 sums of a q4_K sub-block's 8 chunks, of
+    two chunks of a q6_K group, every quant at an end and every activation at 127 or -127, scales and
+    mins at their top) stay exact: r8 gives the GGUF rows' bits and the reference's."""
+    n_in, n_out = 512, 16
+    raw = weights(t, n_out, n_in, np.random.default_rng(2))
+    bb = Q.block_bytes(t)
+    blocks = raw.reshape(n_out, n_in // 256, bb)
+    if t == Q.TYPE_Q4_K:
+        blocks[:, :, 4:16] = 0xFF           # every 6-bit scale and min 63
+        blocks[:, :, 16:] = 0xFF            # nibbles 15
+        blocks[8:, :, 16:] = 0x00           # nibbles 0 (only the min term)
+    else:
+        blocks[:, :, :192] = 0x00           # q = -32 (ql 0, qh 0)
+        blocks[8:, :, :192] = 0xFF          # q = 31
+        blocks[:, :, 192:208] = 0x80        # scales -128
+        blocks[8:, :, 192:208] = 0x7F       # scales 127
+    packed = G.pack_r8(raw, t)
+    for sign in (1, -1):
+        x = np.full((n_tok, n_in), sign, np.float32)
+        x[n_tok // 2] = -x[n_tok // 2]
+        ref = G.mul_mat_ref(raw, t, x)
+        assert np.all(np.isfinite(ref))
+        for level in LEVELS:
+            cpu.set_simd_level(level)
+            np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=2), ref)
+            np.testing.assert_array_equal(G.mul_mat(raw, t, x, n_threads=2), ref)
 
 
 # ---- real tensors ----------------------------------------------------------------------------------

@@ -173,9 +173,9 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
     return out
 
 
-# ---- the row-interleaved layout (gemm.h's r8: q4_0, q4_1, q5_0, q8_0): one contiguous stream per 8 rows for decode ----
+# ---- the row-interleaved layout (gemm.h's r8: q4_0, q4_1, q5_0, q8_0, q4_K, q6_K): one contiguous stream per 8 rows for decode ----
 
-R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0"}
+R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 
 
 cdef lx_type _r8_type(object t) except *:
@@ -188,7 +188,8 @@ cdef lx_type _r8_type(object t) except *:
 def pack_r8(raw, ggml_type, out=None):
     """W's GGUF rows uint8 [n_out, row_bytes] in the r8 layout: uint8 [ceil(n_out / 8) * 8, row_bytes]
     (per 8-row group and block: the 8 d, q4_1's 8 m or q5_0's 8 qh, then the rows' qs interleaved
-    4 bytes at a time; zero rows pad the last group). See gemm.h. out: a C-contiguous uint8 array of
+    4 bytes at a time; the K types' fields likewise, see gemm.c: r8_move_k; zero rows pad the last
+    group). See gemm.h. out: a C-contiguous uint8 array of
     that shape to pack into (returned), else a new one."""
     cdef lx_type wt = _r8_type(ggml_type)
     if not isinstance(raw, np.ndarray) or raw.dtype != np.uint8 or raw.ndim != 2 or not raw.flags.c_contiguous:
