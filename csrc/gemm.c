@@ -73,10 +73,12 @@ static int r8_head(lx_type wt) {
 
 /* The K types' group-block (8 super-blocks' bytes), every field a byte permutation of the rows':
  * q4_K: the 8 d (f16), the 8 dmin, the 12 scale bytes as 3 dwords, dword k of the 8 rows at 32 + 32 k,
- * then chunk c of 32 (qs bytes [4c, 4c + 4) of the 8 rows) at 128 + 32 c;
+ * then chunk c of 32 (qs bytes [4c, 4c + 4) of the 8 rows) at 128 + 32 c; q5_K: the same head, qh
+ * chunk c of 8 at 128 + 32 c, qs chunk c at 384 + 32 c;
  * q6_K: the 8 d, the 16 scales as 4 dwords at 16 + 32 k, ql chunk c of 32 at 144 + 32 c, then qh
  * chunk c of 16 at 1168 + 32 c. Lane r of a 32-byte load is row r throughout. */
-enum { R8K_Q4_SC = 32, R8K_Q4_QS = 128, R8K_Q6_SC = 16, R8K_Q6_QL = 144, R8K_Q6_QH = 144 + 1024 };
+enum { R8K_Q4_SC = 32, R8K_Q4_QS = 128, R8K_Q5_QH = 128, R8K_Q5_QS = 384, R8K_Q6_SC = 16, R8K_Q6_QL = 144,
+       R8K_Q6_QH = 144 + 1024 };
 
 /* group-block (o / 8, b) of 8 blocks' bytes: the head, then chunk c (of 8 for q8_0, 4 for the
  * nibble types) at r8_head + 32 c holding bytes [4c, 4c + 4) of the 8 rows' qs, row after row
@@ -675,7 +677,7 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 
 int lx_gemm_r8_supported(lx_type w_type) {
     return w_type == LX_TYPE_Q4_0 || w_type == LX_TYPE_Q4_1 || w_type == LX_TYPE_Q5_0 || w_type == LX_TYPE_Q8_0 ||
-           w_type == LX_TYPE_Q4_K || w_type == LX_TYPE_Q6_K;
+           is_k(w_type);
 }
 
 size_t lx_gemm_r8_bytes(lx_type w_type, int64_t n_in, int64_t n_out) {
@@ -717,6 +719,13 @@ static void r8_move_k(lx_type wt, uint8_t *blk, uint8_t *g, int r, int to_r8) {
         MOVE(&x->dmin, g + 16 + 2 * r, 2);
         for (int k = 0; k < 3; ++k) MOVE(x->scales + 4 * k, g + R8K_Q4_SC + 32 * k + 4 * r, 4);
         for (int c = 0; c < 32; ++c) MOVE(x->qs + 4 * c, g + R8K_Q4_QS + 32 * c + 4 * r, 4);
+    } else if (wt == LX_TYPE_Q5_K) {
+        lx_block_q5_K *x = (lx_block_q5_K *) blk;
+        MOVE(&x->d, g + 2 * r, 2);
+        MOVE(&x->dmin, g + 16 + 2 * r, 2);
+        for (int k = 0; k < 3; ++k) MOVE(x->scales + 4 * k, g + R8K_Q4_SC + 32 * k + 4 * r, 4);
+        for (int c = 0; c < 8; ++c) MOVE(x->qh + 4 * c, g + R8K_Q5_QH + 32 * c + 4 * r, 4);
+        for (int c = 0; c < 32; ++c) MOVE(x->qs + 4 * c, g + R8K_Q5_QS + 32 * c + 4 * r, 4);
     } else {
         lx_block_q6_K *x = (lx_block_q6_K *) blk;
         MOVE(&x->d, g + 2 * r, 2);
@@ -1538,11 +1547,12 @@ static LX_TGT void SFX(small_run_k)(lx_type wt, const uint8_t *w, size_t wrb, in
 }
 #undef LX_GEMM_SMALL_NT
 
-/* q4_K / q6_K in the r8 layout (r8_move_k), n_tok <= 8, NT tokens a pass: lane r is row r
+/* q4_K / q5_K / q6_K in the r8 layout (r8_move_k), n_tok <= 8, NT tokens a pass: lane r is row r
  * throughout, so the integer sums are small_tile_k's (each super-block's sum_j sc_j (q_j . y_j) and
  * q4_K's sum_j m_j bs_j, exact) without its per-row unpack and reduction, and the float chain is
  * small_tile_k's lane for lane. Each chunk's int16 pair sums are added before the madd that applies
  * the sub-block's scale where they cannot overflow: a q4_K sub-block's 8 chunks (<= 8 * 2 * 15 * 127),
+ * half of a q5_K one's (<= 4 * 2 * 31 * 127),
  * two of a q6_K group's four (u y pairs of the stored u = q + 32, <= 2 * 2 * 63 * 127), its -32 y
  * taken once a super-block from q8_K's sums of 16. */
 static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
@@ -1564,12 +1574,14 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[2];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
-        if (wt == LX_TYPE_Q4_K) {
+        if (wt != LX_TYPE_Q6_K) {
             /* unpack_k's word masks, lane-wise: sc 0-3, sc 4-7, mins 0-3, mins 4-7 as bytes */
             const __m256i u0 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC));
             const __m256i u1 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC + 32));
             const __m256i u2 = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_SC + 64));
             const __m256i m6 = _mm256_set1_epi32(0x3f3f3f3f), m4w = _mm256_set1_epi32(0x0f0f0f0f), m2 = _mm256_set1_epi32(0x03030303);
+            const __m256i one = _mm256_set1_epi8(1);
+            const int q5 = wt == LX_TYPE_Q5_K;
             const __m256i sc[2] = {_mm256_and_si256(u0, m6),
                                    _mm256_or_si256(_mm256_and_si256(u2, m4w), _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(u0, 6), m2), 4))};
             const __m256i mn[2] = {_mm256_and_si256(u1, m6),
@@ -1578,21 +1590,30 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
             for (int p = 0; p < 4; ++p) {
                 __m256i lo16[2], hi16[2];
                 for (int k = 0; k < NT; ++k) lo16[k] = hi16[k] = _mm256_setzero_si256();
+                /* sub-blocks 2p and 2p + 1: byte (2p) % 4, (2p + 1) % 4 of sc[p / 2], zero-extended */
+                const __m256i sl = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p) % 4))));
+                const __m256i sh = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p + 1) % 4))));
                 LX_UNROLL
                 for (int i = 0; i < 8; ++i) {
-                    const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q4_QS + 32 * (8 * p + i)));
-                    const __m256i lo = _mm256_and_si256(wv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + (q5 ? R8K_Q5_QS : R8K_Q4_QS) + 32 * (8 * p + i)));
+                    __m256i lo = _mm256_and_si256(wv, m4), hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m4);
+                    if (q5) {   /* bits 2p, 2p + 1 of qh bytes [4i, 4i + 4): bit 4 of lo, hi */
+                        const __m256i hv = _mm256_loadu_si256((const __m256i *) (gb + R8K_Q5_QH + 32 * i));
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * p), one), 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * p + 1), one), 4));
+                    }
                     for (int k = 0; k < NT; ++k) {
                         const uint8_t *yk = act + k * ts + LX_QK_K * b + 64 * p + 4 * i;
                         lo16[k] = _mm256_add_epi16(lo16[k], _mm256_maddubs_epi16(lo, _mm256_set1_epi32(ld32(yk))));
                         hi16[k] = _mm256_add_epi16(hi16[k], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(ld32(yk + 32))));
                     }
+                    if (i == 7 || (q5 && i == 3)) {   /* q5_K: 4 chunks of 5-bit values, then the madd */
+                        for (int k = 0; k < NT; ++k) {
+                            is[k] = _mm256_add_epi32(is[k], _mm256_add_epi32(_mm256_madd_epi16(lo16[k], sl), _mm256_madd_epi16(hi16[k], sh)));
+                            lo16[k] = hi16[k] = _mm256_setzero_si256();
+                        }
+                    }
                 }
-                /* sub-blocks 2p and 2p + 1: byte (2p) % 4, (2p + 1) % 4 of sc[p / 2], zero-extended */
-                const __m256i sl = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p) % 4))));
-                const __m256i sh = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p + 1) % 4))));
-                for (int k = 0; k < NT; ++k)
-                    is[k] = _mm256_add_epi32(is[k], _mm256_add_epi32(_mm256_madd_epi16(lo16[k], sl), _mm256_madd_epi16(hi16[k], sh)));
             }
             const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (gb + 16)));
             for (int k = 0; k < NT; ++k) {
@@ -1678,6 +1699,9 @@ static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb,
         if (wt == LX_TYPE_Q4_K) {
             if (two) SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
             else SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
+        } else if (wt == LX_TYPE_Q5_K) {
+            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q5_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
+            else SFX(small_tile_k_r8)(LX_TYPE_Q5_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
         } else {
             if (two) SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
             else SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);

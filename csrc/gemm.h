@@ -155,9 +155,9 @@ void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_
 void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                  int64_t n_in, int64_t n_out, void *work);
 
-/* The row-interleaved layout ("r8") of a q4_0 / q4_1 / q5_0 / q8_0 / q4_K / q6_K W, for decode: rows in
- * groups of 8; per group and block b (8 blocks' bytes) first a head, the 8 rows' d (f16), then q4_1's
- * 8 m (f16) or q5_0's 8 qh (u32), then chunks of 32 bytes (8 for q8_0, 4 for the nibble types), chunk c
+/* The row-interleaved layout ("r8") of a q4_0 / q4_1 / q5_0 / q8_0 / q4_K / q5_K / q6_K W, for decode:
+ * rows in groups of 8; per group and block b (8 blocks' bytes) first a head, the 8 rows' d (f16), then
+ * q4_1's 8 m (f16) or q5_0's 8 qh (u32), then chunks of 32 bytes (8 for q8_0, 4 for the nibble types), chunk c
  * holding qs bytes [4c, 4c + 4) of row 0, of row 1, ... of row 7 (ik_llama.cpp's _R8 idea). The K
  * types' super-blocks likewise, every field (d, dmin, the scale bytes, qs / ql / qh) as dwords of the
  * 8 rows side by side (gemm.c: R8K_Q4_SC). n_out is rounded up to a multiple of 8 with zero rows.

@@ -260,7 +260,7 @@ def test_r8_layout_and_rows():
     with pytest.raises(ValueError, match="n_out"):
         G.mul_mat_r8(packed, 8, 30, np.zeros((1, 64), np.float32))
     with pytest.raises(ValueError, match="r8"):
-        G.pack_r8(weights(Q.TYPE_Q5_K, 8, 256, rng), Q.TYPE_Q5_K)
+        G.pack_r8(weights(Q.TYPE_Q5_1, 8, 64, rng), Q.TYPE_Q5_1)
 
 
 @pytest.mark.parametrize("t,head", [(Q.TYPE_Q4_0, "d"), (Q.TYPE_Q4_1, "dm"), (Q.TYPE_Q5_0, "dqh")],
@@ -290,19 +290,21 @@ def test_r8_layout_of_the_nibble_types(t, head):
     np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])
 
 
-@pytest.mark.parametrize("t", [Q.TYPE_Q4_K, Q.TYPE_Q6_K], ids=["q4_K", "q6_K"])
+@pytest.mark.parametrize("t", K_TYPES, ids=name)
 def test_r8_layout_of_the_k_types(t):
     """A K group-block (8 super-blocks' bytes), each field's dword c of rows 0..7 side by side at
-    32 c: q4_K the 8 d, the 8 dmin, the 12 scale bytes (3 dwords), the 128 qs bytes (32); q6_K the 8
-    d, the 16 scales (4 dwords), ql (32), qh (16); rows_r8 gives the GGUF rows back."""
+    32 c: q4_K the 8 d, the 8 dmin, the 12 scale bytes (3 dwords), the 128 qs bytes (32); q5_K the
+    same with its 32 qh bytes (8) before qs; q6_K the 8 d, the 16 scales (4 dwords), ql (32), qh
+    (16); rows_r8 gives the GGUF rows back."""
     rng = np.random.default_rng(t)
     raw = weights(t, 20, 512, rng)
     bb = Q.block_bytes(t)
     packed = G.pack_r8(raw, t)
     flat, nb, gbb = packed.reshape(-1), 2, 8 * bb
     # (offset of the field in a GGUF block, its bytes, its place in the group-block)
-    fields = ([(0, 2, 0), (2, 2, 16), (4, 12, 32), (16, 128, 128)] if t == Q.TYPE_Q4_K else
-              [(208, 2, 0), (192, 16, 16), (0, 128, 144), (128, 64, 144 + 1024)])
+    fields = {Q.TYPE_Q4_K: [(0, 2, 0), (2, 2, 16), (4, 12, 32), (16, 128, 128)],
+              Q.TYPE_Q5_K: [(0, 2, 0), (2, 2, 16), (4, 12, 32), (16, 32, 128), (48, 128, 384)],
+              Q.TYPE_Q6_K: [(208, 2, 0), (192, 16, 16), (0, 128, 144), (128, 64, 144 + 1024)]}[t]
     for o in (0, 5, 8, 19):
         r = o % 8
         for b in range(nb):
@@ -318,20 +320,20 @@ def test_r8_layout_of_the_k_types(t):
     np.testing.assert_array_equal(G.rows_r8(packed, t, [19, 0, 8, 8, 3]), raw[[19, 0, 8, 8, 3]])
 
 
-@pytest.mark.parametrize("t", [Q.TYPE_Q4_K, Q.TYPE_Q6_K], ids=["q4_K", "q6_K"])
+@pytest.mark.parametrize("t", K_TYPES, ids=name)
 @pytest.mark.parametrize("n_tok", [1, 2, 5, 20])
 def test_extreme_k_quants_in_r8(t, n_tok):
-    """The largest integer sums of the K r8 kernels (the int16 sums of a q4_K sub-block's 8 chunks, of
-    two chunks of a q6_K group, every quant at an end and every activation at 127 or -127, scales and
+    """The largest integer sums of the K r8 kernels (the int16 sums of a q4_K sub-block's 8 chunks, a
+    q5_K one's 4, two chunks of a q6_K group, every quant at an end and every activation at 127 or -127, scales and
     mins at their top) stay exact: r8 gives the GGUF rows' bits and the reference's."""
     n_in, n_out = 512, 16
     raw = weights(t, n_out, n_in, np.random.default_rng(2))
     bb = Q.block_bytes(t)
     blocks = raw.reshape(n_out, n_in // 256, bb)
-    if t == Q.TYPE_Q4_K:
+    if t != Q.TYPE_Q6_K:
         blocks[:, :, 4:16] = 0xFF           # every 6-bit scale and min 63
-        blocks[:, :, 16:] = 0xFF            # nibbles 15
-        blocks[8:, :, 16:] = 0x00           # nibbles 0 (only the min term)
+        blocks[:, :, 16:] = 0xFF            # nibbles 15 (q5_K: qh all set, 31)
+        blocks[8:, :, 16:] = 0x00           # 0 (only the min term)
     else:
         blocks[:, :, :192] = 0x00           # q = -32 (ql 0, qh 0)
         blocks[8:, :, :192] = 0xFF          # q = 31

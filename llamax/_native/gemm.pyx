@@ -173,9 +173,9 @@ cdef object _run(object w, lx_type wt, object x, object out, int64_t n_tok, int6
     return out
 
 
-# ---- the row-interleaved layout (gemm.h's r8: q4_0, q4_1, q5_0, q8_0, q4_K, q6_K): one contiguous stream per 8 rows for decode ----
+# ---- the row-interleaved layout (gemm.h's r8: q4_0, q4_1, q5_0, q8_0 and the K types): one contiguous stream per 8 rows for decode ----
 
-R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+R8_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 
 
 cdef lx_type _r8_type(object t) except *:

@@ -109,7 +109,7 @@ class Linear:
 
     W is kept as runs of consecutive tensors of one type (Q/K/V of a layer may mix Q5_0 and Q8_0),
     each one Part: the product runs once per run and the columns are joined. Every Part is a copy in
-    the file's WeightSlab (the r8 types q4_0, q4_1, q5_0, q8_0, q4_K, q6_K repacked), and the mapping's pages of
+    the file's WeightSlab (the r8 types q4_0, q4_1, q5_0, q8_0, q4_K, q5_K, q6_K repacked), and the mapping's pages of
     its tensors are released.
     """
 
