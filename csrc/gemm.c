@@ -650,10 +650,9 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 const uint8_t *src = (const uint8_t *) w;
                 int64_t so = o0;
 #ifdef LX_GEMM_X86
-                /* the nibble types' r8 tile is unpacked from the layout itself, the K types' from
-                 * the tile's rows gathered back (their unpack is the longer part) */
-                if (r8 && kq) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
-                if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                (void) mine;   /* the r8 tile is unpacked from the layout itself */
+                if (kq && r8) unpack_tile_k_r8_avx2(w_type, src, o0, nr, n_in, tile);
+                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
                 else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile);
                 else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile);
 #else
@@ -1358,6 +1357,44 @@ static LX_TGT void SFX(unpack_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, 
         for (int64_t b = 0; b < nbk; ++b)
             SFX(unpack_k)(wt, row, b, tile + r * n_in + LX_QK_K * b, sc + (r * nbk + b) * 16,
                           dw + r * nbk + b, dm + r * nbk + b);
+    }
+}
+
+/* unpack_tile_k straight from the r8 layout (r8_move_k): rows [o0, o0 + nr) lie in one group of 8
+ * (o0 % 4 == 0, nr <= 4); each super-block's 4 GGUF blocks are gathered by transposes of the
+ * group-block's chunks (r8_rows4, 16 bytes of each row a call; a field of 3 chunks reads the next
+ * field's first, whose own gather comes after), then unpacked as unpack_tile_k does */
+static LX_TGT void SFX(unpack_tile_k_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in,
+                                         uint8_t *tile) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const int hi = (int) (o0 % 8) / 4, rr0 = 4 * hi;
+    float *dw = (float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
+    int16_t *sc = (int16_t *) (dm + LX_GEMM_R * nbk);
+    /* (offset in the group-block, chunks, offset in the GGUF block), in gather order */
+    static const int q4[2][3] = {{R8K_Q4_SC, 3, 4}, {R8K_Q4_QS, 32, 16}};
+    static const int q5[3][3] = {{R8K_Q4_SC, 3, 4}, {R8K_Q5_QH, 8, 16}, {R8K_Q5_QS, 32, 48}};
+    static const int q6[3][3] = {{R8K_Q6_QL, 32, 0}, {R8K_Q6_QH, 16, 128}, {R8K_Q6_SC, 4, 192}};
+    const int (*fl)[3] = wt == LX_TYPE_Q4_K ? q4 : wt == LX_TYPE_Q5_K ? q5 : q6;
+    const int n_fl = wt == LX_TYPE_Q4_K ? 2 : 3;
+    uint8_t blk[4][256] __attribute__((aligned(32)));
+    for (int64_t b = 0; b < nbk; ++b) {
+        const uint8_t *gb = r8_block(w, wt, nbk, o0, b);
+        for (int f = 0; f < n_fl; ++f)
+            for (int c = 0; c < fl[f][1]; c += 4) {
+                __m128i q[4];
+                SFX(r8_rows4)(gb + fl[f][0] + 32 * c, hi, q);
+                for (int r = 0; r < 4; ++r) _mm_storeu_si128((__m128i *) (blk[r] + fl[f][2] + 4 * c), q[r]);
+            }
+        for (int r = 0; r < nr; ++r) {
+            if (wt == LX_TYPE_Q6_K) {
+                memcpy(blk[r] + 208, gb + 2 * (rr0 + r), 2);
+            } else {
+                memcpy(blk[r], gb + 2 * (rr0 + r), 2);
+                memcpy(blk[r] + 2, gb + 16 + 2 * (rr0 + r), 2);
+            }
+            SFX(unpack_k)(wt, blk[r], 0, tile + r * n_in + LX_QK_K * b, sc + (r * nbk + b) * 16, dw + r * nbk + b,
+                          dm + r * nbk + b);
+        }
     }
 }
 
