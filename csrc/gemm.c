@@ -1105,6 +1105,20 @@ static LX_INLINE LX_TGT __m256i SFX(hsum4x8)(const __m128i *m) {
     return _mm256_hadd_epi32(a0, a1);
 }
 
+/* each row's dword of v (one row per 32-bit lane) rearranged by pat: byte k of the result is
+ * byte pat_k (0..3) of the same dword, or 0 where pat_k has bit 7 set */
+static LX_INLINE LX_TGT __m256i SFX(lane_bytes)(__m256i v, uint32_t pat) {
+    const __m256i lane = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0);
+    return _mm256_shuffle_epi8(v, _mm256_add_epi8(lane, _mm256_set1_epi32((int) pat)));
+}
+
+/* the next group-blocks' bytes LX_GEMM_PREFETCH ahead of gb, a line at a time beside the work (a
+ * prefetch never faults, so the last group's run past the end is harmless) */
+static LX_INLINE void prefetch_group(const uint8_t *gb, size_t gbb) {
+    for (size_t off = 0; off < gbb; off += 64)
+        __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH + off), 0, 3);
+}
+
 /* gemm.h's chain, lane-wise over 8 rows, for block b of planar token tk: acc += (dw dx_b) isum
  * (isum = is + corr_b), then q4_1's / q5_1's acc += mw sx_b */
 static LX_INLINE LX_TGT __m256 SFX(chain_step)(lx_type wt, __m256 acc, __m256i is, __m256 dw, __m256 mw,
@@ -1173,16 +1187,14 @@ static LX_INLINE LX_TGT void SFX(small_tile_r8)(lx_type wt, const uint8_t *w, si
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
     const __m256i ones = _mm256_set1_epi16(1), m4 = _mm256_set1_epi8(0x0F), h5 = _mm256_set1_epi8(0x10);
     /* q5_0: byte k of lane r <- byte j of row r's qh (shuffle index 4 r + j), tested against bit
-     * 4 (c % 2) + k; chunk c's low nibbles take qh byte c / 2, its high ones byte 2 + c / 2 */
+     * 4 (c % 2) + k; chunk c's low nibbles take qh byte c / 2, its high ones byte 2 + c / 2 (the
+     * patterns are lane_bytes', built once outside the loop) */
     const __m256i lane_idx = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0,
                                               0x0c0c0c0c, 0x08080808, 0x04040404, 0);
     const __m256i bit_lo = _mm256_set1_epi32(0x08040201), bit_hi = _mm256_set1_epi32((int) 0x80402010);
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *gb = grp + (size_t) b * gbb;
-        /* the stream LX_GEMM_PREFETCH bytes ahead, a line at a time beside the work (a prefetch
-         * never faults, so the last group's run past the end is harmless) */
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH + off), 0, 3);
+        prefetch_group(gb, gbb);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[8];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
@@ -1601,13 +1613,9 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
     __m256 acc[2];
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    /* 4 q in every byte of dword q of each 128-bit lane: added to a shuffle pattern of one dword, it
-     * picks that dword's bytes of every row (0x80 + 4 q keeps bit 7: a zero byte) */
-    const __m256i lane4 = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0);
     for (int64_t b = 0; b < nbk; ++b) {
         const uint8_t *gb = grp + (size_t) b * gbb;
-        for (size_t off = 0; off < gbb; off += 64)
-            __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH + off), 0, 3);
+        prefetch_group(gb, gbb);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) gb));
         __m256i is[2];
         for (int k = 0; k < NT; ++k) is[k] = _mm256_setzero_si256();
@@ -1628,8 +1636,9 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
                 __m256i lo16[2], hi16[2];
                 for (int k = 0; k < NT; ++k) lo16[k] = hi16[k] = _mm256_setzero_si256();
                 /* sub-blocks 2p and 2p + 1: byte (2p) % 4, (2p + 1) % 4 of sc[p / 2], zero-extended */
-                const __m256i sl = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p) % 4))));
-                const __m256i sh = _mm256_shuffle_epi8(sc[p / 2], _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x8000 | (2 * p + 1) % 4))));
+                const uint32_t jl = (uint32_t) (2 * p) % 4, jh = (uint32_t) (2 * p + 1) % 4;
+                const __m256i sl = SFX(lane_bytes)(sc[p / 2], 0x80008000u | jl << 16 | jl);
+                const __m256i sh = SFX(lane_bytes)(sc[p / 2], 0x80008000u | jh << 16 | jh);
                 LX_UNROLL
                 for (int i = 0; i < 8; ++i) {
                     const __m256i wv = _mm256_loadu_si256((const __m256i *) (gb + (q5 ? R8K_Q5_QS : R8K_Q4_QS) + 32 * (8 * p + i)));
@@ -1662,9 +1671,9 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
                 /* lane r: sum_e (m_2e, m_2e+1) . (bs_2e, bs_2e+1): mins pair e = bytes 2 (e % 2), +1 of mn[e / 2] */
                 __m256i ms = _mm256_setzero_si256();
                 for (int e = 0; e < 4; ++e) {
-                    const int e0 = 2 * (e % 2);
-                    const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi32((int) (0x80008000u | (uint32_t) e0 | (uint32_t) (e0 + 1) << 16)));
-                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(_mm256_shuffle_epi8(mn[e / 2], ctl), _mm256_set1_epi32(bsp[4 * b + e])));
+                    const uint32_t e0 = 2 * (uint32_t) (e % 2);
+                    const __m256i mp = SFX(lane_bytes)(mn[e / 2], 0x80008000u | (e0 + 1) << 16 | e0);
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(bsp[4 * b + e])));
                 }
                 acc[k] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), acc[k]);
             }
@@ -1698,8 +1707,8 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
                     for (int sx = 0; sx < 4; ++sx) {
                         /* group 8 h + 2 sx + i2 / 2: its int8 scale into the high byte of both int16, then >> 8 */
                         const int g = 8 * h + 2 * sx + i2 / 2;
-                        const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi16((short) (0x0100 * (g % 4) | 0x80)));
-                        const __m256i scv = _mm256_srai_epi16(_mm256_shuffle_epi8(s8[g / 4], ctl), 8);
+                        const uint32_t j = (uint32_t) g % 4;
+                        const __m256i scv = _mm256_srai_epi16(SFX(lane_bytes)(s8[g / 4], 0x00800080u | j << 24 | j << 8), 8);
                         for (int k = 0; k < NT; ++k) is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(a16[k][sx], scv));
                     }
                 }
@@ -1708,9 +1717,8 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
             __m256i sp[8];
             LX_UNROLL
             for (int e = 0; e < 8; ++e) {
-                const int e0 = 2 * (e % 2);
-                const __m256i ctl = _mm256_add_epi8(lane4, _mm256_set1_epi32((int) (0x00800080u | (uint32_t) e0 << 8 | (uint32_t) (e0 + 1) << 24)));
-                sp[e] = _mm256_srai_epi16(_mm256_shuffle_epi8(s8[e / 2], ctl), 8);
+                const uint32_t e0 = 2 * (uint32_t) (e % 2);
+                sp[e] = _mm256_srai_epi16(SFX(lane_bytes)(s8[e / 2], 0x00800080u | (e0 + 1) << 24 | e0 << 8), 8);
             }
             for (int k = 0; k < NT; ++k) {
                 const float *dxs = (const float *) (act + k * ts + n_in);
@@ -1729,21 +1737,19 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
 static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                        const uint8_t *act, int64_t n_tok, int64_t nbk, float *y, int64_t n_out) {
     const size_t ts = LX_K_TS(nbk);
+#define LX_GEMM_K_R8(WT)                                                                           \
+    (n_tok - t0 >= 2 ? SFX(small_tile_k_r8)(WT, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2)            \
+                     : SFX(small_tile_k_r8)(WT, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1))
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2) {
         const uint8_t *a = act + (size_t) t0 * ts;
         float *yt = y + t0 * n_out;
-        const int two = n_tok - t0 >= 2;
-        if (wt == LX_TYPE_Q4_K) {
-            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
-            else SFX(small_tile_k_r8)(LX_TYPE_Q4_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
-        } else if (wt == LX_TYPE_Q5_K) {
-            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q5_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
-            else SFX(small_tile_k_r8)(LX_TYPE_Q5_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
-        } else {
-            if (two) SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 2);
-            else SFX(small_tile_k_r8)(LX_TYPE_Q6_K, w, wrb, o0, nr, a, ts, nbk, yt, n_out, 1);
+        switch (wt) {
+        case LX_TYPE_Q4_K: LX_GEMM_K_R8(LX_TYPE_Q4_K); break;
+        case LX_TYPE_Q5_K: LX_GEMM_K_R8(LX_TYPE_Q5_K); break;
+        default: LX_GEMM_K_R8(LX_TYPE_Q6_K); break;
         }
     }
+#undef LX_GEMM_K_R8
 }
 #endif
 
