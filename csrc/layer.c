@@ -129,22 +129,29 @@ size_t lx_layer_work_size(const lx_layer_params *p, const lx_layer_weights *w, c
 
 /* ---- row operations (fixed order per row) ------------------------------------------------- */
 
+/* unit r of lx_rms_norm_grouped: one row of gs values with the weights of its group */
+static void norm_unit(const float *x, const float *g, float *y, int64_t r, int64_t gs, int64_t n_group, float eps) {
+    const float *xr = x + r * gs, *gr = g + (r % n_group) * gs;
+    float *yr = y + r * gs;
+    double s = 0.0;
+    for (int64_t i = 0; i < gs; ++i) s += (double) (xr[i] * xr[i]);
+    const float scale = 1.0f / sqrtf((float) (s / (double) gs) + eps);
+    for (int64_t i = 0; i < gs; ++i) yr[i] = (xr[i] * scale) * gr[i];
+}
+
 void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, int64_t n_group,
                          float eps, int nt) {
     /* rows of gs values, their weights by group: the rows of lx_rms_norm */
     const int64_t gs = n / n_group, units = n_rows * n_group;
     (void) nt;
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * n >= 65536)
-#endif
-    for (int64_t r = 0; r < units; ++r) {
-        const float *xr = x + r * gs, *gr = g + (r % n_group) * gs;
-        float *yr = y + r * gs;
-        double s = 0.0;
-        for (int64_t i = 0; i < gs; ++i) s += (double) (xr[i] * xr[i]);
-        const float scale = 1.0f / sqrtf((float) (s / (double) gs) + eps);
-        for (int64_t i = 0; i < gs; ++i) yr[i] = (xr[i] * scale) * gr[i];
+    if (nt > 1 && n_rows * n >= 65536) {   /* (an if clause would still open a team: ~0.7 us a call) */
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t r = 0; r < units; ++r) norm_unit(x, g, y, r, gs, n_group, eps);
+        return;
     }
+#endif
+    for (int64_t r = 0; r < units; ++r) norm_unit(x, g, y, r, gs, n_group, eps);
 }
 
 void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
@@ -201,26 +208,30 @@ void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, f
     }
 }
 
+/* row r of lx_gated */
+static void gated_row(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t r, int64_t f) {
+#ifdef LX_LAYER_X86
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
+        const float *g = gu + r * 2 * f;
+        if (kind == LX_ACT_SILU) lx_silu_mul_avx2(g, g + f, act + r * f, f);
+        else gelu_mul_avx2(gelu_table, g, g + f, act + r * f, f);
+        return;
+    }
+#endif
+    lx_gated_ref(kind, gelu_table, gu + r * 2 * f, act + r * f, 1, f);
+}
+
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
               int64_t f, int nt) {
     (void) nt;
-#ifdef LX_LAYER_X86
-    const int simd = lx_simd_level() >= LX_SIMD_AVX2;
-#endif
 #ifdef _OPENMP
-#pragma omp parallel for num_threads(nt) schedule(static) if (n_rows * f >= 65536)
-#endif
-    for (int64_t r = 0; r < n_rows; ++r) {
-#ifdef LX_LAYER_X86
-        if (simd) {
-            const float *g = gu + r * 2 * f;
-            if (kind == LX_ACT_SILU) lx_silu_mul_avx2(g, g + f, act + r * f, f);
-            else gelu_mul_avx2(gelu_table, g, g + f, act + r * f, f);
-            continue;
-        }
-#endif
-        lx_gated_ref(kind, gelu_table, gu + r * 2 * f, act + r * f, 1, f);
+    if (nt > 1 && n_rows * f >= 65536) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t r = 0; r < n_rows; ++r) gated_row(kind, gelu_table, gu, act, r, f);
+        return;
     }
+#endif
+    for (int64_t r = 0; r < n_rows; ++r) gated_row(kind, gelu_table, gu, act, r, f);
 }
 
 /* one part: product.h's engine for its type and layout */

@@ -825,8 +825,12 @@ lx_status lx_set_rows(lx_type t, const float *src, void *dst, const uint32_t *id
     const size_t rb = lx_row_bytes(t, n_per_row);
     (void) n_threads;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(n_threads) \
-    if (n_threads > 1 && n > 1 && n * n_per_row >= SET_ROWS_PAR_MIN_VALUES)
+    if (n_threads > 1 && n > 1 && n * n_per_row >= SET_ROWS_PAR_MIN_VALUES) {   /* (not an if clause: it opens a team) */
+#pragma omp parallel for schedule(static) num_threads(n_threads)
+        for (int64_t i = 0; i < n; ++i)
+            lx_quantize_row(t, src + i * n_per_row, (uint8_t *) dst + (size_t) idxs[i] * rb, n_per_row);
+        return LX_OK;
+    }
 #endif
     for (int64_t i = 0; i < n; ++i)
         lx_quantize_row(t, src + i * n_per_row, (uint8_t *) dst + (size_t) idxs[i] * rb, n_per_row);
