@@ -163,11 +163,13 @@ void lx_hadamard_rows(float *x, int64_t n_rows, int64_t n_per_row, int block, in
     const float s = lx_hadamard_scale(block);
     const fwht_fn fn = pick_fwht(block);
 #ifdef _OPENMP
-    #pragma omp parallel for schedule(static) num_threads(n_threads) \
-        if (n_threads > 1 && n_rows > 1 && n_rows * n_per_row >= HADAMARD_PAR_MIN_VALUES)
-#endif
-    for (int64_t r = 0; r < n_rows; ++r) {
-        float *row = x + r * n_per_row;
-        for (int64_t b0 = 0; b0 < n_per_row; b0 += block) fn(row + b0, block, s);
+    if (n_threads > 1 && n_rows > 1 && n_rows * n_per_row >= HADAMARD_PAR_MIN_VALUES) {   /* (not an if clause: it opens a team) */
+        #pragma omp parallel for schedule(static) num_threads(n_threads)
+        for (int64_t r = 0; r < n_rows; ++r)
+            for (int64_t b0 = 0; b0 < n_per_row; b0 += block) fn(x + r * n_per_row + b0, block, s);
+        return;
     }
+#endif
+    for (int64_t r = 0; r < n_rows; ++r)
+        for (int64_t b0 = 0; b0 < n_per_row; b0 += block) fn(x + r * n_per_row + b0, block, s);
 }
