@@ -113,6 +113,8 @@ typedef struct {
  * y[r] = (x[r] * scale_r) * g, scale_r = 1 / sqrtf(mean_r + eps) with mean_r = (float) (sum of the
  * float squares in double / n), rows of n (y may be x); */
 void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads);
+/* the scalar reference of lx_rms_norm (one row after the other): the same bits */
+void lx_rms_norm_ref(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps);
 /* lx_rms_norm over groups: each row of n values is n_group groups of n / n_group, each normed as a row
  * of its own with its weights g[group * n / n_group ...] (a Mamba-2 layer's grouped ssm_norm); n_group 1
  * is lx_rms_norm, with the same bits. note: n_group >= 1 divides n. */

@@ -154,6 +154,39 @@ def test_rms_norm_is_ggmls():
     np.testing.assert_array_equal(_layer.rms_norm(x[:1], w, 1e-5), got[:1])   # per row
 
 
+def _order_sensitive_rows(n_rows):
+    """Rows of 64 whose norm scale depends on the summation order: after 9.9145^2 + (2^-9)^2 each of
+    the 62 squares (2^-26)^2 is below half an ulp of the double sum and drops, while summed apart
+    they tip the float mean, and 1 / sqrtf of it, by one ulp (found by search)."""
+    x = np.full((n_rows, 64), 2.0 ** -26, np.float32)
+    x[:, 0], x[:, 1] = np.float32(9.9145), 2.0 ** -9
+    return x
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 8, 9, 17, 64])
+@pytest.mark.parametrize("n", [64, 256, 576, 100, 7])
+def test_rms_norm_lanes_are_the_scalar_order(n_rows, n):
+    """The rows in lanes (8 at a time) give the bits of the scalar reference, row by row: random rows of
+    any width and count, and rows built so that another summation order moves the result."""
+    rng = np.random.default_rng(n_rows * 1000 + n)
+    x = (rng.standard_normal((n_rows, n)) * rng.uniform(0.01, 30, (n_rows, 1))).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32)
+    want = _layer.rms_norm(x, w, 1e-6, ref=True)
+    np.testing.assert_array_equal(_layer.rms_norm(x, w, 1e-6), want)
+    np.testing.assert_array_equal(_layer.rms_norm(x, w, 1e-6, n_threads=2), want)
+    if n == 64:
+        xt, one = _order_sensitive_rows(n_rows), np.ones(64, np.float32)
+        got = _layer.rms_norm(xt, one, 0.0)
+        np.testing.assert_array_equal(got, _layer.rms_norm(xt, one, 0.0, ref=True))
+        sq = np.square(xt[0]).astype(np.float64)
+        for order, same in ((sq, True), (np.concatenate([sq[2:], sq[:2]]), False)):   # in order; tiny ones first
+            s = 0.0
+            for v in order:
+                s += v
+            scale = np.float32(1) / np.sqrt(np.float32(s / 64))
+            assert np.array_equal(got[0], xt[0] * scale) == same
+
+
 def test_gated_activations():
     rng = np.random.default_rng(2)
     n_ff = 1536

@@ -78,6 +78,7 @@ cdef extern from "layer.h" nogil:
                                int64_t n_out_rows, void *work, int n_threads)
 
     void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads)
+    void lx_rms_norm_ref(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps)
     void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
                   int64_t n_ff, int n_threads)
     void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,

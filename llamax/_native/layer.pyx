@@ -31,8 +31,9 @@ from llamax.threads import resolve_n_threads
 ACTS = {"silu": LX_ACT_SILU, "gelu_table": LX_ACT_GELU_TABLE}
 
 
-def rms_norm(x, w, float eps, n_threads=1):
-    """ggml's rms_norm times the weight over the last axis: a new float32 array (csrc/layer.h)."""
+def rms_norm(x, w, float eps, n_threads=1, ref=False):
+    """ggml's rms_norm times the weight over the last axis: a new float32 array (csrc/layer.h);
+    ref: through the scalar reference (the same bits)."""
     cdef int nt = resolve_n_threads(n_threads)
     x = np.ascontiguousarray(x, dtype=np.float32)
     w = np.ascontiguousarray(w, dtype=np.float32)
@@ -43,9 +44,13 @@ def rms_norm(x, w, float eps, n_threads=1):
     cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
     cdef const float *wp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> w)
     cdef float *yp = <float *> cnp.PyArray_DATA(<cnp.ndarray> y)
+    cdef bint use_ref = ref
     if rows:
         with nogil:
-            lx_rms_norm(xp, wp, yp, rows, n, eps, nt)
+            if use_ref:
+                lx_rms_norm_ref(xp, wp, yp, rows, n, eps)
+            else:
+                lx_rms_norm(xp, wp, yp, rows, n, eps, nt)
     return y
 
 
