@@ -292,31 +292,27 @@ size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_thre
 
 static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int L, int64_t t,
                            uint8_t *act) {
+    enum { CHUNK = 32 };   /* blocks quantized per call (lx_quantize_row_q8_split) */
     const int64_t nb = n_in / LX_QK, g = t / L;
     const int l = (int) (t % L);
-    for (int64_t b = 0; b < nb; ++b) {
-        uint8_t *rec = act + ((size_t) g * nb + b) * rec_bytes(L);
-        int32_t *corr = (int32_t *) (rec + 32 * L);
-        float *dx = (float *) (rec + 36 * L), *sx = (float *) (rec + 40 * L);
-        if (!x) {
-            for (int s = 0; s < 8; ++s) memset(rec + (s * L + l) * 4, 0, 4);
-            corr[l] = 0, dx[l] = 0.0f, sx[l] = 0.0f;
-            continue;
+    int8_t qs[CHUNK * LX_QK];
+    float d[CHUNK], s[CHUNK];
+    int32_t sum[CHUNK];
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t n = nb - b0 < CHUNK ? nb - b0 : CHUNK;
+        if (x) lx_quantize_row_q8_split(dt, x + b0 * LX_QK, qs, d, s, sum, n * LX_QK);
+        for (int64_t i = 0; i < n; ++i) {
+            uint8_t *rec = act + ((size_t) g * nb + b0 + i) * rec_bytes(L);
+            int32_t *corr = (int32_t *) (rec + 32 * L);
+            float *dx = (float *) (rec + 36 * L), *sx = (float *) (rec + 40 * L);
+            if (!x) {
+                for (int k = 0; k < 8; ++k) memset(rec + (k * L + l) * 4, 0, 4);
+                corr[l] = 0, dx[l] = 0.0f, sx[l] = 0.0f;
+                continue;
+            }
+            corr[l] = -c * sum[i], dx[l] = d[i], sx[l] = s[i];
+            for (int k = 0; k < 8; ++k) memcpy(rec + (k * L + l) * 4, qs + i * LX_QK + 4 * k, 4);
         }
-        const int8_t *qs;
-        lx_block_q8_0 b0;
-        lx_block_q8_1 b1;
-        if (dt == LX_TYPE_Q8_1) {
-            lx_quantize_row_q8_1(x + b * LX_QK, &b1, LX_QK);
-            qs = b1.qs, dx[l] = lx_fp16_to_fp32(b1.d), sx[l] = lx_fp16_to_fp32(b1.s);
-        } else {
-            lx_quantize_row_q8_0(x + b * LX_QK, &b0, LX_QK);
-            qs = b0.qs, dx[l] = lx_fp16_to_fp32(b0.d), sx[l] = 0.0f;
-        }
-        int sum = 0;
-        for (int i = 0; i < LX_QK; ++i) sum += qs[i];
-        corr[l] = -c * sum;
-        for (int s = 0; s < 8; ++s) memcpy(rec + (s * L + l) * 4, qs + 4 * s, 4);
     }
 }
 
@@ -508,6 +504,26 @@ static void prefetch_tile(const void *w, size_t wrb, int64_t o0, int nr, int64_t
 #endif
 }
 
+/* TILE(i) for i in [0, n_tiles): over a team of n_threads, or on the calling thread alone for one
+ * (a team of one, even through an if clause, costs ~0.65 us: several a layer of a decode step) */
+#ifdef _OPENMP
+#define LX_GEMM_TILES(n_tiles, n_threads, TILE)                                                                 \
+    do {                                                                                                       \
+        if ((n_threads) > 1) {                                                                                 \
+            _Pragma("omp parallel for num_threads(n_threads) schedule(static)")                                \
+            for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                               \
+        } else {                                                                                               \
+            for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                               \
+        }                                                                                                      \
+    } while (0)
+#else
+#define LX_GEMM_TILES(n_tiles, n_threads, TILE)                                                                 \
+    do {                                                                                                       \
+        (void) (n_threads);                                                                                    \
+        for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                                   \
+    } while (0)
+#endif
+
 #ifdef LX_GEMM_X86
 /* n_tok <= LX_GEMM_SMALL on AVX2 and up (both levels: the same arithmetic) */
 static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
@@ -521,32 +537,16 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
         uint8_t *tk = act + t * ts;
         int32_t *corr = (int32_t *) (tk + n_in);
         float *dx = (float *) (corr + nb), *sx = dx + nb;
-        for (int64_t b = 0; b < nb; ++b) {
-            const int8_t *qs;
-            lx_block_q8_0 b0;
-            lx_block_q8_1 b1;
-            if (dt == LX_TYPE_Q8_1) {
-                lx_quantize_row_q8_1(x + t * n_in + b * LX_QK, &b1, LX_QK);
-                qs = b1.qs, dx[b] = lx_fp16_to_fp32(b1.d), sx[b] = lx_fp16_to_fp32(b1.s);
-            } else {
-                lx_quantize_row_q8_0(x + t * n_in + b * LX_QK, &b0, LX_QK);
-                qs = b0.qs, dx[b] = lx_fp16_to_fp32(b0.d), sx[b] = 0.0f;
-            }
-            int sum = 0;
-            for (int i = 0; i < LX_QK; ++i) sum += qs[i];
-            corr[b] = -c * sum;
-            memcpy(tk + b * LX_QK, qs, LX_QK);
-        }
+        lx_quantize_row_q8_split(dt, x + t * n_in, (int8_t *) tk, dx, sx, corr, n_in);   /* corr <- the sums */
+        for (int64_t b = 0; b < nb; ++b) corr[b] *= -c;
     }
-    (void) n_threads;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-#endif
-    for (int64_t i = 0; i < n_tiles; ++i) {
-        const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
-        if (!r8) prefetch_tile(w, wrb, 8 * i, nr, n_out);   /* r8: one stream, prefetched in the kernel */
-        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nb, y, n_out, r8);
-    }
+#define LX_SMALL_TILE(i) do {                                                                                  \
+        const int nr = n_out - 8 * (i) < 8 ? (int) (n_out - 8 * (i)) : 8;                                         \
+        if (!r8) prefetch_tile(w, wrb, 8 * (i), nr, n_out);   /* r8: one stream, prefetched in the kernel */      \
+        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nb, y, n_out, r8);                 \
+    } while (0)
+    LX_GEMM_TILES(n_tiles, n_threads, LX_SMALL_TILE);
+#undef LX_SMALL_TILE
 }
 #endif
 
@@ -558,19 +558,17 @@ static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, in
     const size_t ts = LX_K_TS(nbk), wrb = lx_row_bytes(wt, n_in);
     uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     for (int64_t t = 0; t < n_tok; ++t) quantize_planar_k(x + t * n_in, n_in, act + t * ts);
-    (void) n_threads;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-#endif
-    for (int64_t i = 0; i < n_tiles; ++i) {
-        const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
-        if (r8) {
-            small_run_k_r8_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
-        } else {
-            prefetch_tile(w, wrb, 8 * i, nr, n_out);
-            small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
-        }
-    }
+#define LX_SMALL_TILE_K(i) do {                                                                                \
+        const int nr = n_out - 8 * (i) < 8 ? (int) (n_out - 8 * (i)) : 8;                                         \
+        if (r8) {                                                                                                 \
+            small_run_k_r8_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nbk, y, n_out);           \
+        } else {                                                                                                  \
+            prefetch_tile(w, wrb, 8 * (i), nr, n_out);                                                            \
+            small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nbk, y, n_out);               \
+        }                                                                                                         \
+    } while (0)
+    LX_GEMM_TILES(n_tiles, n_threads, LX_SMALL_TILE_K);
+#undef LX_SMALL_TILE_K
 }
 #endif
 

@@ -623,6 +623,30 @@ static LX_AVX2 void quantize_row_q8_0_avx2(const float *x, lx_block_q8_0 *y, int
     }
 }
 
+/* lx_quantize_row_q8_split: the scalar steps of 8 blocks at a time in lanes (their d, 1/d and f16
+ * roundings; IEEE division and F16C's nearest-even conversion, as the scalar steps) */
+static LX_AVX2 void quantize_row_q8_split_avx2(int with_s, const float *x, int8_t *qs, float *d, float *s,
+                                               int32_t *sum, int64_t n) {
+    const int64_t nb = n / LX_QK;
+    const __m256 zero = _mm256_setzero_ps();
+    for (int64_t b0 = 0; b0 < nb; b0 += 8) {
+        const int m = nb - b0 < 8 ? (int) (nb - b0) : 8;
+        float am[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, id[8], dd[8], ss[8];
+        int32_t sm[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < m; ++k) am[k] = amax32(x + (b0 + k) * LX_QK);
+        const __m256 dv = _mm256_div_ps(_mm256_loadu_ps(am), _mm256_set1_ps(127.0f));
+        _mm256_storeu_ps(id, _mm256_and_ps(_mm256_div_ps(_mm256_set1_ps(1.0f), dv), _mm256_cmp_ps(dv, zero, _CMP_NEQ_UQ)));
+        for (int k = 0; k < m; ++k)
+            _mm256_storeu_si256((__m256i *) (qs + (b0 + k) * LX_QK), round32_i8(x + (b0 + k) * LX_QK, id[k], sm + k));
+        const __m256 sv = with_s ? _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_loadu_si256((const __m256i *) sm)), dv) : zero;
+        _mm256_storeu_ps(dd, _mm256_cvtph_ps(_mm256_cvtps_ph(dv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        _mm256_storeu_ps(ss, _mm256_cvtph_ps(_mm256_cvtps_ph(sv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        memcpy(d + b0, dd, (size_t) m * sizeof(float));
+        memcpy(s + b0, ss, (size_t) m * sizeof(float));
+        memcpy(sum + b0, sm, (size_t) m * sizeof(int32_t));
+    }
+}
+
 static LX_AVX2 void quantize_row_q8_1_avx2(const float *x, lx_block_q8_1 *y, int64_t n) {
     for (int64_t i = 0; i < n / LX_QK; ++i, x += LX_QK) {
         const float d = amax32(x) / 127.0f;
@@ -755,6 +779,39 @@ void lx_quantize_row_q8_1(const float *x, lx_block_q8_1 *y, int64_t n) {
     if (lx_simd_level() >= LX_SIMD_AVX2) { quantize_row_q8_1_avx2(x, y, n); return; }
 #endif
     lx_quantize_row_q8_1_ref(x, y, n);
+}
+
+void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum,
+                                  int64_t n) {
+    assert(n % LX_QK == 0 && (dt == LX_TYPE_Q8_0 || dt == LX_TYPE_Q8_1));
+    for (int64_t b = 0; b < n / LX_QK; ++b) {
+        const int8_t *q;
+        if (dt == LX_TYPE_Q8_1) {
+            lx_block_q8_1 blk;
+            lx_quantize_row_q8_1_ref(x + b * LX_QK, &blk, LX_QK);
+            memcpy(qs + b * LX_QK, blk.qs, LX_QK);
+            d[b] = lx_fp16_to_fp32(blk.d), s[b] = lx_fp16_to_fp32(blk.s);
+        } else {
+            lx_block_q8_0 blk;
+            lx_quantize_row_q8_0_ref(x + b * LX_QK, &blk, LX_QK);
+            memcpy(qs + b * LX_QK, blk.qs, LX_QK);
+            d[b] = lx_fp16_to_fp32(blk.d), s[b] = 0.0f;
+        }
+        q = qs + b * LX_QK;
+        int32_t t = 0;
+        for (int j = 0; j < LX_QK; ++j) t += q[j];
+        sum[b] = t;
+    }
+}
+
+void lx_quantize_row_q8_split(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum, int64_t n) {
+#ifdef LX_X86_DISPATCH
+    if (lx_simd_level() >= LX_SIMD_AVX2) {
+        quantize_row_q8_split_avx2(dt == LX_TYPE_Q8_1, x, qs, d, s, sum, n);
+        return;
+    }
+#endif
+    lx_quantize_row_q8_split_ref(dt, x, qs, d, s, sum, n);
 }
 
 void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n) {

@@ -271,6 +271,13 @@ void lx_quantize_row_q8_0_ref(const float *x, lx_block_q8_0 *y, int64_t n);
 void lx_quantize_row_q8_1(const float *x, lx_block_q8_1 *y, int64_t n);
 void lx_quantize_row_q8_1_ref(const float *x, lx_block_q8_1 *y, int64_t n);
 
+/* x [n] as q8_0 (dt LX_TYPE_Q8_0) or q8_1 (LX_TYPE_Q8_1) blocks taken apart, for the products that
+ * read the values and the scales separately: qs [n] the blocks' values, d [n/32] and s [n/32] the
+ * floats of their f16 d and s (s 0 for q8_0), sum [n/32] the sums of their qs; the same values as
+ * lx_quantize_row_q8_0 / _q8_1 (a NaN scale may differ in payload between the paths). */
+void lx_quantize_row_q8_split(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum, int64_t n);
+void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum, int64_t n);
+
 /* q8_K: iscale = -127/max (max: the value of largest magnitude), qs[i] =
  * min(127, nearest_even(iscale * x[i])), d = 1/iscale, bsums; all-zero
  * super-blocks get d = 0, qs = 0. x: [n] (n a multiple of 256), y: [n/256]. */

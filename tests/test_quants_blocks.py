@@ -492,6 +492,39 @@ def test_quantize_denormal_blocks(t):
     np.testing.assert_array_equal(Q.quantize(t, x), pack_q8(t, x))
 
 
+def _split_of_blocks(t: int, x: np.ndarray):
+    """(qs, d, s, sum) of x taken from the ggml blocks pack_q8 builds."""
+    bb = 34 if t == Q.TYPE_Q8_0 else 36
+    raw = pack_q8(t, x).reshape(-1, bb)
+    qs = raw[:, bb - 32:].copy().view(np.int8)
+    d = raw[:, 0:2].copy().view(np.float16).astype(np.float32).ravel()
+    s = (raw[:, 2:4].copy().view(np.float16).astype(np.float32).ravel() if t == Q.TYPE_Q8_1
+         else np.zeros(len(raw), np.float32))
+    return qs.ravel(), d, s, qs.astype(np.int32).sum(axis=1)
+
+
+@pytest.mark.parametrize("t", [Q.TYPE_Q8_0, Q.TYPE_Q8_1], ids=name)
+@pytest.mark.parametrize("n", [32, 224, 256, 288, 1536])
+def test_quantize_split_is_the_blocks(t, n):
+    """The split rows the integer products read (8 blocks' scales at a time in lanes): the blocks'
+    values, f16 scales and sums, fast and reference alike; ties, zero and denormal blocks included."""
+    rng = np.random.default_rng(n)
+    x = activations(rng, max(n, 256))[:n].copy()
+    if n >= 256:
+        x[200:232] = 0
+        x[232:256] = 1e-40
+    want = _split_of_blocks(t, x)
+    for ref in (False, True):
+        got = Q.quantize_split(t, x, ref=ref)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype or g.dtype.kind == w.dtype.kind
+            np.testing.assert_array_equal(g, w)
+    with pytest.raises(ValueError):
+        Q.quantize_split(Q.TYPE_Q8_K, np.zeros(256, np.float32))
+    with pytest.raises(ValueError):
+        Q.quantize_split(t, np.zeros(33, np.float32))
+
+
 def test_q8_0_round_trip_error():
     """|x - d*q| <= d/2 + |d - f16(d)| * 127 for every value (the bound matmul.h states)."""
     rng = np.random.default_rng(5)

@@ -1,5 +1,5 @@
 # quants.pxd: mirrors csrc/quants.h (declarations only).
-from libc.stdint cimport int8_t, int16_t, int64_t, uint8_t, uint16_t, uint32_t
+from libc.stdint cimport int8_t, int16_t, int32_t, int64_t, uint8_t, uint16_t, uint32_t
 
 from llamax._native.kv_cells cimport lx_status
 
@@ -119,6 +119,10 @@ cdef extern from "quants.h" nogil:
     void lx_quantize_row_q8_0_ref(const float *x, lx_block_q8_0 *y, int64_t n)
     void lx_quantize_row_q8_1(const float *x, lx_block_q8_1 *y, int64_t n)
     void lx_quantize_row_q8_1_ref(const float *x, lx_block_q8_1 *y, int64_t n)
+    void lx_quantize_row_q8_split(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum,
+                                  int64_t n)
+    void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum,
+                                      int64_t n)
     void lx_quantize_row_q8_K(const float *x, lx_block_q8_K *y, int64_t n)
     void lx_quantize_row_q8_K_ref(const float *x, lx_block_q8_K *y, int64_t n)
     void lx_quantize_row_q4_0(const float *x, lx_block_q4_0 *y, int64_t n)

@@ -240,6 +240,34 @@ def quantize_ref(t, x):
     return _quantize(t, x, True)
 
 
+def quantize_split(t, x, ref=False):
+    """A row x as q8_0 or q8_1 blocks taken apart (csrc/quants.h lx_quantize_row_q8_split, what the
+    integer products read): (qs int8 [n], d float32 [n/32], s float32 [n/32], sum int32 [n/32]), d and s
+    the floats of the blocks' f16 scales (s 0 for q8_0), sum the sums of their qs. ref: the scalar twin."""
+    cdef lx_type tt = _check_type(t)
+    if tt != LX_TYPE_Q8_0 and tt != LX_TYPE_Q8_1:
+        raise ValueError(f"quantize_split takes q8_0 or q8_1, not {TYPE_NAMES[tt]}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.ndim != 1 or x.shape[0] % LX_QK:
+        raise ValueError(f"x must be 1-D with a multiple of {LX_QK} values, got shape {x.shape}")
+    cdef int64_t n = x.shape[0], nb = n // LX_QK
+    qs = np.empty(n, np.int8)
+    d, s = np.empty(nb, np.float32), np.empty(nb, np.float32)
+    sums = np.empty(nb, np.int32)
+    cdef const float *xp = <const float *> cnp.PyArray_DATA(<cnp.ndarray> x)
+    cdef int8_t *qp = <int8_t *> cnp.PyArray_DATA(<cnp.ndarray> qs)
+    cdef float *dp = <float *> cnp.PyArray_DATA(<cnp.ndarray> d)
+    cdef float *sp = <float *> cnp.PyArray_DATA(<cnp.ndarray> s)
+    cdef int32_t *mp = <int32_t *> cnp.PyArray_DATA(<cnp.ndarray> sums)
+    cdef bint use_ref = ref
+    with nogil:
+        if use_ref:
+            lx_quantize_row_q8_split_ref(tt, xp, qp, dp, sp, mp, n)
+        else:
+            lx_quantize_row_q8_split(tt, xp, qp, dp, sp, mp, n)
+    return qs, d, s, sums
+
+
 # ---- set_rows (the cache write) ------------------------------------------------------------------
 
 cdef tuple _set_rows_args(object t, object src, object dst, object idxs):
