@@ -226,71 +226,52 @@ static rope_row_fn rope_pick_row(lx_rope_kind kind) {
     return neox ? rope_row_neox : rope_row_norm;
 }
 
-/* the tokens of lx_rope_f32 (a work-shared loop inside a team, or all of them outside one) */
-static void rope_tokens(const lx_rope_params *rp, rope_row_fn row_fn, float *x, const lx_pos *pos,
-                        int64_t n_tokens, int64_t n_head, int64_t head_dim) {
+/* rows [n][n_head][head_dim] of x, row i by position pos[i] (skip_zero: rows at 0 left as they are,
+ * the K-shift's unshifted cells); a work-shared loop inside a team, or all rows outside one */
+static void rope_rows(const lx_rope_params *rp, rope_row_fn row_fn, float *x, const lx_pos *pos, int64_t n,
+                      int64_t n_head, int64_t head_dim, bool skip_zero) {
     rope_trig tr;
     bool   have = false;
     lx_pos last = 0;
 #ifdef _OPENMP
     #pragma omp for schedule(static)
 #endif
-    for (int64_t t = 0; t < n_tokens; ++t) {
-        if (!have || pos[t] != last) {
-            rope_trig_of(rp, pos[t], &tr);
+    for (int64_t i = 0; i < n; ++i) {
+        if (skip_zero && pos[i] == 0) continue;
+        if (!have || pos[i] != last) {
+            rope_trig_of(rp, pos[i], &tr);
             have = true;
-            last = pos[t];
+            last = pos[i];
         }
-        row_fn(x + t * n_head * head_dim, tr.c, tr.s, n_head, head_dim, rp->n_rot);
+        row_fn(x + i * n_head * head_dim, tr.c, tr.s, n_head, head_dim, rp->n_rot);
     }
 }
 
-void lx_rope_f32(const lx_rope_params *rp, float *x, const lx_pos *pos,
-                 int64_t n_tokens, int64_t n_head, int64_t head_dim, int n_threads) {
+/* rope_rows over a team of n_threads when it pays (even an if clause opens one: ~0.65 us a call) */
+static void rope_rows_par(const lx_rope_params *rp, float *x, const lx_pos *pos, int64_t n, int64_t n_head,
+                          int64_t head_dim, bool skip_zero, int n_threads) {
     rope_check(rp, n_head, head_dim);
     assert(n_threads >= 1);
     (void) n_threads;
     const rope_row_fn row_fn = rope_pick_row(rp->kind);
 #ifdef _OPENMP
-    /* a team only when it pays (even an if clause opens one: ~0.7 us a call) */
-    if (n_threads > 1 && n_tokens > 1 && n_tokens * n_head * rp->n_rot >= ROPE_PAR_MIN_VALUES) {
+    if (n_threads > 1 && n > 1 && n * n_head * rp->n_rot >= ROPE_PAR_MIN_VALUES) {
         #pragma omp parallel num_threads(n_threads)
-        rope_tokens(rp, row_fn, x, pos, n_tokens, n_head, head_dim);
+        rope_rows(rp, row_fn, x, pos, n, n_head, head_dim, skip_zero);
         return;
     }
 #endif
-    rope_tokens(rp, row_fn, x, pos, n_tokens, n_head, head_dim);
+    rope_rows(rp, row_fn, x, pos, n, n_head, head_dim, skip_zero);
+}
+
+void lx_rope_f32(const lx_rope_params *rp, float *x, const lx_pos *pos,
+                 int64_t n_tokens, int64_t n_head, int64_t head_dim, int n_threads) {
+    rope_rows_par(rp, x, pos, n_tokens, n_head, head_dim, false, n_threads);
 }
 
 void lx_rope_k_shift_f32(const lx_rope_params *rp, float *k, const lx_pos *shift,
                          int64_t kv_size, int64_t n_head_kv, int64_t head_dim, int n_threads) {
-    rope_check(rp, n_head_kv, head_dim);
-    assert(n_threads >= 1);
-    (void) n_threads;
-    const rope_row_fn row_fn = rope_pick_row(rp->kind);
-    const int64_t n_embd = n_head_kv * head_dim;
-#ifdef _OPENMP
-    const int par = n_threads > 1 && kv_size > 1 && kv_size * n_head_kv * rp->n_rot >= ROPE_PAR_MIN_VALUES;
-    #pragma omp parallel num_threads(n_threads) if (par)
-#endif
-    {
-        rope_trig tr;
-        bool   have = false;
-        lx_pos last = 0;
-#ifdef _OPENMP
-        #pragma omp for schedule(static)
-#endif
-        for (int64_t i = 0; i < kv_size; ++i) {
-            const lx_pos d = shift[i];
-            if (d == 0) continue;
-            if (!have || d != last) {
-                rope_trig_of(rp, d, &tr);
-                have = true;
-                last = d;
-            }
-            row_fn(k + i * n_embd, tr.c, tr.s, n_head_kv, head_dim, rp->n_rot);
-        }
-    }
+    rope_rows_par(rp, k, shift, kv_size, n_head_kv, head_dim, true, n_threads);
 }
 
 void lx_rope_k_shift_f16(const lx_rope_params *rp, uint16_t *k, const lx_pos *shift,
