@@ -146,15 +146,15 @@ static double sq_sum(const float *xr, int64_t gs) {
 }
 
 #ifdef LX_LAYER_X86
-/* s[k] = sq_sum of the row at x + k gs, k < 8, the rows in the lanes (each lane's sum in sq_sum's order,
+/* s[k] = sq_sum of the gs values at row[k], k < 8, the rows in the lanes (each lane's sum in sq_sum's order,
  * so the same bits; a row's chain of dependent double adds is the norm's cost, 8 chains at once here):
  * 8 values of each row, transposed so that vector j holds value i + j of the 8 rows */
-__attribute__((target("avx2,fma"))) static void sq_sums8_avx2(const float *x, int64_t gs, double *s) {
+__attribute__((target("avx2,fma"))) static void sq_sums8_avx2(const float *const *row, int64_t gs, double *s) {
     __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
     int64_t i = 0;
     for (; i + 8 <= gs; i += 8) {
         __m256 r[8], t[8];
-        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(x + k * gs + i);
+        for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(row[k] + i);
         for (int k = 0; k < 8; k += 2)
             t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]), t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
         /* t[2 m] = values 0, 1 | 4, 5 of rows 2 m, 2 m + 1 interleaved; t[2 m + 1] values 2, 3 | 6, 7 */
@@ -177,7 +177,7 @@ __attribute__((target("avx2,fma"))) static void sq_sums8_avx2(const float *x, in
     _mm256_storeu_pd(a, lo);
     _mm256_storeu_pd(a + 4, hi);
     for (int k = 0; k < 8; ++k) {
-        for (int64_t e = i; e < gs; ++e) a[k] += (double) (x[k * gs + e] * x[k * gs + e]);
+        for (int64_t e = i; e < gs; ++e) a[k] += (double) (row[k][e] * row[k][e]);
         s[k] = a[k];
     }
 }
@@ -189,8 +189,11 @@ static void norm_units8(const float *x, const float *g, float *y, int64_t c, int
     const int64_t r0 = 8 * c, n = units - r0 < 8 ? units - r0 : 8;
     double s[8];
 #ifdef LX_LAYER_X86
-    if (n == 8 && lx_simd_level() >= LX_SIMD_AVX2) sq_sums8_avx2(x + r0 * gs, gs, s);
-    else
+    if (n >= 2 && lx_simd_level() >= LX_SIMD_AVX2) {   /* (a decode step's per-head norms: 2-8 rows) */
+        const float *row[8];
+        for (int64_t k = 0; k < 8; ++k) row[k] = x + (r0 + (k < n ? k : n - 1)) * gs;   /* lanes past n: a copy */
+        sq_sums8_avx2(row, gs, s);
+    } else
 #endif
         for (int64_t k = 0; k < n; ++k) s[k] = sq_sum(x + (r0 + k) * gs, gs);
     for (int64_t k = 0; k < n; ++k) norm_unit(x, g, y, r0 + k, gs, n_group, eps, s[k]);

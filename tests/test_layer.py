@@ -163,7 +163,7 @@ def _order_sensitive_rows(n_rows):
     return x
 
 
-@pytest.mark.parametrize("n_rows", [1, 3, 8, 9, 17, 64])
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 4, 8, 9, 17, 64])
 @pytest.mark.parametrize("n", [64, 256, 576, 100, 7])
 def test_rms_norm_lanes_are_the_scalar_order(n_rows, n):
     """The rows in lanes (8 at a time) give the bits of the scalar reference, row by row: random rows of
