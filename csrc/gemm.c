@@ -357,6 +357,21 @@ static void quantize_token_k(lx_type wt, const float *x, int64_t n_in, int L, in
  * as int16 lo/hi), int16 bs16[nbk][16] (q8_K's sums of 16: the r8 q6_K kernel's -32 term) */
 #define LX_K_TS(nbk) ((size_t) (nbk) * (LX_QK_K + 52))
 
+/* the fields of the planar K token at tk (the one place their offsets are computed) */
+typedef struct {
+    const float *dx;     /* [nbk] */
+    const int32_t *bsp;  /* [nbk][4] */
+    const int16_t *bs16; /* [nbk][16] */
+} planar_k;
+
+static inline planar_k planar_k_of(const uint8_t *tk, int64_t nbk) {
+    planar_k f;
+    f.dx = (const float *) (tk + nbk * LX_QK_K);
+    f.bsp = (const int32_t *) (f.dx + nbk);
+    f.bs16 = (const int16_t *) (f.bsp + 4 * nbk);
+    return f;
+}
+
 /* a loop with constant bounds unrolled whole (its shuffle patterns and register indices constants) */
 #if defined(__GNUC__) && !defined(__clang__)
 #define LX_UNROLL _Pragma("GCC unroll 16")
@@ -368,9 +383,10 @@ static void quantize_token_k(lx_type wt, const float *x, int64_t n_in, int L, in
 
 static void quantize_planar_k(const float *x, int64_t n_in, uint8_t *tk) {
     const int64_t nbk = n_in / LX_QK_K;
-    float *dx = (float *) (tk + n_in);
-    int32_t *bsp = (int32_t *) (dx + nbk);
-    int16_t *bs16 = (int16_t *) (bsp + 4 * nbk);
+    const planar_k f = planar_k_of(tk, nbk);
+    float *dx = (float *) f.dx;
+    int32_t *bsp = (int32_t *) f.bsp;
+    int16_t *bs16 = (int16_t *) f.bs16;
     for (int64_t b = 0; b < nbk; ++b) {
         lx_block_q8_K q;
         lx_quantize_row_q8_K(x + b * LX_QK_K, &q, LX_QK_K);
@@ -1519,7 +1535,6 @@ static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int
 static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
                                                const uint8_t *act, size_t ts, int64_t nbk, float *y,
                                                int64_t n_out, const int NT) {
-    const int64_t n_in = nbk * LX_QK_K;
     const uint8_t *rows[8];
     for (int r = 0; r < 8; ++r) rows[r] = w + (size_t) (o0 + (r < nr ? r : nr - 1)) * wrb;
     __m256 acc[8];
@@ -1565,15 +1580,13 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
         }
         const __m256 dw = _mm256_loadu_ps(dwa), dm = _mm256_loadu_ps(dma);
         for (int k = 0; k < NT; ++k) {
-            const uint8_t *tk = act + k * ts;
-            const float *dxs = (const float *) (tk + n_in);
-            const int32_t *bsp = (const int32_t *) (dxs + nbk);
+            const planar_k f = planar_k_of(act + k * ts, nbk);
             const __m256i is = SFX(hsum8x8)(vbuf[k]);
-            const __m256 dx = _mm256_set1_ps(dxs[b]);
+            const __m256 dx = _mm256_set1_ps(f.dx[b]);
             acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is), acc[k]);
             if (wt != LX_TYPE_Q6_K) {
                 /* lane r: sum_j m_rj bs_j (the 8 (bs_2e, bs_2e+1) int16 pairs of this super-block) */
-                const __m128i bs16 = _mm_loadu_si128((const __m128i *) (bsp + 4 * b));
+                const __m128i bs16 = _mm_loadu_si128((const __m128i *) (f.bsp + 4 * b));
                 __m128i mr[8];
                 for (int r = 0; r < 8; ++r) mr[r] = _mm_madd_epi16(mn16[r], bs16);
                 const __m256i ms = SFX(hsum4x8)(mr);
@@ -1611,7 +1624,6 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
                                                   int64_t n_out, const int NT) {
     const uint8_t *grp = w + (size_t) o0 * wrb;
     const size_t gbb = 8 * lx_type_block_bytes(wt);   /* a group-block: 8 super-blocks' bytes */
-    const int64_t n_in = nbk * LX_QK_K;
     __m256 acc[2];
     for (int k = 0; k < NT; ++k) acc[k] = _mm256_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
@@ -1665,17 +1677,15 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
             }
             const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (gb + 16)));
             for (int k = 0; k < NT; ++k) {
-                const uint8_t *tk = act + k * ts;
-                const float *dxs = (const float *) (tk + n_in);
-                const int32_t *bsp = (const int32_t *) (dxs + nbk);
-                const __m256 dx = _mm256_set1_ps(dxs[b]);
+                const planar_k f = planar_k_of(act + k * ts, nbk);
+                const __m256 dx = _mm256_set1_ps(f.dx[b]);
                 acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(is[k]), acc[k]);
                 /* lane r: sum_e (m_2e, m_2e+1) . (bs_2e, bs_2e+1): mins pair e = bytes 2 (e % 2), +1 of mn[e / 2] */
                 __m256i ms = _mm256_setzero_si256();
                 for (int e = 0; e < 4; ++e) {
                     const uint32_t e0 = 2 * (uint32_t) (e % 2);
                     const __m256i mp = SFX(lane_bytes)(mn[e / 2], 0x80008000u | (e0 + 1) << 16 | e0);
-                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(bsp[4 * b + e])));
+                    ms = _mm256_add_epi32(ms, _mm256_madd_epi16(mp, _mm256_set1_epi32(f.bsp[4 * b + e])));
                 }
                 acc[k] = _mm256_fnmadd_ps(_mm256_mul_ps(dm, dx), _mm256_cvtepi32_ps(ms), acc[k]);
             }
@@ -1723,12 +1733,12 @@ static LX_INLINE LX_TGT void SFX(small_tile_k_r8)(lx_type wt, const uint8_t *w, 
                 sp[e] = _mm256_srai_epi16(SFX(lane_bytes)(s8[e / 2], 0x00800080u | (e0 + 1) << 24 | e0 << 8), 8);
             }
             for (int k = 0; k < NT; ++k) {
-                const float *dxs = (const float *) (act + k * ts + n_in);
-                const int32_t *bs16 = (const int32_t *) (dxs + 5 * nbk) + 8 * b;   /* after dx, bsp */
+                const planar_k f = planar_k_of(act + k * ts, nbk);
+                const uint8_t *bs = (const uint8_t *) (f.bs16 + 16 * b);   /* the (g, g + 1) pairs, a dword each */
                 __m256i cr = _mm256_setzero_si256();
-                for (int e = 0; e < 8; ++e) cr = _mm256_add_epi32(cr, _mm256_madd_epi16(sp[e], _mm256_set1_epi32(bs16[e])));
+                for (int e = 0; e < 8; ++e) cr = _mm256_add_epi32(cr, _mm256_madd_epi16(sp[e], _mm256_set1_epi32(ld32(bs + 4 * e))));
                 is[k] = _mm256_sub_epi32(is[k], _mm256_slli_epi32(cr, 5));
-                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(dxs[b])), _mm256_cvtepi32_ps(is[k]), acc[k]);
+                acc[k] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(f.dx[b])), _mm256_cvtepi32_ps(is[k]), acc[k]);
             }
         }
     }

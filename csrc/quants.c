@@ -785,7 +785,6 @@ void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float 
                                   int64_t n) {
     assert(n % LX_QK == 0 && (dt == LX_TYPE_Q8_0 || dt == LX_TYPE_Q8_1));
     for (int64_t b = 0; b < n / LX_QK; ++b) {
-        const int8_t *q;
         if (dt == LX_TYPE_Q8_1) {
             lx_block_q8_1 blk;
             lx_quantize_row_q8_1_ref(x + b * LX_QK, &blk, LX_QK);
@@ -797,9 +796,8 @@ void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float 
             memcpy(qs + b * LX_QK, blk.qs, LX_QK);
             d[b] = lx_fp16_to_fp32(blk.d), s[b] = 0.0f;
         }
-        q = qs + b * LX_QK;
         int32_t t = 0;
-        for (int j = 0; j < LX_QK; ++j) t += q[j];
+        for (int j = 0; j < LX_QK; ++j) t += qs[b * LX_QK + j];
         sum[b] = t;
     }
 }
