@@ -68,6 +68,9 @@
 #define LX_X86 1
 #include <immintrin.h>
 #define LX_ALWAYS_INLINE inline __attribute__((always_inline))
+/* v is in a vector register here (an opaque step: the compiler cannot fold its load into the
+ * instructions that use it) */
+#define LX_IN_REG(v) __asm__("" : "+v"(v))
 #endif
 
 
@@ -2001,13 +2004,29 @@ static LX_ALWAYS_INLINE LX_TGT void SFX(dots_cells)(const attn_ctx *c, const flo
     for (int64_t e = 0; e < dv; e += LX_W) {
         const int w = SFX(lanes)(d, e);
         VF qv[LX_ATTN_MAX_GROUP];
-        for (int h = 0; h < NH; ++h) qv[h] = SFX(ld)(q + h * d, CT_F32, e, w);
+        for (int h = 0; h < NH; ++h) {
+            qv[h] = SFX(ld)(q + h * d, CT_F32, e, w);
+            /* loaded once a step: folded into each FMA (GCC's choice), the query loads would be
+             * NH a cell, beside the FMAs' K loads the ports' bottleneck */
+            if (NH * (NC + 1) + 1 <= (LX_W == 8 ? 16 : 32)) LX_IN_REG(qv[h]);
+        }
         for (int x = 0; x < NC; ++x) {
             const VF kv = SFX(ld)(k, KF16, off[x] + e, w);
             for (int h = 0; h < NH; ++h) acc[h][x] = VFMA(kv, qv[h], acc[h][x]);
         }
     }
-    for (int h = 0; h < NH; ++h) {
+    int h = 0;
+    if (dv == d) for (; h + 4 <= NH; h += 4) {    /* a cell's 4 heads in one sum (each in its own order) */
+        for (int x = 0; x < NC; ++x) {
+            const __m128 r = lx_hsum8x4_avx2(VFOLD8(acc[h][x]), VFOLD8(acc[h + 1][x]), VFOLD8(acc[h + 2][x]),
+                                             VFOLD8(acc[h + 3][x]));
+            _mm_store_ss(S + h * LDS + j + x, r);
+            _mm_store_ss(S + (h + 1) * LDS + j + x, _mm_movehdup_ps(r));
+            _mm_store_ss(S + (h + 2) * LDS + j + x, _mm_movehl_ps(r, r));
+            _mm_store_ss(S + (h + 3) * LDS + j + x, _mm_shuffle_ps(r, r, 3));
+        }
+    }
+    for (; h < NH; ++h) {
         float r[8];
         for (int x = 0; x < NC; x += 4) {
             const __m256 a0 = VFOLD8(acc[h][x]);
