@@ -2008,7 +2008,7 @@ static LX_ALWAYS_INLINE LX_TGT void SFX(dots_cells)(const attn_ctx *c, const flo
             qv[h] = SFX(ld)(q + h * d, CT_F32, e, w);
             /* loaded once a step: folded into each FMA (GCC's choice), the query loads would be
              * NH a cell, beside the FMAs' K loads the ports' bottleneck */
-            if (NH * (NC + 1) + 1 <= (LX_W == 8 ? 16 : 32)) LX_IN_REG(qv[h]);
+            if (NH * (NC + 1) + 1 < (LX_W == 8 ? 16 : 32)) LX_IN_REG(qv[h]);   /* (one register spare: at 16 GCC spills accumulators) */
         }
         for (int x = 0; x < NC; ++x) {
             const VF kv = SFX(ld)(k, KF16, off[x] + e, w);
