@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 # which the Cython extensions link at run time from their own directory.
 CORE_SOURCES = ["csrc/cpu.c", "csrc/quants.c", "csrc/hadamard.c", "csrc/kv_cells.c", "csrc/slot_finder.c",
                 "csrc/kq_mask.c", "csrc/rope.c", "csrc/matmul.c", "csrc/gemm.c", "csrc/product.c", "csrc/attention.c", "csrc/attn_tile.c",
-                "csrc/layer.c", "csrc/moe.c", "csrc/buffers.c", "csrc/sampling.c", "csrc/ssm.c",
+                "csrc/team.c", "csrc/layer.c", "csrc/moe.c", "csrc/buffers.c", "csrc/sampling.c", "csrc/ssm.c",
                 "csrc/ssd.c", "csrc/delta_net.c", "csrc/mamba_layer.c", "csrc/mamba2_layer.c"]
 CORE_PACKAGE = "llamax._native"
 

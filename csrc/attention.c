@@ -1535,6 +1535,16 @@ static int64_t split_plan(const attn_ctx *c, float *scratch) {
 
 /* chunk state of pair x = ch * n_items + w into its scratch slot: its scan runs from the chunk's
  * start to the next chunk's */
+/* the pairs split_plan listed, counted again from the chunk starts it parked in the scratch */
+static int64_t split_pair_count(const attn_ctx *c, const float *scratch) {
+    int64_t n = 0;
+    for (int64_t w = 0; w < c->n_items; ++w) {
+        const int32_t *b = split_starts(c, scratch, w);
+        for (int64_t ch = 0; ch < c->n_chunks; ++ch) n += b[ch] < c->p->n_kv;
+    }
+    return n;
+}
+
 static void split_pair(const attn_ctx *c, const kernel_set *ks, int64_t x, float *scratch) {
     const int64_t ch = x / c->n_items, w = x % c->n_items;
     const item_pos it = item_at(c, w);
@@ -1766,6 +1776,16 @@ int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads) {
     return split ? split : tiles_apply(&c) ? n_threads * tile_floats(&c) : 0;
 }
 
+/* no more threads than the work pays for (waking a thread costs microseconds, far more under
+ * oversubscription); results do not depend on the thread count */
+static int threads_for(const attn_ctx *c, int n_threads) {
+    const lx_attn_params *p = c->p;
+    const int64_t work = p->n_stream * p->n_tps * p->n_head * p->n_kv * (p->d_k + p->d_v);
+    const int64_t ovr = __atomic_load_n(&min_work_override, __ATOMIC_RELAXED);
+    const int64_t per_thread = ovr >= 1 ? ovr : MIN_WORK_PER_THREAD;
+    return (int64_t) n_threads > 1 + work / per_thread ? (int) (1 + work / per_thread) : n_threads;
+}
+
 static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n_threads) {
     const lx_attn_params *p = c->p;
     const kernel_set *ks = kernels_for(c->level);
@@ -1773,12 +1793,7 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
         memset(c->out, 0, (size_t) (p->n_stream * p->n_tps * p->n_head * p->d_v) * sizeof(float));
         return;
     }
-    /* no more threads than the work pays for (waking a thread costs microseconds, far
-     * more under oversubscription); results do not depend on the thread count */
-    const int64_t work = p->n_stream * p->n_tps * p->n_head * p->n_kv * (p->d_k + p->d_v);
-    const int64_t ovr = __atomic_load_n(&min_work_override, __ATOMIC_RELAXED);
-    const int64_t per_thread = ovr >= 1 ? ovr : MIN_WORK_PER_THREAD;
-    if ((int64_t) n_threads > 1 + work / per_thread) n_threads = (int) (1 + work / per_thread);
+    n_threads = threads_for(c, n_threads);
     const int64_t need = split_size(c), per_tile_buf = tile_floats(c);
     const bool split = need > 0 && scratch != NULL && n_scratch >= need;
     const bool tiles = !split && tiles_apply(c) && scratch != NULL && n_scratch >= n_threads * per_tile_buf;
@@ -1825,6 +1840,33 @@ static void attn_run(const attn_ctx *c, float *scratch, int64_t n_scratch, int n
     } else {
         for (int64_t w = 0; w < c->n_items; ++w) run_item(c, ks, w);
     }
+}
+
+void lx_attn_flash_crew(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                        const float *mask, float *out, float *scratch, int64_t n_scratch, lx_crew *crew) {
+    assert(lx_attn_params_valid(p));
+    const attn_ctx c = make_ctx(p, q, k, v, mask, out, false);
+    if (c.n_chunks == 0) {                   /* (a team is awake already: no work threshold) */
+        if (crew->tid == 0) attn_run(&c, scratch, n_scratch, 1);
+        lx_crew_sync(crew);
+        return;
+    }
+    const kernel_set *ks = kernels_for(c.level);
+    int64_t i0, i1;
+    if (split_size(&c) > 0 && scratch != NULL && n_scratch >= split_size(&c)) {
+        if (crew->tid == 0) split_plan(&c, scratch);      /* the pairs' list, in the scratch */
+        lx_crew_sync(crew);
+        const int32_t *pairs = split_pairs(&c, scratch);
+        lx_crew_share(crew, split_pair_count(&c, scratch), &i0, &i1);
+        for (int64_t x = i0; x < i1; ++x) split_pair(&c, ks, pairs[x], scratch);
+        lx_crew_sync(crew);
+        lx_crew_share(crew, c.n_items, &i0, &i1);
+        for (int64_t w = i0; w < i1; ++w) fold_item(&c, w, scratch);
+    } else {
+        lx_crew_share(crew, c.n_items, &i0, &i1);
+        for (int64_t w = i0; w < i1; ++w) run_item(&c, ks, w);
+    }
+    lx_crew_sync(crew);
 }
 
 void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const void *v,

@@ -75,6 +75,7 @@
 
 #include "common.h"
 #include "quants.h"
+#include "team.h"
 
 /* largest head size of V (and of K) the kernels accept */
 #define LX_ATTN_MAX_D 512
@@ -194,6 +195,13 @@ int64_t lx_attn_scratch_size(const lx_attn_params *p, int n_threads);
 void lx_attn_flash(const lx_attn_params *p, const float *q, const void *k, const void *v,
                    const float *mask, float *out, float *scratch, int64_t n_scratch,
                    int n_threads);
+
+/* lx_attn_flash run by every member of a crew together (team.h: layer.c's decode step), each
+ * taking its share of the (item, chunk) pairs and of the folds, or of the items, with a barrier
+ * between the phases and one after (the members are awake: no work threshold as lx_attn_flash's
+ * for waking threads). The same bits as lx_attn_flash; n_scratch as for crew->n threads. */
+void lx_attn_flash_crew(const lx_attn_params *p, const float *q, const void *k, const void *v,
+                        const float *mask, float *out, float *scratch, int64_t n_scratch, lx_crew *crew);
 
 /* Scalar oracle of lx_attn_flash: per query head, cell by cell, ggml's online
  * softmax (running max M, sum S, acc; expf). Single-threaded. Same shapes.

@@ -540,15 +540,32 @@ static void prefetch_tile(const void *w, size_t wrb, int64_t o0, int nr, int64_t
     } while (0)
 #endif
 
+/* The few-token path (n_tok <= LX_GEMM_SMALL, AVX2 and up: rows in lanes) in its two halves, which
+ * a team of threads already running may also call itself (lx_gemm_small_*, gemm.h): the tokens'
+ * activations once, then output tiles of 8 rows in any split, each tile the same bits. */
+int lx_gemm_small_ok(lx_type w_type, int64_t n_tok) {
 #ifdef LX_GEMM_X86
-/* n_tok <= LX_GEMM_SMALL on AVX2 and up (both levels: the same arithmetic) */
-static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
-                       int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
+    return lx_gemm_supported(w_type) && n_tok >= 1 && n_tok <= LX_GEMM_SMALL && lx_simd_level() >= LX_SIMD_AVX2;
+#else
+    (void) w_type, (void) n_tok;
+    return 0;
+#endif
+}
+
+int64_t lx_gemm_small_tiles(int64_t n_out) { return (n_out + 7) / 8; }
+
+#ifdef LX_GEMM_X86
+void lx_gemm_small_prepare(lx_type wt, const float *x, int64_t n_tok, int64_t n_in, void *work) {
+    uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    if (is_k(wt)) {
+        const size_t ts = LX_K_TS(n_in / LX_QK_K);
+        for (int64_t t = 0; t < n_tok; ++t) quantize_planar_k(x + t * n_in, n_in, act + t * ts);
+        return;
+    }
     const lx_type dt = lx_gemm_dot_type(wt);
     const int c = wt == LX_TYPE_Q8_0 ? 0 : canon_offset(wt);  /* q8_0 stays signed (sign trick) */
-    const int64_t nb = n_in / LX_QK, n_tiles = (n_out + 7) / 8;
-    const size_t ts = (size_t) nb * (LX_QK + 12), wrb = lx_row_bytes(wt, n_in);
-    uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    const int64_t nb = n_in / LX_QK;
+    const size_t ts = (size_t) nb * (LX_QK + 12);
     for (int64_t t = 0; t < n_tok; ++t) {
         uint8_t *tk = act + t * ts;
         int32_t *corr = (int32_t *) (tk + n_in);
@@ -556,35 +573,51 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
         lx_quantize_row_q8_split(dt, x + t * n_in, (int8_t *) tk, dx, sx, corr, n_in);   /* corr <- the sums */
         for (int64_t b = 0; b < nb; ++b) corr[b] *= -c;
     }
-#define LX_SMALL_TILE(i) do {                                                                                  \
-        const int nr = n_out - 8 * (i) < 8 ? (int) (n_out - 8 * (i)) : 8;                                         \
-        if (!r8) prefetch_tile(w, wrb, 8 * (i), nr, n_out);   /* r8: one stream, prefetched in the kernel */      \
-        small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nb, y, n_out, r8);                 \
-    } while (0)
-    LX_GEMM_TILES(n_tiles, n_threads, LX_SMALL_TILE);
+}
+
+/* output tile i (rows 8i .. 8i + 7) */
+static LX_INLINE void small_tile(const void *w, lx_type wt, int r8, float *y, int64_t n_tok, int64_t n_in,
+                                 int64_t n_out, const uint8_t *act, int64_t i) {
+    const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
+    const size_t wrb = lx_row_bytes(wt, n_in);
+    if (is_k(wt)) {
+        const int64_t nbk = n_in / LX_QK_K;
+        if (r8) {
+            small_run_k_r8_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+        } else {
+            prefetch_tile(w, wrb, 8 * i, nr, n_out);
+            small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, nbk, y, n_out);
+        }
+        return;
+    }
+    if (!r8) prefetch_tile(w, wrb, 8 * i, nr, n_out);   /* r8: one stream, prefetched in the kernel */
+    small_run_avx2(wt, (const uint8_t *) w, wrb, 8 * i, nr, act, n_tok, n_in / LX_QK, y, n_out, r8);
+}
+
+void lx_gemm_small_run(const void *w, lx_type wt, int r8, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                       const void *work, int64_t i0, int64_t i1) {
+    const uint8_t *act = (const uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    for (int64_t i = i0; i < i1; ++i) small_tile(w, wt, r8, y, n_tok, n_in, n_out, act, i);
+}
+
+static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
+                       int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
+    lx_gemm_small_prepare(wt, x, n_tok, n_in, work);
+    const uint8_t *act = (const uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+#define LX_SMALL_TILE(i) small_tile(w, wt, r8, y, n_tok, n_in, n_out, act, i)
+    LX_GEMM_TILES(lx_gemm_small_tiles(n_out), n_threads, LX_SMALL_TILE);
 #undef LX_SMALL_TILE
 }
-#endif
+#else
+void lx_gemm_small_prepare(lx_type wt, const float *x, int64_t n_tok, int64_t n_in, void *work) {
+    (void) wt, (void) x, (void) n_tok, (void) n_in, (void) work;
+    assert(0 && "lx_gemm_small_prepare: lx_gemm_small_ok is 0 here");
+}
 
-#ifdef LX_GEMM_X86
-/* K-quants, n_tok <= LX_GEMM_SMALL on AVX2 and up */
-static void gemm_small_k(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
-                         int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
-    const int64_t nbk = n_in / LX_QK_K, n_tiles = (n_out + 7) / 8;
-    const size_t ts = LX_K_TS(nbk), wrb = lx_row_bytes(wt, n_in);
-    uint8_t *act = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
-    for (int64_t t = 0; t < n_tok; ++t) quantize_planar_k(x + t * n_in, n_in, act + t * ts);
-#define LX_SMALL_TILE_K(i) do {                                                                                \
-        const int nr = n_out - 8 * (i) < 8 ? (int) (n_out - 8 * (i)) : 8;                                         \
-        if (r8) {                                                                                                 \
-            small_run_k_r8_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nbk, y, n_out);           \
-        } else {                                                                                                  \
-            prefetch_tile(w, wrb, 8 * (i), nr, n_out);                                                            \
-            small_run_k_avx2(wt, (const uint8_t *) w, wrb, 8 * (i), nr, act, n_tok, nbk, y, n_out);               \
-        }                                                                                                         \
-    } while (0)
-    LX_GEMM_TILES(n_tiles, n_threads, LX_SMALL_TILE_K);
-#undef LX_SMALL_TILE_K
+void lx_gemm_small_run(const void *w, lx_type wt, int r8, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
+                       const void *work, int64_t i0, int64_t i1) {
+    (void) w, (void) wt, (void) r8, (void) y, (void) n_tok, (void) n_in, (void) n_out, (void) work, (void) i0, (void) i1;
+    assert(0 && "lx_gemm_small_run: lx_gemm_small_ok is 0 here");
 }
 #endif
 
@@ -618,8 +651,7 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     const lx_type dt = lx_gemm_dot_type(w_type);
 #ifdef LX_GEMM_X86
     if (n_tok <= LX_GEMM_SMALL) {
-        if (kq) gemm_small_k(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
-        else gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
+        gemm_small(w, w_type, x, y, n_tok, n_in, n_out, work, n_threads, r8);
         return;
     }
 #endif

@@ -151,6 +151,18 @@ size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_thre
 void lx_gemm(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok, int64_t n_in,
              int64_t n_out, void *work, int n_threads);
 
+/* The few-token product (n_tok <= 8) in two halves, for threads already running as a team (layer.c's
+ * decode step): lx_gemm_small_prepare (one thread) writes the tokens' activations into work, then the
+ * members split the lx_gemm_small_tiles(n_out) output tiles between them and each calls
+ * lx_gemm_small_run on its range [i0, i1); W is GGUF rows (r8 0) or the r8 layout (r8 1). Every tile
+ * is lx_gemm's (lx_gemm_r8's) bits for its 8 rows, whichever thread runs it. Available where
+ * lx_gemm_small_ok(w_type, n_tok) (AVX2 and up); work as lx_gemm's (lx_gemm_r8's). */
+int lx_gemm_small_ok(lx_type w_type, int64_t n_tok);
+int64_t lx_gemm_small_tiles(int64_t n_out);
+void lx_gemm_small_prepare(lx_type w_type, const float *x, int64_t n_tok, int64_t n_in, void *work);
+void lx_gemm_small_run(const void *w, lx_type w_type, int r8, float *y, int64_t n_tok, int64_t n_in,
+                       int64_t n_out, const void *work, int64_t i0, int64_t i1);
+
 /* the scalar reference: the canonical loop per output, single-threaded; same arguments */
 void lx_gemm_ref(const void *w, lx_type w_type, const float *x, float *y, int64_t n_tok,
                  int64_t n_in, int64_t n_out, void *work);

@@ -10,6 +10,8 @@
 #include "cpu.h"
 #include "hadamard.h"
 #include "product.h"
+#include "gemm.h"
+#include "team.h"
 #include "vexp.h"
 
 #include <math.h>
@@ -361,16 +363,64 @@ static void store_vtrans(lx_type t, const float *v, void *base, int64_t kv_size,
 
 /* ---- the layer ---------------------------------------------------------------------------- */
 
-lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
-                           float *x, int64_t n, const lx_pos *pos, const int64_t *out_rows,
-                           int64_t n_out_rows, void *work, int nt) {
-    if (!valid(p, w, kv, n) || !x || !pos || !work || nt < 1) return LX_ERR_INVALID;
-    if (out_rows) {
-        if (n_out_rows < 0 || n_out_rows > n) return LX_ERR_INVALID;
-        for (int64_t i = 0; i < n_out_rows; ++i)
-            if (out_rows[i] < 0 || out_rows[i] >= n || (i && out_rows[i] <= out_rows[i - 1])) return LX_ERR_INVALID;
+/* ---- a crew's steps (team.h) ----------------------------------------------------------------- */
+
+/* stmt by the crew's first member, then a barrier (a crew of one: stmt) */
+#define SOLO(c, stmt) do { if ((c)->tid == 0) { stmt; } lx_crew_sync(c); } while (0)
+
+/* y = x W^T over every part of l: a team prepares each part's activations on its first member and
+ * shares its output tiles; a crew of one runs lx_linear_product over nt threads */
+static void crew_linear(lx_crew *c, const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw,
+                        int nt) {
+    if (!c->team) {
+        lx_linear_product(l, x, y, n, tmp, gw, nt);
+        return;
     }
+    int64_t c0 = 0;
+    for (int i = 0; i < l->n_parts; ++i) {
+        const int64_t r = l->rows[i];
+        float *dst = l->n_parts == 1 ? y : tmp;
+        SOLO(c, lx_gemm_small_prepare(l->type[i], x, n, l->n_in, gw));
+        int64_t i0, i1;
+        lx_crew_share(c, lx_gemm_small_tiles(r), &i0, &i1);
+        lx_gemm_small_run(l->w[i], l->type[i], l->r8[i], dst, n, l->n_in, r, gw, i0, i1);
+        lx_crew_sync(c);
+        if (l->n_parts > 1)
+            SOLO(c, for (int64_t t = 0; t < n; ++t)
+                        memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float)));
+        c0 += r;
+    }
+}
+
+/* 1 if a team may run this layer for n tokens: every product has the few-token halves (gemm.h) and
+ * the layer takes none of the paths the team leaves to lx_layer_forward (MoE, Hadamard rows, V^T) */
+static int team_takes(const lx_layer_weights *w, const lx_kv_layer *kv, int64_t n) {
+    if (w->moe || kv->rot_k || kv->rot_v || kv->v_trans) return 0;
+    const lx_linear *all[4] = {&w->wqkv, &w->wo, &w->w_gate_up, &w->w_down};
+    for (int j = 0; j < 4; ++j)
+        for (int i = 0; i < all[j]->n_parts; ++i)
+            if (lx_product_kind_of(all[j]->type[i], all[j]->r8[i]) == LX_PRODUCT_FLOAT ||
+                !lx_gemm_small_ok(all[j]->type[i], n))
+                return 0;
+    return 1;
+}
+
+static int team_enabled = 1;
+static int64_t team_runs;
+
+void lx_layer_set_team(int on) { __atomic_store_n(&team_enabled, on != 0, __ATOMIC_RELAXED); }
+
+int64_t lx_layer_team_runs(void) { return __atomic_load_n(&team_runs, __ATOMIC_RELAXED); }
+
+/* ---- the layer ---------------------------------------------------------------------------- */
+
+/* the layer, run by every member of crew c (checked arguments); nt: the threads of the caller
+ * (the work layout's), each step of a crew of one runs over them */
+static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer_weights *w,
+                            const lx_kv_layer *kv, float *x, int64_t n, const lx_pos *pos,
+                            const int64_t *out_rows, int64_t n_out_rows, void *work, int nt) {
     const layout L = plan(p, w, kv, n, nt);
+    const int ns = c->team ? 1 : nt;     /* threads of a step run whole (by a team's first member) */
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
 #define BUF(i) ((float *) (base + L.off[i]))
     float *h = BUF(B_H), *qkv = BUF(B_QKV), *q = BUF(B_Q), *k = BUF(B_K), *v = BUF(B_V), *a = BUF(B_A);
@@ -380,72 +430,147 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
     const int64_t E = p->n_embd;
 
     /* attention block */
-    norm_or_copy(x, w->attn_norm, h, n, E, p->eps, nt);
-    lx_linear_product(&w->wqkv, h, qkv, n, tmp, gw, nt);
-    if (w->bqkv) add_bias(qkv, w->bqkv, n, L.nqkv);
-    take_cols(qkv, L.nqkv, 0, L.nq, q, n);
-    take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
-    take_cols(qkv, L.nqkv, L.nq + L.nk, L.nv, v, n);
-    if (p->qk_norm_full) {
-        if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n, L.nq, p->eps, nt);
-        if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n, L.nk, p->eps, nt);
-    } else {
-        if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n * p->n_head, p->d_k, p->eps, nt);
-        if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n * p->n_head_kv, p->d_k, p->eps, nt);
-    }
-    if (p->rope.n_rot) {
-        lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, nt);
-        lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, nt);
-    }
-    if (p->q_scale != 1.0f)
-        for (int64_t i = 0; i < n * L.nq; ++i) q[i] *= p->q_scale;
+    SOLO(c, norm_or_copy(x, w->attn_norm, h, n, E, p->eps, ns));
+    crew_linear(c, &w->wqkv, h, qkv, n, tmp, gw, nt);
+    if (c->tid == 0) {
+        if (w->bqkv) add_bias(qkv, w->bqkv, n, L.nqkv);
+        take_cols(qkv, L.nqkv, 0, L.nq, q, n);
+        take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
+        take_cols(qkv, L.nqkv, L.nq + L.nk, L.nv, v, n);
+        if (p->qk_norm_full) {
+            if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n, L.nq, p->eps, ns);
+            if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n, L.nk, p->eps, ns);
+        } else {
+            if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n * p->n_head, p->d_k, p->eps, ns);
+            if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n * p->n_head_kv, p->d_k, p->eps, ns);
+        }
+        if (p->rope.n_rot) {
+            lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, ns);
+            lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, ns);
+        }
+        if (p->q_scale != 1.0f)
+            for (int64_t i = 0; i < n * L.nq; ++i) q[i] *= p->q_scale;
 
-    /* K/V into the cells (rotated rows for a quantized cache with a Hadamard block) */
-    if (kv->rot_k) lx_hadamard_rows(k, n, L.nk, kv->rot_k, nt);
-    if (kv->rot_v) lx_hadamard_rows(v, n, L.nv, kv->rot_v, nt);
-    store_rows(kv->type_k, k, kv->k, kv->kv_size, L.nk, kv->idxs, n, kv->n_stream, nt);
-    if (kv->v_trans) store_vtrans(kv->type_v, v, kv->v, kv->kv_size, p->n_head_kv, p->d_v, kv->idxs, n, kv->n_stream);
-    else store_rows(kv->type_v, v, kv->v, kv->kv_size, L.nv, kv->idxs, n, kv->n_stream, nt);
+        /* K/V into the cells (rotated rows for a quantized cache with a Hadamard block) */
+        if (kv->rot_k) lx_hadamard_rows(k, n, L.nk, kv->rot_k, ns);
+        if (kv->rot_v) lx_hadamard_rows(v, n, L.nv, kv->rot_v, ns);
+        store_rows(kv->type_k, k, kv->k, kv->kv_size, L.nk, kv->idxs, n, kv->n_stream, ns);
+        if (kv->v_trans) store_vtrans(kv->type_v, v, kv->v, kv->kv_size, p->n_head_kv, p->d_v, kv->idxs, n, kv->n_stream);
+        else store_rows(kv->type_v, v, kv->v, kv->kv_size, L.nv, kv->idxs, n, kv->n_stream, ns);
 
-    /* attention over the cache (in the rotated frame of K; V's rotation undone on the output) */
-    if (kv->rot_k) lx_hadamard_rows(q, n, L.nq, kv->rot_k, nt);
+        /* attention over the cache (in the rotated frame of K; V's rotation undone on the output) */
+        if (kv->rot_k) lx_hadamard_rows(q, n, L.nq, kv->rot_k, ns);
+    }
+    lx_crew_sync(c);
 
     const lx_attn_params ap = attn_params(p, kv, n);
     const float *mask = kv->n_kv ? kv->mask : NULL;
-    if (kv->v_trans) lx_attn_vtrans(&ap, q, kv->k, kv->v, mask, a, L.n_scratch ? scratch : NULL, L.n_scratch, nt);
-    else lx_attn_flash(&ap, q, kv->k, kv->v, mask, a, L.n_scratch ? scratch : NULL, L.n_scratch, nt);
+    float *sp = L.n_scratch ? scratch : NULL;
+    if (c->team) lx_attn_flash_crew(&ap, q, kv->k, kv->v, mask, a, sp, L.n_scratch, c);
+    else if (kv->v_trans) lx_attn_vtrans(&ap, q, kv->k, kv->v, mask, a, sp, L.n_scratch, nt);
+    else lx_attn_flash(&ap, q, kv->k, kv->v, mask, a, sp, L.n_scratch, nt);
     const int64_t nhv = p->n_head * p->d_v;
-    if (kv->rot_v) lx_hadamard_rows(a, n, nhv, kv->rot_v, nt);
+    if (kv->rot_v) lx_hadamard_rows(a, n, nhv, kv->rot_v, nt);   /* (not in a team: team_takes) */
 
     /* only the rows that go on (last layer) */
     int64_t m = n;
     if (out_rows) {
-        for (int64_t i = 0; i < n_out_rows; ++i) {
-            const int64_t r = out_rows[i];
-            if (r != i) {
-                memmove(a + i * nhv, a + r * nhv, (size_t) nhv * sizeof(float));
-                memmove(x + i * E, x + r * E, (size_t) E * sizeof(float));
+        if (c->tid == 0)
+            for (int64_t i = 0; i < n_out_rows; ++i) {
+                const int64_t r = out_rows[i];
+                if (r != i) {
+                    memmove(a + i * nhv, a + r * nhv, (size_t) nhv * sizeof(float));
+                    memmove(x + i * E, x + r * E, (size_t) E * sizeof(float));
+                }
             }
-        }
+        lx_crew_sync(c);
         m = n_out_rows;
         if (m == 0) return LX_OK;
     }
 
-    lx_linear_product(&w->wo, a, o, m, tmp, gw, nt);
-    if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, nt);
-    add_block(x, o, m * E, p->residual_scale);
+    crew_linear(c, &w->wo, a, o, m, tmp, gw, nt);
 
     /* feed-forward block */
-    norm_or_copy(x, w->ffn_norm, h, m, E, p->eps, nt);
+    SOLO(c, {
+        if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, ns);
+        add_block(x, o, m * E, p->residual_scale);
+        norm_or_copy(x, w->ffn_norm, h, m, E, p->eps, ns);
+    });
     if (w->moe) {
-        const lx_status st = lx_moe_ffn(&p->moe, w->moe, h, o, m, mw, nt);
+        const lx_status st = lx_moe_ffn(&p->moe, w->moe, h, o, m, mw, nt);   /* (not in a team: team_takes) */
         if (st != LX_OK) return st;   /* not reached: valid() checked the MoE */
     } else {
-        lx_linear_product(&w->w_gate_up, h, gu, m, tmp, gw, nt);
-        lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
-        lx_linear_product(&w->w_down, act, o, m, tmp, gw, nt);
+        crew_linear(c, &w->w_gate_up, h, gu, m, tmp, gw, nt);
+        SOLO(c, lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, ns));
+        crew_linear(c, &w->w_down, act, o, m, tmp, gw, nt);
     }
-    if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, nt);
-    add_block(x, o, m * E, p->residual_scale);
+    SOLO(c, {
+        if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, ns);
+        add_block(x, o, m * E, p->residual_scale);
+    });
+    return LX_OK;
+}
+
+static int rows_valid(const int64_t *out_rows, int64_t n_out_rows, int64_t n) {
+    if (!out_rows) return 1;
+    if (n_out_rows < 0 || n_out_rows > n) return 0;
+    for (int64_t i = 0; i < n_out_rows; ++i)
+        if (out_rows[i] < 0 || out_rows[i] >= n || (i && out_rows[i] <= out_rows[i - 1])) return 0;
+    return 1;
+}
+
+lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                           float *x, int64_t n, const lx_pos *pos, const int64_t *out_rows,
+                           int64_t n_out_rows, void *work, int nt) {
+    if (!valid(p, w, kv, n) || !x || !pos || !work || nt < 1 || !rows_valid(out_rows, n_out_rows, n))
+        return LX_ERR_INVALID;
+    lx_crew solo = lx_crew_solo();
+    return layer_body(&solo, p, w, kv, x, n, pos, out_rows, n_out_rows, work, nt);
+}
+
+lx_status lx_layers_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                            int n_layer, float *x, int64_t n, const lx_pos *pos, const int64_t *out_rows,
+                            int64_t n_out_rows, void *work, int nt, int *failed) {
+    *failed = -1;
+    int team = __atomic_load_n(&team_enabled, __ATOMIC_RELAXED) && lx_team_fits(nt) && n_layer > 0;
+    for (int il = 0; il < n_layer; ++il) {
+        if (!valid(&p[il], &w[il], &kv[il], n)) {
+            *failed = il;
+            return LX_ERR_INVALID;
+        }
+        team = team && team_takes(&w[il], &kv[il], n);
+    }
+    if (!x || !pos || !work || nt < 1 || !rows_valid(out_rows, n_out_rows, n)) {
+        *failed = n_layer - 1;
+        return LX_ERR_INVALID;
+    }
+#ifdef _OPENMP
+    if (team) {
+        __atomic_add_fetch(&team_runs, 1, __ATOMIC_RELAXED);
+        lx_team t;
+        #pragma omp parallel num_threads(nt)
+        {
+            #pragma omp single
+            lx_team_init(&t, omp_get_num_threads());   /* (the threads the region got; then a barrier) */
+            lx_crew c = lx_crew_join(&t, omp_get_thread_num());
+            for (int il = 0; il < n_layer; ++il) {
+                const int last = il == n_layer - 1;
+                layer_body(&c, &p[il], &w[il], &kv[il], x, n, pos, last ? out_rows : NULL, last ? n_out_rows : 0,
+                           work, nt);
+            }
+        }
+        return LX_OK;
+    }
+#endif
+    lx_crew solo = lx_crew_solo();
+    for (int il = 0; il < n_layer; ++il) {
+        const int last = il == n_layer - 1;
+        const lx_status st = layer_body(&solo, &p[il], &w[il], &kv[il], x, n, pos, last ? out_rows : NULL,
+                                        last ? n_out_rows : 0, work, nt);
+        if (st != LX_OK) {
+            *failed = il;
+            return st;
+        }
+    }
     return LX_OK;
 }

@@ -142,4 +142,21 @@ lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, 
                            float *x, int64_t n_tokens, const lx_pos *pos, const int64_t *out_rows,
                            int64_t n_out_rows, void *work, int n_threads);
 
+/* lx_layer_forward of layers 0 .. n_layer - 1 in turn (p, w, kv: one each), out_rows applying to the
+ * last; work: the largest of their lx_layer_work_size. With n_threads > 1 cores and a few tokens
+ * (every product with gemm.h's few-token halves, no MoE, Hadamard rows or V^T), the layers run in one
+ * OpenMP region, a team (team.h) whose members share each product's tiles and attention's chunks and
+ * meet at a spin barrier between steps, instead of a region per product; the same bits either way.
+ * Every layer is checked before any runs: LX_ERR_INVALID with *failed the first refused layer (the
+ * last for bad x, pos, work or out_rows), nothing written; LX_OK with *failed = -1. */
+lx_status lx_layers_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                            int n_layer, float *x, int64_t n_tokens, const lx_pos *pos, const int64_t *out_rows,
+                            int64_t n_out_rows, void *work, int n_threads, int *failed);
+
+/* testing aids: lx_layer_set_team(0) keeps lx_layers_forward off the team path (a region per
+ * product), 1 (the default) lets it take it, the results the same bits; lx_layer_team_runs counts
+ * the calls that ran as a team */
+void lx_layer_set_team(int on);
+int64_t lx_layer_team_runs(void);
+
 #endif /* LX_LAYER_H */

@@ -226,17 +226,14 @@ static rope_row_fn rope_pick_row(lx_rope_kind kind) {
     return neox ? rope_row_neox : rope_row_norm;
 }
 
-/* rows [n][n_head][head_dim] of x, row i by position pos[i] (skip_zero: rows at 0 left as they are,
- * the K-shift's unshifted cells); a work-shared loop inside a team, or all rows outside one */
-static void rope_rows(const lx_rope_params *rp, rope_row_fn row_fn, float *x, const lx_pos *pos, int64_t n,
-                      int64_t n_head, int64_t head_dim, bool skip_zero) {
+/* rows [i0, i1) of x [n][n_head][head_dim], row i by position pos[i] (skip_zero: rows at 0 left as
+ * they are, the K-shift's unshifted cells) */
+static void rope_rows(const lx_rope_params *rp, rope_row_fn row_fn, float *x, const lx_pos *pos, int64_t i0,
+                      int64_t i1, int64_t n_head, int64_t head_dim, bool skip_zero) {
     rope_trig tr;
     bool   have = false;
     lx_pos last = 0;
-#ifdef _OPENMP
-    #pragma omp for schedule(static)
-#endif
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = i0; i < i1; ++i) {
         if (skip_zero && pos[i] == 0) continue;
         if (!have || pos[i] != last) {
             rope_trig_of(rp, pos[i], &tr);
@@ -247,7 +244,9 @@ static void rope_rows(const lx_rope_params *rp, rope_row_fn row_fn, float *x, co
     }
 }
 
-/* rope_rows over a team of n_threads when it pays (even an if clause opens one: ~0.65 us a call) */
+/* rope_rows of all n rows over a team of n_threads when it pays (even an if clause opens one: ~0.65 us
+ * a call), each thread a contiguous share; no work-sharing construct, so a thread of an enclosing
+ * team (layer.c's) may call it alone */
 static void rope_rows_par(const lx_rope_params *rp, float *x, const lx_pos *pos, int64_t n, int64_t n_head,
                           int64_t head_dim, bool skip_zero, int n_threads) {
     rope_check(rp, n_head, head_dim);
@@ -257,11 +256,15 @@ static void rope_rows_par(const lx_rope_params *rp, float *x, const lx_pos *pos,
 #ifdef _OPENMP
     if (n_threads > 1 && n > 1 && n * n_head * rp->n_rot >= ROPE_PAR_MIN_VALUES) {
         #pragma omp parallel num_threads(n_threads)
-        rope_rows(rp, row_fn, x, pos, n, n_head, head_dim, skip_zero);
+        {
+            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num(), q = n / nt, r = n % nt;
+            const int64_t i0 = t * q + (t < r ? t : r), i1 = i0 + q + (t < r ? 1 : 0);
+            rope_rows(rp, row_fn, x, pos, i0, i1, n_head, head_dim, skip_zero);
+        }
         return;
     }
 #endif
-    rope_rows(rp, row_fn, x, pos, n, n_head, head_dim, skip_zero);
+    rope_rows(rp, row_fn, x, pos, 0, n, n_head, head_dim, skip_zero);
 }
 
 void lx_rope_f32(const lx_rope_params *rp, float *x, const lx_pos *pos,

@@ -3,10 +3,13 @@ projections, RoPE, the K/V stores into the cells the memory chose, attention, th
 residuals. Its reference is the model's forward composed in Python (forward_reference: the
 memory's store / attend and numpy steps over the same products): the two give the same bits, for
 every cache layout the memory has, and leave the same K/V in the cache."""
+import os
+
 import numpy as np
 import pytest
 
 from llamax import Batch, Context
+from llamax._native import cpu
 from llamax._native import layer as _layer
 from llamax._native.layer import Stack
 from llamax.memory import LayerView
@@ -83,6 +86,45 @@ def test_only_the_rows_with_logits_go_past_the_last_attention(model):
     np.testing.assert_array_equal(rows[0], rows[1])
 
 
+def _team_decode(model, team):
+    """A 300-token prompt, 3 single-token steps over more than one chunk of cells (the attention's
+    split path) and an 8-token batch, with lx_layers_forward's team path allowed or not: the logits
+    of every step, the cache bytes, and whether a stack call ran as a team."""
+    rng = np.random.default_rng(7)
+    prompt, steps = rng.integers(0, model.n_vocab, 300).tolist(), rng.integers(0, model.n_vocab, 11).tolist()
+    runs = _layer._team_runs()
+    _layer._set_team(team)
+    try:
+        ctx = Context(model, n_ctx=1024, n_threads=2)
+        ctx.decode(Batch(prompt))
+        out = [ctx.get_logits_ith(-1).copy()]
+        for t in steps[:3]:
+            ctx.decode(Batch([t]))
+            out.append(ctx.get_logits_ith(-1).copy())
+        ctx.decode(Batch(steps[3:], logits=[True] * 8))
+        out += [ctx.get_logits_ith(i).copy() for i in range(8)]
+    finally:
+        _layer._set_team(True)
+    mem = ctx.memory
+    caches = [mem] if not hasattr(mem, "base") else [mem.base, mem.swa]
+    kv = np.concatenate([a.reshape(-1).view(np.uint8) for c in caches for a in c.k + c.v])
+    return np.array(out), kv, _layer._team_runs() > runs
+
+
+@pytest.mark.parametrize("which", ["model", "gemma"])
+def test_a_decode_step_as_one_team_is_the_region_per_product_bit_for_bit(which, request, every_simd_level):
+    """With two cores and the few-token products of AVX2 and up, a decode step's layers run in one
+    OpenMP region whose threads share each product's tiles and attention's chunks between spin
+    barriers (csrc/team.h); the logits and the cache are those of a region per product."""
+    model = request.getfixturevalue(which)
+    logits, kv, ran = _team_decode(model, True)
+    ref_logits, ref_kv, ran_ref = _team_decode(model, False)
+    np.testing.assert_array_equal(logits, ref_logits)
+    np.testing.assert_array_equal(kv, ref_kv)
+    assert not ran_ref
+    assert ran == (every_simd_level >= cpu.AVX2 and len(os.sched_getaffinity(0)) >= 2)
+
+
 def _view_of(model, **change):
     ctx = Context(model, n_ctx=256, n_threads=1)
     mem = ctx.memory
@@ -109,13 +151,23 @@ def test_a_view_that_does_not_fit_is_refused_before_any_layer_runs(model, change
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_cell_outside_the_cache_is_refused_by_the_layer(model):
+@pytest.mark.parametrize("il", [0, 5])
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_a_cell_outside_the_cache_is_refused_by_the_layer(model, il, n_threads):
+    """Every layer is checked before the first runs: the refusal names the layer, and neither the
+    cache nor the hidden states have changed."""
     mem, ub, views = _view_of(model)
-    bad = views[0].idxs.copy()
+    bad = views[il].idxs.copy()
     bad[0] = 1 << 20
-    views[0] = views[0]._replace(idxs=bad)
-    with pytest.raises(ValueError, match="layer 0"):
-        model.stack.forward(model.tok_embd.rows(ub.token), ub.pos, views, n_threads=1)
+    views[il] = views[il]._replace(idxs=bad)
+    before = [a.copy() for a in mem.k + mem.v]
+    x = model.tok_embd.rows(ub.token)
+    x0 = x.copy()
+    with pytest.raises(ValueError, match=f"layer {il}"):
+        model.stack.forward(x, ub.pos, views, n_threads=n_threads)
+    np.testing.assert_array_equal(x, x0)
+    for a, b in zip(before, mem.k + mem.v):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_stack_checks_its_weights(model):

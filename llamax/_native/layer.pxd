@@ -76,6 +76,11 @@ cdef extern from "layer.h" nogil:
     lx_status lx_layer_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
                                float *x, int64_t n_tokens, const lx_pos *pos, const int64_t *out_rows,
                                int64_t n_out_rows, void *work, int n_threads)
+    lx_status lx_layers_forward(const lx_layer_params *p, const lx_layer_weights *w, const lx_kv_layer *kv,
+                                int n_layer, float *x, int64_t n_tokens, const lx_pos *pos, const int64_t *out_rows,
+                                int64_t n_out_rows, void *work, int n_threads, int *failed)
+    void lx_layer_set_team(int on)
+    int64_t lx_layer_team_runs()
 
     void lx_rms_norm(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int n_threads)
     void lx_rms_norm_ref(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps)

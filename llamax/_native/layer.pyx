@@ -31,6 +31,17 @@ from llamax.threads import resolve_n_threads
 ACTS = {"silu": LX_ACT_SILU, "gelu_table": LX_ACT_GELU_TABLE}
 
 
+def _set_team(bint on) -> None:
+    """A testing aid: False runs a stack's layers with an OpenMP region per product instead of one
+    team for the step (csrc/layer.h lx_layers_forward); the results are the same bits."""
+    lx_layer_set_team(on)
+
+
+def _team_runs() -> int:
+    """A testing aid: how many stack calls of this process ran as one team (lx_layer_team_runs)."""
+    return lx_layer_team_runs()
+
+
 def rms_norm(x, w, float eps, n_threads=1, ref=False):
     """ggml's rms_norm times the weight over the last axis: a new float32 array (csrc/layer.h);
     ref: through the scalar reference (the same bits)."""
@@ -285,19 +296,11 @@ cdef class Stack:
             if rows is not None:
                 rp = <const int64_t *> cnp.PyArray_DATA(<cnp.ndarray> rows)
             with nogil:
-                for il in range(self.n_layer):
-                    if il == self.n_layer - 1:
-                        st = lx_layer_forward(&self.params[il], &self.weights[il], &kvs[il], xp, n, pp,
-                                              rp, n_out, wp, nt)
-                    else:
-                        st = lx_layer_forward(&self.params[il], &self.weights[il], &kvs[il], xp, n, pp,
-                                              NULL, 0, wp, nt)
-                    if st != LX_OK:
-                        failed = il
-                        break
+                st = lx_layers_forward(self.params, self.weights, kvs, self.n_layer, xp, n, pp, rp, n_out, wp, nt,
+                                       &failed)
         finally:
             free(kvs)
-        if failed >= 0:
+        if st != LX_OK:
             raise ValueError(f"layer {failed}: the native step refused its arguments (shapes, types, cells "
                              f"or out_rows)")
         return x[:n_out]
