@@ -274,17 +274,25 @@ void lx_gated_ref(lx_layer_act kind, const float *gelu_table, const float *gu, f
     }
 }
 
-/* row r of lx_gated */
-static void gated_row(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t r, int64_t f) {
+/* columns [c0, c1) of row r of lx_gated (each value on its own: any split gives the same bits) */
+static void gated_cols(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t r, int64_t f,
+                       int64_t c0, int64_t c1) {
+    const float *g = gu + r * 2 * f + c0, *u = g + f;
+    float *y = act + r * f + c0;
 #ifdef LX_LAYER_X86
     if (lx_simd_level() >= LX_SIMD_AVX2) {
-        const float *g = gu + r * 2 * f;
-        if (kind == LX_ACT_SILU) lx_silu_mul_avx2(g, g + f, act + r * f, f);
-        else gelu_mul_avx2(gelu_table, g, g + f, act + r * f, f);
+        if (kind == LX_ACT_SILU) lx_silu_mul_avx2(g, u, y, c1 - c0);
+        else gelu_mul_avx2(gelu_table, g, u, y, c1 - c0);
         return;
     }
 #endif
-    lx_gated_ref(kind, gelu_table, gu + r * 2 * f, act + r * f, 1, f);
+    for (int64_t i = 0; i < c1 - c0; ++i)
+        y[i] = (kind == LX_ACT_SILU ? lx_silu_ref(g[i]) : gelu_scalar(gelu_table, g[i])) * u[i];
+}
+
+/* row r of lx_gated */
+static void gated_row(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t r, int64_t f) {
+    gated_cols(kind, gelu_table, gu, act, r, f, 0, f);
 }
 
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
@@ -501,7 +509,16 @@ static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer
         if (st != LX_OK) return st;   /* not reached: valid() checked the MoE */
     } else {
         crew_linear(c, &w->w_gate_up, h, gu, m, tmp, gw, nt);
-        SOLO(c, lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, ns));
+        if (c->team) {                            /* each member a share of the columns (8 at a time) */
+            int64_t j0, j1;
+            lx_crew_share(c, (p->n_ff + 7) / 8, &j0, &j1);
+            const int64_t c0 = 8 * j0, c1 = 8 * j1 < p->n_ff ? 8 * j1 : p->n_ff;
+            if (c0 < c1)
+                for (int64_t r = 0; r < m; ++r) gated_cols(p->act, p->gelu_table, gu, act, r, p->n_ff, c0, c1);
+            lx_crew_sync(c);
+        } else {
+            lx_gated(p->act, p->gelu_table, gu, act, m, p->n_ff, nt);
+        }
         crew_linear(c, &w->w_down, act, o, m, tmp, gw, nt);
     }
     SOLO(c, {
