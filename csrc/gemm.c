@@ -575,11 +575,10 @@ void lx_gemm_small_prepare(lx_type wt, const float *x, int64_t n_tok, int64_t n_
     }
 }
 
-/* output tile i (rows 8i .. 8i + 7) */
-static LX_INLINE void small_tile(const void *w, lx_type wt, int r8, float *y, int64_t n_tok, int64_t n_in,
-                                 int64_t n_out, const uint8_t *act, int64_t i) {
+/* output tile i (rows 8i .. 8i + 7); wrb: W's row bytes */
+static LX_INLINE void small_out_tile(const void *w, lx_type wt, int r8, size_t wrb, float *y, int64_t n_tok,
+                                     int64_t n_in, int64_t n_out, const uint8_t *act, int64_t i) {
     const int nr = n_out - 8 * i < 8 ? (int) (n_out - 8 * i) : 8;
-    const size_t wrb = lx_row_bytes(wt, n_in);
     if (is_k(wt)) {
         const int64_t nbk = n_in / LX_QK_K;
         if (r8) {
@@ -597,14 +596,16 @@ static LX_INLINE void small_tile(const void *w, lx_type wt, int r8, float *y, in
 void lx_gemm_small_run(const void *w, lx_type wt, int r8, float *y, int64_t n_tok, int64_t n_in, int64_t n_out,
                        const void *work, int64_t i0, int64_t i1) {
     const uint8_t *act = (const uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
-    for (int64_t i = i0; i < i1; ++i) small_tile(w, wt, r8, y, n_tok, n_in, n_out, act, i);
+    const size_t wrb = lx_row_bytes(wt, n_in);
+    for (int64_t i = i0; i < i1; ++i) small_out_tile(w, wt, r8, wrb, y, n_tok, n_in, n_out, act, i);
 }
 
 static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int64_t n_tok,
                        int64_t n_in, int64_t n_out, void *work, int n_threads, int r8) {
     lx_gemm_small_prepare(wt, x, n_tok, n_in, work);
     const uint8_t *act = (const uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
-#define LX_SMALL_TILE(i) small_tile(w, wt, r8, y, n_tok, n_in, n_out, act, i)
+    const size_t wrb = lx_row_bytes(wt, n_in);
+#define LX_SMALL_TILE(i) small_out_tile(w, wt, r8, wrb, y, n_tok, n_in, n_out, act, i)
     LX_GEMM_TILES(lx_gemm_small_tiles(n_out), n_threads, LX_SMALL_TILE);
 #undef LX_SMALL_TILE
 }

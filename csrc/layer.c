@@ -314,6 +314,11 @@ static void part_product(const lx_linear *l, int i, const float *x, float *y, in
     lx_product(l->w[i], l->type[i], l->r8[i], x, y, n, l->n_in, n_out, gw, nt);
 }
 
+/* y's columns [c0, c0 + r) of each of n rows <- the part's product tmp [n][r] */
+static void put_part(const lx_linear *l, float *y, const float *tmp, int64_t n, int64_t c0, int64_t r) {
+    for (int64_t t = 0; t < n; ++t) memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float));
+}
+
 void lx_linear_product(const lx_linear *l, const float *x, float *y, int64_t n, float *tmp, void *gw, int nt) {
     if (l->n_parts == 1) {
         part_product(l, 0, x, y, n, l->n_out, gw, nt);
@@ -323,7 +328,7 @@ void lx_linear_product(const lx_linear *l, const float *x, float *y, int64_t n, 
     for (int i = 0; i < l->n_parts; ++i) {
         const int64_t r = l->rows[i];
         part_product(l, i, x, tmp, n, r, gw, nt);
-        for (int64_t t = 0; t < n; ++t) memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float));
+        put_part(l, y, tmp, n, c0, r);
         c0 += r;
     }
 }
@@ -393,9 +398,7 @@ static void crew_linear(lx_crew *c, const lx_linear *l, const float *x, float *y
         lx_crew_share(c, lx_gemm_small_tiles(r), &i0, &i1);
         lx_gemm_small_run(l->w[i], l->type[i], l->r8[i], dst, n, l->n_in, r, gw, i0, i1);
         lx_crew_sync(c);
-        if (l->n_parts > 1)
-            SOLO(c, for (int64_t t = 0; t < n; ++t)
-                        memcpy(y + t * l->n_out + c0, tmp + t * r, (size_t) r * sizeof(float)));
+        if (l->n_parts > 1) SOLO(c, put_part(l, y, tmp, n, c0, r));
         c0 += r;
     }
 }
@@ -407,9 +410,7 @@ static int team_takes(const lx_layer_weights *w, const lx_kv_layer *kv, int64_t 
     const lx_linear *all[4] = {&w->wqkv, &w->wo, &w->w_gate_up, &w->w_down};
     for (int j = 0; j < 4; ++j)
         for (int i = 0; i < all[j]->n_parts; ++i)
-            if (lx_product_kind_of(all[j]->type[i], all[j]->r8[i]) == LX_PRODUCT_FLOAT ||
-                !lx_gemm_small_ok(all[j]->type[i], n))
-                return 0;
+            if (!lx_gemm_small_ok(all[j]->type[i], n)) return 0;   /* (0 for the float product's types) */
     return 1;
 }
 

@@ -11,6 +11,7 @@
  * attention factor: the scaling kinds change the cache, never the rotation loops.
  */
 #include "rope.h"
+#include "team.h"
 #include "cpu.h"
 
 #include <assert.h>
@@ -257,8 +258,8 @@ static void rope_rows_par(const lx_rope_params *rp, float *x, const lx_pos *pos,
     if (n_threads > 1 && n > 1 && n * n_head * rp->n_rot >= ROPE_PAR_MIN_VALUES) {
         #pragma omp parallel num_threads(n_threads)
         {
-            const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num(), q = n / nt, r = n % nt;
-            const int64_t i0 = t * q + (t < r ? t : r), i1 = i0 + q + (t < r ? 1 : 0);
+            int64_t i0, i1;
+            lx_share(n, omp_get_thread_num(), omp_get_num_threads(), &i0, &i1);
             rope_rows(rp, row_fn, x, pos, i0, i1, n_head, head_dim, skip_zero);
         }
         return;

@@ -60,8 +60,10 @@ void lx_crew_sync(lx_crew *c) {
     c->phase = next;
 }
 
-void lx_crew_share(const lx_crew *c, int64_t n, int64_t *i0, int64_t *i1) {
-    const int64_t q = n / c->n, r = n % c->n;
-    *i0 = c->tid * q + (c->tid < r ? c->tid : r);
-    *i1 = *i0 + q + (c->tid < r ? 1 : 0);
+void lx_share(int64_t n, int t, int n_parts, int64_t *i0, int64_t *i1) {
+    const int64_t q = n / n_parts, r = n % n_parts;
+    *i0 = t * q + (t < r ? t : r);
+    *i1 = *i0 + q + (t < r ? 1 : 0);
 }
+
+void lx_crew_share(const lx_crew *c, int64_t n, int64_t *i0, int64_t *i1) { lx_share(n, c->tid, c->n, i0, i1); }

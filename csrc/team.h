@@ -44,8 +44,11 @@ lx_crew lx_crew_solo(void);
  * nothing for a crew of one */
 void lx_crew_sync(lx_crew *c);
 
-/* member c's contiguous share [*i0, *i1) of n items (OpenMP's static schedule: the first n % members
- * take one more) */
+/* part t's contiguous share [*i0, *i1) of n items cut into n_parts (OpenMP's static schedule: the
+ * first n % n_parts take one more) */
+void lx_share(int64_t n, int t, int n_parts, int64_t *i0, int64_t *i1);
+
+/* member c's lx_share of n items */
 void lx_crew_share(const lx_crew *c, int64_t n, int64_t *i0, int64_t *i1);
 
 #endif /* LX_TEAM_H */
