@@ -13,7 +13,8 @@ enum {
     LX_SIMD_AVX2     = 1,   /* avx2 + fma + f16c                              */
     LX_SIMD_AVX512   = 2,   /* + avx512 f, bw, vl, dq                         */
     LX_SIMD_VNNI512  = 3,   /* + avx512 vnni                                  */
-    LX_SIMD_N_LEVELS = 4,
+    LX_SIMD_AMX      = 4,   /* + amx tile + amx int8, the tile state granted  */
+    LX_SIMD_N_LEVELS = 5,
 };
 
 /* the best level this CPU runs (LX_SIMD_PORTABLE off x86-64); probed once, safe from any thread */

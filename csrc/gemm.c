@@ -39,6 +39,7 @@
 #define LX_GEMM_PREFETCH 4096  /* bytes of W prefetched ahead of what the few-token kernels read (n_tok <= 8) */
 #define LX_GEMM_SMALL 8    /* n_tok up to which the rows-in-lanes kernel runs (AVX2 and up) */
 #define LX_GEMM_R8_NT 4    /* tokens per pass of the r8 few-token tile (16 ymm) */
+#define LX_GEMM_AMX_R 16   /* W rows per tile of the AMX path (an int32 tile's 16 rows) */
 
 /* ---- types ----------------------------------------------------------------------------- */
 
@@ -278,16 +279,18 @@ static size_t act_bytes(int64_t n_tok, int64_t nb) {
     return ((size_t) n16 * nb * 44 + 63) & ~(size_t) 63;
 }
 
-/* one thread's unpacked W tile: bytes [R][n_in], dw [R][nb], mw [R][nb] */
+/* one thread's unpacked W tile of rt rows: bytes [rt][n_in], dw [rt][nb], mw [rt][nb]; sized for the largest,
+ * LX_GEMM_AMX_R rows (the K tiles' 4 rows with their int16 scales take less; the AMX path's block order of
+ * its 16 rows, amx_order, as much again) */
 static size_t tile_bytes(int64_t n_in) {
     const int64_t nb = n_in / LX_QK;
-    return ((size_t) LX_GEMM_R * (n_in + 8 * nb) + 63) & ~(size_t) 63;
+    return ((size_t) LX_GEMM_AMX_R * (n_in + 8 * nb) + 63) & ~(size_t) 63;
 }
 
 size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
     (void) w_type;
     const int64_t nb = n_in / LX_QK;
-    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * tile_bytes(n_in) + 64;
+    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * 2 * tile_bytes(n_in) + 64;
 }
 
 static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int L, int64_t t,
@@ -640,6 +643,9 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
 #ifdef LX_GEMM_X86
     if (kq) {
         if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
+    } else if (level >= LX_SIMD_AMX && n_tok > LX_GEMM_SMALL) {
+        gemm_amx(w, w_type, r8, x, y, n_tok, n_in, n_out, work, n_threads);
+        return;
     } else if (level >= LX_SIMD_VNNI512 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
     else if (level >= LX_SIMD_VNNI512) run = run_vnni256;
     else if (level >= LX_SIMD_AVX2) run = run_avx2, u128 = 0;
@@ -700,8 +706,8 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 (void) mine;   /* the r8 tile is unpacked from the layout itself */
                 if (kq && r8) unpack_tile_k_r8_avx2(w_type, src, o0, nr, n_in, tile);
                 else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
-                else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile);
-                else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile);
+                else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile, LX_GEMM_R, 0);
+                else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile, LX_GEMM_R);
 #else
                 if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
                 unpack_tile(w_type, src, wrb, so, nr, n_in, u128, tile);
@@ -1056,9 +1062,9 @@ static LX_INLINE LX_TGT __m256i SFX(block_u)(lx_type wt, const uint8_t *row, int
 /* unpack_tile with the shared block unpacking (simd.h) and F16C (the same bytes and scales; a NaN scale keeps
  * its payload but gets the quiet bit, so NaN outputs may differ in payload between paths) */
 static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr, int64_t n_in,
-                                    int u128, uint8_t *tile) {
+                                    int u128, uint8_t *tile, int rt) {
     const int64_t nb = n_in / LX_QK;
-    float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    float *dw = (float *) (tile + rt * n_in), *mw = dw + rt * nb;
     for (int r = 0; r < nr; ++r) {
         const uint8_t *row = w + (size_t) (o0 + r) * wrb;
         uint8_t *u = tile + r * n_in;
@@ -1095,12 +1101,14 @@ static LX_INLINE LX_TGT void SFX(r8_rows4)(const uint8_t *c, int hi, __m128i *q)
 
 /* unpack_tile straight from the r8 layout (lx_gemm_pack_r8): rows [o0, o0 + nr) lie in one group of 8
  * (o0 % 4 == 0, nr <= 4), so each group-block gives the tile's rows' qs by one transpose of its chunks
- * (r8_rows4); unpacked as block_u does (the same bytes and scales as unpack_tile over the GGUF rows) */
+ * (r8_rows4); unpacked as block_u does (the same bytes and scales as unpack_tile over the GGUF rows),
+ * into rows r0 .. r0 + nr - 1 of a tile of rt rows */
 static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in, int u128,
-                                       uint8_t *tile) {
+                                       uint8_t *tile, int rt, int r0) {
     const int64_t nb = n_in / LX_QK;
     const int head = r8_head(wt), hi = (int) (o0 % 8) / 4, rr0 = 4 * hi;
-    float *dw = (float *) (tile + LX_GEMM_R * n_in), *mw = dw + LX_GEMM_R * nb;
+    float *dw = (float *) (tile + rt * n_in) + r0 * nb, *mw = dw + rt * nb;
+    tile += (size_t) r0 * n_in;
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *gb = r8_block(w, wt, nb, o0, b);
         __m128i lo[4], up[4];
@@ -1797,6 +1805,178 @@ static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb,
 #undef LX_GEMM_K_R8
 }
 #endif
+
+#if LX_GEMM_PASS == 3
+/* ---- AMX (LX_SIMD_AMX, n_tok > LX_GEMM_SMALL; q4_0, q4_1, q5_0, q5_1, q8_0) --------------------------
+ *
+ * One tile product forms the exact block sums of 16 tokens x 16 W rows: C = A B (tdpbssd), A the tokens'
+ * int8 block b (16 rows of 32 bytes: the planar activations of the few-token path, stride ts), B the 16
+ * W rows' signed values q - c of the block in the tile's VNNI order (amx_order: 8 rows of 64 bytes, value
+ * 4s + j of W row r at s 64 + 4 r), so C[t][r] is isum exactly, offset included. Then gemm.h's chain with
+ * the W rows in the lanes (acc[t] = fma(dw dx_t, isum, acc[t]), dw dx_t the same rounded product as
+ * dx_t dw; q4_1 / q5_1: fma(mw, sx_t, acc)), each token's 16 outputs one store: the bits of every other path.
+ * Two sets of tile registers (C, A, B in tmm0-2 for even blocks, tmm3-5 for odd): the next block's tile
+ * product is issued before the chain of this one reads its stored sums. */
+#define LX_TGT_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni,amx-tile,amx-int8")))
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_config;
+
+/* this thread's tile shapes (they stay until the thread loads another configuration) */
+static LX_TGT_AMX void amx_configure(void) {
+    _Alignas(64) amx_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int k = 0; k < 6; k += 3) {
+        c.rows[k] = 16, c.colsb[k] = 64;          /* C: int32 [16 tokens][16 rows] */
+        c.rows[k + 1] = 16, c.colsb[k + 1] = 32;  /* A: 16 tokens x 32 bytes */
+        c.rows[k + 2] = 8, c.colsb[k + 2] = 64;   /* B: 8 steps x 16 rows x 4 bytes */
+    }
+    _tile_loadconfig(&c);
+}
+
+/* W's unpacked rows (unpack_tile's layout for 16 rows, q8_0 signed) in the tile order: per block b,
+ * bytes [8][16][4] (value 4s + j of row r at 64 s + 4 r, minus the offset c: signed), then the
+ * blocks' float dw [nb][16], mw [nb][16] */
+static LX_TGT_AMX void amx_order(lx_type wt, const uint8_t *rows, int64_t n_in, uint8_t *ord) {
+    const int64_t nb = n_in / LX_QK;
+    const float *dw = (const float *) (rows + LX_GEMM_AMX_R * n_in), *mw = dw + LX_GEMM_AMX_R * nb;
+    float *odw = (float *) (ord + (size_t) nb * 512), *omw = odw + 16 * nb;
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i by_row = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int) n_in));
+    const __m512i by_blk = _mm512_mullo_epi32(lane, _mm512_set1_epi32((int) nb));
+    const __m512i c = _mm512_set1_epi8((char) canon_offset(wt));
+    for (int64_t b = 0; b < nb; ++b) {
+        for (int s = 0; s < 8; ++s) {
+            const __m512i v = _mm512_i32gather_epi32(by_row, (const void *) (rows + LX_QK * b + 4 * s), 1);
+            _mm512_store_si512((void *) (ord + 512 * b + 64 * s), _mm512_sub_epi8(v, c));
+        }
+        _mm512_store_ps(odw + 16 * b, _mm512_i32gather_ps(by_blk, dw + b, 4));
+        if (has_min(wt)) _mm512_store_ps(omw + 16 * b, _mm512_i32gather_ps(by_blk, mw + b, 4));
+    }
+}
+
+#define LX_AMX_REC 640  /* a record of 16 tokens' block: int8 qs [16][32], float dx [16], sx [16] */
+
+/* token t's row x into its records (act + (t / 16 nb + b) LX_AMX_REC, row t % 16); x NULL: zeros */
+static void amx_quantize(lx_type dt, const float *x, int64_t n_in, int64_t t, uint8_t *act) {
+    enum { CHUNK = 32 };
+    const int64_t nb = n_in / LX_QK;
+    const int l = (int) (t % 16);
+    int8_t qs[CHUNK * LX_QK];
+    float d[CHUNK], s[CHUNK];
+    int32_t sum[CHUNK];
+    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
+        const int64_t n = nb - b0 < CHUNK ? nb - b0 : CHUNK;
+        if (x) lx_quantize_row_q8_split(dt, x + b0 * LX_QK, qs, d, s, sum, n * LX_QK);
+        for (int64_t i = 0; i < n; ++i) {
+            uint8_t *rec = act + (size_t) ((t / 16) * nb + b0 + i) * LX_AMX_REC;
+            float *dx = (float *) (rec + 512), *sx = dx + 16;
+            if (x) memcpy(rec + 32 * l, qs + LX_QK * i, LX_QK), dx[l] = d[i], sx[l] = s[i];
+            else memset(rec + 32 * l, 0, LX_QK), dx[l] = 0.0f, sx[l] = 0.0f;
+        }
+    }
+}
+
+/* the tile product of block b into tile registers C, A, B (literal numbers), its sums stored to cs */
+#define LX_AMX_BLOCK(TC, TA, TB, b, cs)                                                 \
+    do {                                                                                \
+        _tile_zero(TC);                                                                 \
+        _tile_loadd(TA, a + (b) * LX_AMX_REC, 32);                                      \
+        _tile_loadd(TB, ord + 512 * (b), 64);                                           \
+        _tile_dpbssd(TC, TA, TB);                                                       \
+        _tile_stored(TC, cs, 64);                                                       \
+    } while (0)
+
+/* gemm.h's chain step of block b for the 16 tokens of the record rec (amx_quantize), their sums at cs */
+static LX_INLINE LX_TGT_AMX void amx_chain(lx_type wt, const int32_t *cs, const uint8_t *rec, const float *odw,
+                                           const float *omw, int64_t b, __m512 *acc) {
+    const __m512 dw = _mm512_load_ps(odw + 16 * b);
+    const float *dx = (const float *) (rec + 512), *sx = dx + 16;
+    LX_UNROLL for (int t = 0; t < 16; ++t) {
+        const __m512 sc = _mm512_mul_ps(dw, _mm512_set1_ps(dx[t]));
+        acc[t] = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(_mm512_load_si512((const void *) (cs + 16 * t))), acc[t]);
+    }
+    if (has_min(wt)) {
+        const __m512 mw = _mm512_load_ps(omw + 16 * b);
+        LX_UNROLL for (int t = 0; t < 16; ++t) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx[t]), acc[t]);
+    }
+}
+
+/* y[t][o0 + r] (r < nr <= 16) for every token, W's 16 rows in the tile order at ord */
+static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+                                float *y, int64_t n_out, int64_t o0, int nr) {
+    const int64_t nb = n_in / LX_QK;
+    const float *odw = (const float *) (ord + (size_t) nb * 512), *omw = odw + 16 * nb;
+    const __mmask16 keep = (__mmask16) (nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    _Alignas(64) int32_t cs[2][256];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 16) {
+        const uint8_t *a = act + (size_t) (t0 / 16) * nb * LX_AMX_REC;
+        __m512 acc[16];   /* registers throughout: every index a constant (else tilestored's memory clobber spills them) */
+        LX_UNROLL for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+        LX_AMX_BLOCK(0, 1, 2, 0, cs[0]);
+        for (int64_t b = 0; b < nb; b += 2) {   /* block b + 1's tile product issued before block b's chain */
+            if (b + 1 < nb) LX_AMX_BLOCK(3, 4, 5, b + 1, cs[1]);
+            amx_chain(wt, cs[0], a + b * LX_AMX_REC, odw, omw, b, acc);
+            if (b + 1 < nb) {
+                if (b + 2 < nb) LX_AMX_BLOCK(0, 1, 2, b + 2, cs[0]);
+                amx_chain(wt, cs[1], a + (b + 1) * LX_AMX_REC, odw, omw, b + 1, acc);
+            }
+        }
+        const int nt = n_tok - t0 < 16 ? (int) (n_tok - t0) : 16;
+        LX_UNROLL for (int t = 0; t < 16; ++t)
+            if (t < nt) _mm512_mask_storeu_ps(y + (t0 + t) * n_out + o0, keep, acc[t]);
+    }
+}
+#undef LX_AMX_BLOCK
+
+/* lx_gemm at LX_SIMD_AMX for n_tok > LX_GEMM_SMALL (not the K types): the tokens quantized to planar rows
+ * (OpenMP over tokens), then each thread's 16-row tiles: unpacked once (4 rows of r8 at a time, or GGUF
+ * rows), put in the tile order, run against every 16 tokens */
+static LX_TGT_AMX void gemm_amx(const void *w, lx_type wt, int r8, const float *x, float *y, int64_t n_tok,
+                                int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const lx_type dt = lx_gemm_dot_type(wt);
+    const int64_t nb = n_in / LX_QK, n_tiles = (n_out + LX_GEMM_AMX_R - 1) / LX_GEMM_AMX_R;
+    const size_t wrb = lx_row_bytes(wt, n_in);
+    uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
+    uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
+    (void) n_threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n_threads)
+#endif
+    {
+#ifdef _OPENMP
+        const int me = omp_get_thread_num();
+#pragma omp for schedule(static)
+#else
+        const int me = 0;
+#endif
+        for (int64_t t = 0; t < (n_tok + 15) / 16 * 16; ++t) amx_quantize(dt, t < n_tok ? x + t * n_in : NULL, n_in, t, act);
+        uint8_t *rows = tiles + (size_t) me * 2 * tile_bytes(n_in), *ord = rows + tile_bytes(n_in);
+        amx_configure();
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (int64_t i = 0; i < n_tiles; ++i) {
+            const int64_t o0 = i * LX_GEMM_AMX_R;
+            const int nr = n_out - o0 < LX_GEMM_AMX_R ? (int) (n_out - o0) : LX_GEMM_AMX_R;
+            if (r8)
+                for (int r0 = 0; r0 < nr; r0 += 4)
+                    unpack_tile_r8_avx2(wt, (const uint8_t *) w, o0 + r0, nr - r0 < 4 ? nr - r0 : 4, n_in, 0, rows,
+                                        LX_GEMM_AMX_R, r0);
+            else unpack_tile_avx2(wt, (const uint8_t *) w, wrb, o0, nr, n_in, 0, rows, LX_GEMM_AMX_R);
+            amx_order(wt, rows, n_in, ord);
+            __asm__ volatile("" ::: "memory");   /* ord written before the tile loads read it (they declare no memory) */
+            amx_rows(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
+        }
+        _tile_release();
+    }
+}
+#endif
+
 
 #define LX_GEMM_T_CASES(WT, R)                                                   \
     switch (nt) {                                                                \

@@ -64,7 +64,10 @@
  *   exactly (hadd tree) to the 8 isums; then the same chain, lane-wise over rows. The bits are
  *   the same as the token-lane kernels' (test (b): a token alone vs in a batch of 130).
  *
- * Paths (lx_simd_level, cpu.h): at VNNI512 the 16-lane zmm kernel (vpdpbusd); at AVX2 and AVX512
+ * Paths (lx_simd_level, cpu.h): at AMX, for n_tok > 8 and the non-K types, the tile path (gemm.c, gemm_amx):
+ * one tdpbssd forms the exact block sums of 16 tokens x 16 W rows (the tokens' int8 block against the rows'
+ * q - c bytes in the tile's VNNI order), stored, then the chain above with the W rows in the lanes; at
+ * VNNI512 the 16-lane zmm kernel (vpdpbusd); at AVX2 and AVX512
  * AVX2+FMA+F16C (8 lanes, maddubs + madd; q8_0 keeps signed bytes and uses the sign trick,
  * |q| <= 128); at PORTABLE the C (the reference loop per output, OpenMP over rows; fmaf is the C library's,
  * correctly rounded like the hardware FMA). F16C converts the W scales: a NaN scale keeps its

@@ -26,14 +26,14 @@ def test_levels_and_cap():
     assert best <= cpu.cpu_level()
     assert cpu.levels() == tuple(range(best + 1))
     assert cpu.simd_level() == best
-    assert len(cpu.LEVEL_NAMES) == cpu.VNNI512 + 1
+    assert len(cpu.LEVEL_NAMES) == cpu.AMX + 1
     cpu.set_simd_level(cpu.PORTABLE)
     assert cpu.simd_level() == cpu.PORTABLE
-    cpu.set_simd_level(cpu.VNNI512)          # a cap above the CPU's best is the CPU's best
+    cpu.set_simd_level(cpu.AMX)              # a cap above the CPU's best is the CPU's best
     assert cpu.simd_level() == best
     cpu.set_simd_level(-1)
     assert cpu.simd_level() == best
-    for bad in (-2, cpu.VNNI512 + 1):
+    for bad in (-2, cpu.AMX + 1):
         with pytest.raises(ValueError, match="SIMD level"):
             cpu.set_simd_level(bad)
     assert cpu.simd_level() == best
@@ -51,7 +51,7 @@ def test_llamax_simd_sets_a_ceiling(name):
     cap (-1) or a higher one comes back to it, not to the CPU's best."""
     top = min(cpu.LEVEL_NAMES.index(name), cpu.cpu_level())
     r = run_capped(name, "cpu.set_simd_level(-1); a = cpu.simd_level()\n"
-                         "cpu.set_simd_level(cpu.VNNI512); b = cpu.simd_level()\n"
+                         "cpu.set_simd_level(cpu.AMX); b = cpu.simd_level()\n"
                          "cpu.set_simd_level(cpu.PORTABLE); c = cpu.simd_level()\n"
                          "print(','.join(map(str, cpu.levels())), cpu.ceiling(), a, b, c)")
     assert r.returncode == 0, r.stderr
@@ -96,3 +96,15 @@ def test_cap_reaches_the_kernels_of_other_modules():
     assert np.array_equal(best, A.attn(q, k, v, mask, **kw))
     assert not np.array_equal(best, portable)
     np.testing.assert_allclose(best, portable, rtol=0, atol=1e-5)
+
+
+def test_the_probe_finds_amx_where_the_cpu_has_it():
+    """On Linux the CPU's level is AMX exactly where /proc/cpuinfo lists AVX-512 VNNI, amx_tile and amx_int8
+    (the kernel grants the tile state to any process that asks, from Linux 5.16)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    has = {"avx512_vnni", "amx_tile", "amx_int8", "avx512f", "avx512bw", "avx512vl", "avx512dq"} <= set(flags)
+    assert (cpu.cpu_level() == cpu.AMX) == has

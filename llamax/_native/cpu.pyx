@@ -5,7 +5,7 @@ Every kernel (quants, matmul, gemm, attention, rope, kq_mask, layer, sampling, h
 path from `simd_level()` at each call; `set_simd_level` caps them all at once, for the tests that
 hold each fast path against its scalar reference.
 
-LLAMAX_SIMD=portable|avx2|avx512|avx512-vnni (read once, when this module loads) sets a ceiling:
+LLAMAX_SIMD=portable|avx2|avx512|avx512-vnni|amx (read once, when this module loads) sets a ceiling:
 the process runs as on a CPU whose best level is that one. `levels()` stops there, and
 `set_simd_level` never goes above it, so the whole test suite runs at each level on one machine.
 """
@@ -16,7 +16,8 @@ PORTABLE = LX_SIMD_PORTABLE
 AVX2 = LX_SIMD_AVX2          # avx2 + fma + f16c
 AVX512 = LX_SIMD_AVX512      # + avx512 f, bw, vl, dq
 VNNI512 = LX_SIMD_VNNI512    # + avx512 vnni
-LEVEL_NAMES = ("portable", "avx2", "avx512", "avx512-vnni")
+AMX = LX_SIMD_AMX            # + amx tile / int8 (the prompt GEMM's tile path)
+LEVEL_NAMES = ("portable", "avx2", "avx512", "avx512-vnni", "amx")
 
 
 def _ceiling_from_env() -> int:
@@ -47,7 +48,7 @@ def simd_level() -> int:
 
 
 def set_simd_level(int level) -> None:
-    """Testing hook: cap every kernel at `level` (PORTABLE .. VNNI512, never above ceiling());
+    """Testing hook: cap every kernel at `level` (PORTABLE .. AMX, never above ceiling());
     -1 lifts the cap back to ceiling()."""
     if level < -1 or level >= LX_SIMD_N_LEVELS:
         raise ValueError(f"SIMD level {level} is not in -1 .. {LX_SIMD_N_LEVELS - 1}")
