@@ -280,17 +280,27 @@ static size_t act_bytes(int64_t n_tok, int64_t nb) {
 }
 
 /* one thread's unpacked W tile of rt rows: bytes [rt][n_in], dw [rt][nb], mw [rt][nb]; sized for the largest,
- * LX_GEMM_AMX_R rows (the K tiles' 4 rows with their int16 scales take less; the AMX path's block order of
- * its 16 rows, amx_order, as much again) */
+ * LX_GEMM_AMX_R rows (a K tile of as many rows, with its int16 scales, takes less) */
 static size_t tile_bytes(int64_t n_in) {
     const int64_t nb = n_in / LX_QK;
     return ((size_t) LX_GEMM_AMX_R * (n_in + 8 * nb) + 63) & ~(size_t) 63;
 }
 
+/* the AMX path's K digits: q4_K's scales (0..63) in base 8 (2 digits), q5_K's in base 4 (3), q6_K's |scale|
+ * (0..128) in base 4 (4), so that every stored value times a digit is an int8 (amx_order_k) */
+static int amx_digits(lx_type wt) { return wt == LX_TYPE_Q4_K ? 2 : wt == LX_TYPE_Q5_K ? 3 : 4; }
+static int amx_digit_bits(lx_type wt) { return wt == LX_TYPE_Q4_K ? 3 : 2; }
+
+/* one thread's W in the AMX tile order (amx_order: 640 bytes a block; amx_order_k: per super-block the
+ * digits' 4 KB each, dw, dmin and the mins' pairs) */
+static size_t amx_ord_bytes(lx_type wt, int64_t n_in) {
+    if (is_k(wt)) return (size_t) (n_in / LX_QK_K) * ((size_t) amx_digits(wt) * 4096 + 384) + 64;
+    return (size_t) (n_in / LX_QK) * 640 + 64;
+}
+
 size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
-    (void) w_type;
     const int64_t nb = n_in / LX_QK;
-    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * 2 * tile_bytes(n_in) + 64;
+    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in)) + 128;
 }
 
 static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int L, int64_t t,
@@ -641,11 +651,12 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     run_fn run = NULL;
     int L = 8, u128 = 1, tmax = 1;
 #ifdef LX_GEMM_X86
-    if (kq) {
-        if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
-    } else if (level >= LX_SIMD_AMX && n_tok > LX_GEMM_SMALL) {
+    if (level >= LX_SIMD_AMX && n_tok > LX_GEMM_SMALL) {
         gemm_amx(w, w_type, r8, x, y, n_tok, n_in, n_out, work, n_threads);
         return;
+    }
+    if (kq) {
+        if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
     } else if (level >= LX_SIMD_VNNI512 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
     else if (level >= LX_SIMD_VNNI512) run = run_vnni256;
     else if (level >= LX_SIMD_AVX2) run = run_avx2, u128 = 0;
@@ -671,7 +682,7 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     if (gc < 1) gc = 1;
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
-    uint8_t *rows = tiles + (size_t) n_threads * tile_bytes(n_in);   /* r8: each thread's R GGUF rows */
+    uint8_t *rows = tiles + (size_t) n_threads * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in));   /* r8: each thread's R GGUF rows */
     const int64_t n_tiles = (n_out + LX_GEMM_R - 1) / LX_GEMM_R;
     (void) n_threads;
     (void) dt;
@@ -704,8 +715,8 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 int64_t so = o0;
 #ifdef LX_GEMM_X86
                 (void) mine;   /* the r8 tile is unpacked from the layout itself */
-                if (kq && r8) unpack_tile_k_r8_avx2(w_type, src, o0, nr, n_in, tile);
-                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile);
+                if (kq && r8) unpack_tile_k_r8_avx2(w_type, src, o0, nr, n_in, tile, LX_GEMM_R, 0);
+                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile, LX_GEMM_R);
                 else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile, LX_GEMM_R, 0);
                 else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile, LX_GEMM_R);
 #else
@@ -1417,12 +1428,12 @@ static LX_INLINE LX_TGT void SFX(unpack_k)(lx_type wt, const uint8_t *row, int64
     *d = _cvtsh_ss(q5 ? x5->d : x4->d), *dmin = _cvtsh_ss(q5 ? x5->dmin : x4->dmin);
 }
 
-/* K tile: bytes [R][n_in], then float dw[R][nbk], dm[R][nbk], int16 sc[R][nbk][16] */
+/* K tile of rt rows: bytes [rt][n_in], then float dw[rt][nbk], dm[rt][nbk], int16 sc[rt][nbk][16] */
 static LX_TGT void SFX(unpack_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, int64_t o0, int nr,
-                                      int64_t n_in, uint8_t *tile) {
+                                      int64_t n_in, uint8_t *tile, int rt) {
     const int64_t nbk = n_in / LX_QK_K;
-    float *dw = (float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
-    int16_t *sc = (int16_t *) (dm + LX_GEMM_R * nbk);
+    float *dw = (float *) (tile + rt * n_in), *dm = dw + rt * nbk;
+    int16_t *sc = (int16_t *) (dm + rt * nbk);
     for (int r = 0; r < nr; ++r) {
         const uint8_t *row = w + (size_t) (o0 + r) * wrb;
         for (int64_t b = 0; b < nbk; ++b)
@@ -1431,16 +1442,17 @@ static LX_TGT void SFX(unpack_tile_k)(lx_type wt, const uint8_t *w, size_t wrb, 
     }
 }
 
-/* unpack_tile_k straight from the r8 layout (r8_move_k): rows [o0, o0 + nr) lie in one group of 8
- * (o0 % 4 == 0, nr <= 4); each super-block's 4 GGUF blocks are gathered by transposes of the
+/* unpack_tile_k straight from the r8 layout (r8_move_k), into rows r0 .. r0 + nr - 1 of a tile of rt rows:
+ * rows [o0, o0 + nr) lie in one group of 8 (o0 % 4 == 0, nr <= 4); each super-block's 4 GGUF blocks are gathered by transposes of the
  * group-block's chunks (r8_rows4, 16 bytes of each row a call; a field of 3 chunks reads the next
  * field's first, whose own gather comes after), then unpacked as unpack_tile_k does */
 static LX_TGT void SFX(unpack_tile_k_r8)(lx_type wt, const uint8_t *w, int64_t o0, int nr, int64_t n_in,
-                                         uint8_t *tile) {
+                                         uint8_t *tile, int rt, int r0) {
     const int64_t nbk = n_in / LX_QK_K;
     const int hi = (int) (o0 % 8) / 4, rr0 = 4 * hi;
-    float *dw = (float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
-    int16_t *sc = (int16_t *) (dm + LX_GEMM_R * nbk);
+    float *dw = (float *) (tile + rt * n_in) + r0 * nbk, *dm = dw + rt * nbk;
+    int16_t *sc = (int16_t *) ((float *) (tile + rt * n_in) + 2 * rt * nbk) + r0 * nbk * 16;
+    tile += (size_t) r0 * n_in;
     /* (offset in the group-block, chunks, offset in the GGUF block), in gather order */
     static const int q4[2][3] = {{R8K_Q4_SC, 3, 4}, {R8K_Q4_QS, 32, 16}};
     static const int q5[3][3] = {{R8K_Q4_SC, 3, 4}, {R8K_Q5_QH, 8, 16}, {R8K_Q5_QS, 32, 48}};
@@ -1825,15 +1837,19 @@ typedef struct {
     uint8_t rows[16];
 } amx_config;
 
-/* this thread's tile shapes (they stay until the thread loads another configuration) */
-static LX_TGT_AMX void amx_configure(void) {
+/* this thread's tile shapes (they stay until the thread loads another configuration): the blocks' (kq 0)
+ * C, A, B in tmm0-2 and tmm3-5; the K types' (kq 1) C of each digit in tmm0-3, A in tmm4, B in tmm5-7 */
+static LX_TGT_AMX void amx_configure(int kq) {
     _Alignas(64) amx_config c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
-    for (int k = 0; k < 6; k += 3) {
-        c.rows[k] = 16, c.colsb[k] = 64;          /* C: int32 [16 tokens][16 rows] */
-        c.rows[k + 1] = 16, c.colsb[k + 1] = 32;  /* A: 16 tokens x 32 bytes */
-        c.rows[k + 2] = 8, c.colsb[k + 2] = 64;   /* B: 8 steps x 16 rows x 4 bytes */
+    for (int k = 0; k < 8; ++k) c.rows[k] = 16, c.colsb[k] = 64;   /* C: int32 [16 tokens][16 rows]; K: all */
+    if (!kq) {
+        for (int k = 0; k < 6; k += 3) {
+            c.colsb[k + 1] = 32;   /* A: 16 tokens x 32 bytes */
+            c.rows[k + 2] = 8;     /* B: 8 steps x 16 rows x 4 bytes */
+        }
+        c.rows[6] = c.rows[7] = 0, c.colsb[6] = c.colsb[7] = 0;
     }
     _tile_loadconfig(&c);
 }
@@ -1906,8 +1922,8 @@ static LX_INLINE LX_TGT_AMX void amx_chain(lx_type wt, const int32_t *cs, const 
     }
 }
 
-/* y[t][o0 + r] (r < nr <= 16) for every token, W's 16 rows in the tile order at ord */
-static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+/* y[t][o0 + r] (r < nr <= 16) for every token, W's 16 rows in the tile order at ord (wt a constant: amx_rows) */
+static LX_INLINE LX_TGT_AMX void amx_rows_of(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
                                 float *y, int64_t n_out, int64_t o0, int nr) {
     const int64_t nb = n_in / LX_QK;
     const float *odw = (const float *) (ord + (size_t) nb * 512), *omw = odw + 16 * nb;
@@ -1933,14 +1949,178 @@ static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *a
 }
 #undef LX_AMX_BLOCK
 
-/* lx_gemm at LX_SIMD_AMX for n_tok > LX_GEMM_SMALL (not the K types): the tokens quantized to planar rows
- * (OpenMP over tokens), then each thread's 16-row tiles: unpacked once (4 rows of r8 at a time, or GGUF
- * rows), put in the tile order, run against every 16 tokens */
+static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+                                float *y, int64_t n_out, int64_t o0, int nr) {
+    if (has_min(wt)) amx_rows_of(LX_TYPE_Q4_1, ord, act, n_in, n_tok, y, n_out, o0, nr);   /* the chain: min or not */
+    else amx_rows_of(LX_TYPE_Q4_0, ord, act, n_in, n_tok, y, n_out, o0, nr);
+}
+
+/* ---- AMX for the K types: the sub-block scales inside the tile products ------------------------------
+ *
+ * gemm.h's isum = sum_j sc_j (sum_{i in j} u_i y_i) with each scale written in digits (amx_digits:
+ * sc = sum_k dig_k 2^(bits k)) is sum_k 2^(bits k) C_k, C_k = sum_i (dig_k(sc_j(i)) u_i) y_i: one tile
+ * product of the whole super-block per digit, its W bytes dig u (q6_K: sign(sc) (u - 32) |sc|'s digits),
+ * all int8. The sums C_k are exact int32 and so is the shifted sum: isum bit for bit. The mins' sum is
+ * vpdpwssd of the (mn_2e, mn_2e+1) pairs against the token's (bs_2e, bs_2e+1) pairs, as the AVX2 kernels
+ * form it. Then gemm.h's K chain with the W rows in the lanes. */
+#define LX_AMX_KREC (4096 + 64 + 256)   /* 16 tokens' super-block: int8 qs [16][256], dx [16], int32 bsp [16][4] */
+
+/* token t's row x into its K records (act + (t / 16 nbk + b) LX_AMX_KREC, row t % 16); x NULL: zeros */
+static void amx_quantize_k(const float *x, int64_t n_in, int64_t t, uint8_t *act) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const int l = (int) (t % 16);
+    for (int64_t b = 0; b < nbk; ++b) {
+        uint8_t *rec = act + (size_t) ((t / 16) * nbk + b) * LX_AMX_KREC;
+        float *dx = (float *) (rec + 4096);
+        int32_t *bsp = (int32_t *) (dx + 16) + 4 * l;
+        lx_block_q8_K q;
+        if (x) lx_quantize_row_q8_K(x + b * LX_QK_K, &q, LX_QK_K);
+        else memset(&q, 0, sizeof q);
+        memcpy(rec + LX_QK_K * l, q.qs, LX_QK_K);
+        dx[l] = q.d;
+        for (int e = 0; e < 4; ++e) {
+            const int a = q.bsums[4 * e] + q.bsums[4 * e + 1], c = q.bsums[4 * e + 2] + q.bsums[4 * e + 3];
+            bsp[e] = (int32_t) ((uint32_t) (uint16_t) a | ((uint32_t) (uint16_t) c << 16));
+        }
+    }
+}
+
+/* the K tile of 16 rows (unpack_tile_k's layout) in the tile order, per super-block b at ord + b kob:
+ * digit k's bytes [64][16][4] (value 4s + j of row r at k 4096 + 64 s + 4 r), then float dw [16], dmin [16],
+ * int32 mins' pairs [4][16] */
+static LX_TGT_AMX void amx_order_k(lx_type wt, const uint8_t *rows, int64_t n_in, uint8_t *ord) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const int nd = amx_digits(wt), bits = amx_digit_bits(wt), q6 = wt == LX_TYPE_Q6_K;
+    const size_t kob = (size_t) nd * 4096 + 384;
+    const float *dw = (const float *) (rows + LX_GEMM_AMX_R * n_in), *dm = dw + LX_GEMM_AMX_R * nbk;
+    const int16_t *sc = (const int16_t *) (dm + LX_GEMM_AMX_R * nbk);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i by_row = _mm512_mullo_epi32(lane, _mm512_set1_epi32(LX_QK_K));
+    _Alignas(64) uint8_t plane[4][LX_GEMM_AMX_R][LX_QK_K];
+    for (int64_t b = 0; b < nbk; ++b) {
+        uint8_t *o = ord + b * kob;
+        float *odw = (float *) (o + (size_t) nd * 4096), *odm = odw + 16;
+        int32_t *omn = (int32_t *) (odm + 16);
+        for (int r = 0; r < LX_GEMM_AMX_R; ++r) {
+            const int16_t *scr = sc + (r * nbk + b) * 16;
+            const uint8_t *u = rows + r * n_in + LX_QK_K * b;
+            odw[r] = dw[r * nbk + b], odm[r] = dm[r * nbk + b];
+            for (int e = 0; e < 4; ++e)
+                omn[16 * e + r] = q6 ? 0 : (int32_t) ((uint32_t) (uint16_t) scr[8 + 2 * e] | ((uint32_t) (uint16_t) scr[9 + 2 * e] << 16));
+            for (int h = 0; h < 8; ++h) {   /* 32 values: q4_K / q5_K sub-block h, q6_K sub-blocks 2h, 2h + 1 */
+                __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *) (u + 32 * h)));
+                int s0 = q6 ? scr[2 * h] : scr[h], s1 = q6 ? scr[2 * h + 1] : scr[h];
+                if (q6) v = _mm512_sub_epi16(v, _mm512_set1_epi16(32));
+                const int g0 = s0 < 0 ? -1 : 1, g1 = s1 < 0 ? -1 : 1;
+                s0 *= g0, s1 *= g1;
+                for (int k = 0; k < nd; ++k) {
+                    const int d0 = (s0 >> (bits * k)) & ((1 << bits) - 1), d1 = (s1 >> (bits * k)) & ((1 << bits) - 1);
+                    const __m512i m = _mm512_inserti64x4(_mm512_set1_epi16((short) (g0 * d0)), _mm256_set1_epi16((short) (g1 * d1)), 1);
+                    _mm256_store_si256((__m256i *) (plane[k][r] + 32 * h), _mm512_cvtepi16_epi8(_mm512_mullo_epi16(v, m)));
+                }
+            }
+        }
+        for (int k = 0; k < nd; ++k)
+            for (int q = 0; q < 64; ++q)
+                _mm512_store_si512((void *) (o + 4096 * k + 64 * q),
+                                   _mm512_i32gather_epi32(by_row, (const void *) (plane[k][0] + 4 * q), 1));
+    }
+}
+
+/* the K chain of super-block b for the 16 tokens of rec, digit sums at cs [nd][256] */
+static LX_INLINE LX_TGT_AMX void amx_chain_k(lx_type wt, const int32_t *cs, const uint8_t *rec, const uint8_t *o,
+                                             __m512 *acc) {
+    const int nd = amx_digits(wt), bits = amx_digit_bits(wt);
+    const float *odw = (const float *) (o + (size_t) nd * 4096), *odm = odw + 16;
+    const __m512i *omn = (const __m512i *) (odm + 16);
+    const float *dx = (const float *) (rec + 4096);
+    const int32_t *bsp = (const int32_t *) (dx + 16);
+    const __m512 dw = _mm512_load_ps(odw), dm = _mm512_load_ps(odm);
+    LX_UNROLL for (int t = 0; t < 16; ++t) {
+        __m512i is = _mm512_load_si512((const void *) (cs + 16 * t));
+        for (int k = 1; k < nd; ++k)
+            is = _mm512_add_epi32(is, _mm512_slli_epi32(_mm512_load_si512((const void *) (cs + 256 * k + 16 * t)), bits * k));
+        const __m512 x = _mm512_set1_ps(dx[t]);
+        acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(dw, x), _mm512_cvtepi32_ps(is), acc[t]);
+        if (wt != LX_TYPE_Q6_K) {
+            __m512i ms = _mm512_setzero_si512();
+            for (int e = 0; e < 4; ++e) ms = _mm512_dpwssd_epi32(ms, _mm512_load_si512(omn + e), _mm512_set1_epi32(bsp[4 * t + e]));
+            acc[t] = _mm512_fnmadd_ps(_mm512_mul_ps(dm, x), _mm512_cvtepi32_ps(ms), acc[t]);
+        }
+    }
+}
+
+/* step m of 64 values: the tokens' bytes into tmm4, each digit's W bytes into tmm5-7 (5 again for the 4th) */
+#define LX_AMX_KSTEP(m)                                                                          \
+    do {                                                                                         \
+        _tile_loadd(4, rec + 64 * (m), LX_QK_K);                                                 \
+        _tile_loadd(5, o + 1024 * (m), 64);                                                      \
+        _tile_dpbssd(0, 4, 5);                                                                   \
+        _tile_loadd(6, o + 4096 + 1024 * (m), 64);                                               \
+        _tile_dpbssd(1, 4, 6);                                                                   \
+        if (nd > 2) {                                                                            \
+            _tile_loadd(7, o + 8192 + 1024 * (m), 64);                                           \
+            _tile_dpbssd(2, 4, 7);                                                               \
+        }                                                                                        \
+        if (nd > 3) {                                                                            \
+            _tile_loadd(5, o + 12288 + 1024 * (m), 64);                                          \
+            _tile_dpbssd(3, 4, 5);                                                               \
+        }                                                                                        \
+    } while (0)
+
+/* amx_rows for the K types (wt a constant: amx_rows_k) */
+static LX_INLINE LX_TGT_AMX void amx_rows_k_of(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+                                  float *y, int64_t n_out, int64_t o0, int nr) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const int nd = amx_digits(wt);
+    const size_t kob = (size_t) nd * 4096 + 384;
+    const __mmask16 keep = (__mmask16) (nr >= 16 ? 0xFFFF : (1u << nr) - 1);
+    _Alignas(64) int32_t cs[4][256];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 16) {
+        const uint8_t *a = act + (size_t) (t0 / 16) * nbk * LX_AMX_KREC;
+        __m512 acc[16];
+        LX_UNROLL for (int t = 0; t < 16; ++t) acc[t] = _mm512_setzero_ps();
+        for (int64_t b = 0; b < nbk; ++b) {
+            const uint8_t *rec = a + b * LX_AMX_KREC, *o = ord + b * kob;
+            _tile_zero(0);
+            _tile_zero(1);
+            if (nd > 2) _tile_zero(2);
+            if (nd > 3) _tile_zero(3);
+            LX_AMX_KSTEP(0);
+            LX_AMX_KSTEP(1);
+            LX_AMX_KSTEP(2);
+            LX_AMX_KSTEP(3);
+            _tile_stored(0, cs[0], 64);
+            _tile_stored(1, cs[1], 64);
+            if (nd > 2) _tile_stored(2, cs[2], 64);
+            if (nd > 3) _tile_stored(3, cs[3], 64);
+            amx_chain_k(wt, cs[0], rec, o, acc);
+        }
+        const int nt = n_tok - t0 < 16 ? (int) (n_tok - t0) : 16;
+        LX_UNROLL for (int t = 0; t < 16; ++t)
+            if (t < nt) _mm512_mask_storeu_ps(y + (t0 + t) * n_out + o0, keep, acc[t]);
+    }
+}
+#undef LX_AMX_KSTEP
+
+static LX_TGT_AMX void amx_rows_k(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+                                  float *y, int64_t n_out, int64_t o0, int nr) {
+    switch (wt) {
+    case LX_TYPE_Q4_K: amx_rows_k_of(LX_TYPE_Q4_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    case LX_TYPE_Q5_K: amx_rows_k_of(LX_TYPE_Q5_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    default: amx_rows_k_of(LX_TYPE_Q6_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    }
+}
+
+/* lx_gemm at LX_SIMD_AMX for n_tok > LX_GEMM_SMALL: the tokens quantized into records of 16 (OpenMP over
+ * tokens), then each thread's 16-row tiles: unpacked once (4 rows of r8 at a time, or GGUF rows), put in the
+ * tile order, run against every 16 tokens */
 static LX_TGT_AMX void gemm_amx(const void *w, lx_type wt, int r8, const float *x, float *y, int64_t n_tok,
                                 int64_t n_in, int64_t n_out, void *work, int n_threads) {
+    const int kq = is_k(wt);
     const lx_type dt = lx_gemm_dot_type(wt);
     const int64_t nb = n_in / LX_QK, n_tiles = (n_out + LX_GEMM_AMX_R - 1) / LX_GEMM_AMX_R;
-    const size_t wrb = lx_row_bytes(wt, n_in);
+    const size_t wrb = lx_row_bytes(wt, n_in), per_thread = tile_bytes(n_in) + amx_ord_bytes(wt, n_in);
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
     (void) n_threads;
@@ -1954,23 +2134,33 @@ static LX_TGT_AMX void gemm_amx(const void *w, lx_type wt, int r8, const float *
 #else
         const int me = 0;
 #endif
-        for (int64_t t = 0; t < (n_tok + 15) / 16 * 16; ++t) amx_quantize(dt, t < n_tok ? x + t * n_in : NULL, n_in, t, act);
-        uint8_t *rows = tiles + (size_t) me * 2 * tile_bytes(n_in), *ord = rows + tile_bytes(n_in);
-        amx_configure();
+        for (int64_t t = 0; t < (n_tok + 15) / 16 * 16; ++t) {
+            const float *xt = t < n_tok ? x + t * n_in : NULL;
+            if (kq) amx_quantize_k(xt, n_in, t, act);
+            else amx_quantize(dt, xt, n_in, t, act);
+        }
+        uint8_t *rows = tiles + (size_t) me * per_thread, *ord = rows + tile_bytes(n_in);
+        ord = (uint8_t *) (((uintptr_t) ord + 63) & ~(uintptr_t) 63);
+        amx_configure(kq);
 #ifdef _OPENMP
 #pragma omp for schedule(static)
 #endif
         for (int64_t i = 0; i < n_tiles; ++i) {
             const int64_t o0 = i * LX_GEMM_AMX_R;
             const int nr = n_out - o0 < LX_GEMM_AMX_R ? (int) (n_out - o0) : LX_GEMM_AMX_R;
-            if (r8)
-                for (int r0 = 0; r0 < nr; r0 += 4)
-                    unpack_tile_r8_avx2(wt, (const uint8_t *) w, o0 + r0, nr - r0 < 4 ? nr - r0 : 4, n_in, 0, rows,
-                                        LX_GEMM_AMX_R, r0);
-            else unpack_tile_avx2(wt, (const uint8_t *) w, wrb, o0, nr, n_in, 0, rows, LX_GEMM_AMX_R);
-            amx_order(wt, rows, n_in, ord);
+            const uint8_t *wu = (const uint8_t *) w;
+            for (int r0 = 0; r0 < nr; r0 += 4) {   /* r8: 4 rows of one group of 8 at a time */
+                const int n4 = nr - r0 < 4 ? nr - r0 : 4;
+                if (kq && r8) unpack_tile_k_r8_avx2(wt, wu, o0 + r0, n4, n_in, rows, LX_GEMM_AMX_R, r0);
+                else if (r8) unpack_tile_r8_avx2(wt, wu, o0 + r0, n4, n_in, 0, rows, LX_GEMM_AMX_R, r0);
+            }
+            if (kq && !r8) unpack_tile_k_avx2(wt, wu, wrb, o0, nr, n_in, rows, LX_GEMM_AMX_R);
+            else if (!r8) unpack_tile_avx2(wt, wu, wrb, o0, nr, n_in, 0, rows, LX_GEMM_AMX_R);
+            if (kq) amx_order_k(wt, rows, n_in, ord);
+            else amx_order(wt, rows, n_in, ord);
             __asm__ volatile("" ::: "memory");   /* ord written before the tile loads read it (they declare no memory) */
-            amx_rows(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
+            if (kq) amx_rows_k(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
+            else amx_rows(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
         }
         _tile_release();
     }

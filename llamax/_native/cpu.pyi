@@ -3,6 +3,7 @@ PORTABLE: int
 AVX2: int
 AVX512: int
 VNNI512: int
+AMX: int
 LEVEL_NAMES: tuple[str, ...]
 
 def ceiling() -> int: ...
