@@ -25,7 +25,7 @@
  * starts (row_bounds, parked in the scratch), then OpenMP over (item, chunk)
  * pairs taken chunk-major, states parked in the scratch, then a fold per item.
  * Both fold the same states with the same code in the same order, so the
- * result does not depend on n_threads. At the AVX2 level with a float cache, a
+ * result does not depend on n_threads. At AVX2 and up with a float cache, a
  * prefill's items run in tiles of query tokens (run_tile): the chunks the tokens
  * share (their visible cells one list and its prefixes, as causal prefill's
  * diagonal) get their K and V converted once and attn_tile.h's kernels for all
@@ -1567,7 +1567,7 @@ static void fold_item(const attn_ctx *c, int64_t w, float *scratch) {
     state_store(c, &it, run);
 }
 
-/* ---- tiles of query tokens (prefill, the AVX2 level: attn_tile.h) ---------------------------
+/* ---- tiles of query tokens (prefill, AVX2 and up: attn_tile.h) ------------------------------
  *
  * Tile u = (stream, up to TILE_TOKENS consecutive tokens (tile_tokens), kv head, head pass). Its
  * tokens walk their chunks together: each round takes the first unfinished token's next chunk and
@@ -1591,7 +1591,7 @@ static int64_t kt_pitch(int64_t n) {
 
 static bool tiles_apply(const attn_ctx *c) {
     const lx_attn_params *p = c->p;
-    return c->level == LX_SIMD_AVX2 && p->n_tps > 1 && !type_quant(p->type_k) && !type_quant(p->type_v) &&
+    return c->level >= LX_SIMD_AVX2 && p->n_tps > 1 && !type_quant(p->type_k) && !type_quant(p->type_v) &&
            p->d_k % 8 == 0 && p->d_v % 8 == 0;
 }
 
@@ -1732,7 +1732,7 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
                 const float *qk = c->q + ((its[k].s * p->n_tps + its[k].t) * p->n_head + its[k].h0) * p->d_k;
                 for (int h = 0; h < its[k].nh; ++h, ++nq) qs[nq] = qk + h * p->d_k, Ss[nq] = S[k] + h * LDS;
             }
-            lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq);
+            lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq, c->level >= LX_SIMD_AVX512 ? 16 : 8);
             if (c->vtrans) {
                 for (int k = lead; k < nt; ++k)
                     if (with[k]) chunk_finish(c, ks, &its[k], lst[k], c0[k], S[k], tmp[k]);

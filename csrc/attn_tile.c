@@ -94,15 +94,17 @@ void lx_attn_tile_vf(const void *base, int f16, const int64_t *off, int n, int64
 /* ---- scores ------------------------------------------------------------------------------- */
 
 void lx_attn_tile_dots_ref(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
-                           int nq) {
+                           int nq, int lanes) {
     for (int i = 0; i < nq; ++i)
         for (int j = 0; j < n; ++j) {
-            float p[8];
-            for (int l = 0; l < 8; ++l) {
+            float p[16] = {0};
+            for (int l = 0; l < lanes; ++l) {
                 float a = 0.0f;
-                for (int64_t e = l; e < d; e += 8) a = fmaf(kt[e * ld + j], q[i][e], a);
+                for (int64_t e = l; e < d; e += lanes) a = fmaf(kt[e * ld + j], q[i][e], a);
                 p[l] = a;
             }
+            if (lanes == 16)
+                for (int l = 0; l < 8; ++l) p[l] = p[l] + p[l + 8];
             S[i][j] = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
         }
 }
@@ -110,15 +112,15 @@ void lx_attn_tile_dots_ref(const float *kt, int64_t ld, int n, int64_t d, const 
 #ifdef LX_SIMD_AVX2_FN
 #define TILE_ROWS 6
 
-/* rows q[0..H) x cells [j0, j0 + 8 C) */
+/* rows q[0..H) x cells [j0, j0 + 8 C), NL chains a score (8 or 16: lx_attn_tile_dots' lanes) */
 LX_SIMD_AVX2_FN void dots_block(const float *kt, int64_t ld, int64_t d, int64_t j0, const float *const *q,
-                                float *const *S, const int H, const int C) {
-    __m256 part[8][TILE_ROWS][2];
-    for (int l = 0; l < 8; ++l) {
+                                float *const *S, const int H, const int C, const int NL) {
+    __m256 part[16][TILE_ROWS][2];
+    for (int l = 0; l < NL; ++l) {
         __m256 acc[TILE_ROWS][2];
         for (int h = 0; h < H; ++h)
             for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
-        for (int64_t e = l; e < d; e += 8) {
+        for (int64_t e = l; e < d; e += NL) {
             const float *kr = kt + e * ld + j0;
             const __m256 k0 = _mm256_loadu_ps(kr), k1 = C > 1 ? _mm256_loadu_ps(kr + 8) : k0;
             for (int h = 0; h < H; ++h) {
@@ -132,6 +134,8 @@ LX_SIMD_AVX2_FN void dots_block(const float *kt, int64_t ld, int64_t d, int64_t 
     }
     for (int h = 0; h < H; ++h)
         for (int c = 0; c < C; ++c) {
+            if (NL == 16)
+                for (int l = 0; l < 8; ++l) part[l][h][c] = _mm256_add_ps(part[l][h][c], part[l + 8][h][c]);
             const __m256 a = _mm256_add_ps(_mm256_add_ps(part[0][h][c], part[1][h][c]),
                                            _mm256_add_ps(part[2][h][c], part[3][h][c]));
             const __m256 b = _mm256_add_ps(_mm256_add_ps(part[4][h][c], part[5][h][c]),
@@ -140,14 +144,17 @@ LX_SIMD_AVX2_FN void dots_block(const float *kt, int64_t ld, int64_t d, int64_t 
         }
 }
 
-#define DOTS_H(H)                                                      \
-    case H:                                                            \
-        if (C == 2) dots_block(kt, ld, d, j0, q + i, S + i, H, 2);     \
-        else dots_block(kt, ld, d, j0, q + i, S + i, H, 1);            \
+#define DOTS_H(H)                                                                              \
+    case H:                                                                                    \
+        if (C == 2 && NL == 16) dots_block(kt, ld, d, j0, q + i, S + i, H, 2, 16);             \
+        else if (C == 2) dots_block(kt, ld, d, j0, q + i, S + i, H, 2, 8);                     \
+        else if (NL == 16) dots_block(kt, ld, d, j0, q + i, S + i, H, 1, 16);                  \
+        else dots_block(kt, ld, d, j0, q + i, S + i, H, 1, 8);                                 \
         break;
 
 __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *kt, int64_t ld, int n, int64_t d,
-                                                               const float *const *q, float *const *S, int nq) {
+                                                               const float *const *q, float *const *S, int nq,
+                                                               int NL) {
     for (int64_t j0 = 0; j0 < n; j0 += 16) {
         const int C = n - j0 > 8 ? 2 : 1;
         for (int i = 0; i < nq; i += TILE_ROWS) {
@@ -161,14 +168,14 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *kt, 
 #endif
 
 void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
-                       int nq) {
+                       int nq, int lanes) {
 #ifdef LX_SIMD_AVX2_FN
     if (lx_simd_level() >= LX_SIMD_AVX2) {
-        dots_avx2(kt, ld, n, d, q, S, nq);
+        dots_avx2(kt, ld, n, d, q, S, nq, lanes);
         return;
     }
 #endif
-    lx_attn_tile_dots_ref(kt, ld, n, d, q, S, nq);
+    lx_attn_tile_dots_ref(kt, ld, n, d, q, S, nq, lanes);
 }
 
 /* ---- V accumulation ----------------------------------------------------------------------- */

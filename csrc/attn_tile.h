@@ -31,11 +31,13 @@ void lx_attn_tile_kt_ref(const void *base, int f16, const int64_t *off, int n, i
 /* vf [n][dv] <- the n rows at base + off[j] elements as floats */
 void lx_attn_tile_vf(const void *base, int f16, const int64_t *off, int n, int64_t dv, float *vf);
 
-/* S[i][j] = score of query row q[i] (d floats) and column j of kt, j < n, for the nq rows */
+/* S[i][j] = score of query row q[i] (d floats) and column j of kt, j < n, for the nq rows, in the order of
+ * the per-token kernels of `lanes` (8: AVX2, as above; 16: AVX-512's, 16 chains over e = l, l + 16, ...,
+ * lane l + lane l + 8 folded (lx_fold16_avx512), then the tree of 8) */
 void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
-                       int nq);
+                       int nq, int lanes);
 void lx_attn_tile_dots_ref(const float *kt, int64_t ld, int n, int64_t d, const float *const *q,
-                           float *const *S, int nq);
+                           float *const *S, int nq, int lanes);
 
 /* acc[i][e] = sum over j < n of P[i][j] * vf[j][e], e < dv (one fma chain per e, from +0), for the
  * nq rows */

@@ -49,24 +49,28 @@ def test_kt_is_the_transpose(level, dtype, n, d):
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize("n, d, nq", [(1, 8, 1), (9, 64, 5), (16, 64, 6), (37, 64, 13), (256, 64, 48),
                                       (200, 256, 8), (24, 136, 7)])
-def test_dots_match_their_twin(level, n, d, nq):
+def test_dots_match_their_twin(level, lanes, n, d, nq):
     cpu.set_simd_level(level)
     rng = np.random.default_rng(n + d + nq)
     kt = T.kt(rng.standard_normal((n, d)).astype(np.float16))
     q = rng.standard_normal((nq, d)).astype(np.float32)
-    S = T.dots(kt, n, q)
-    assert same(S, T.dots(kt, n, q, ref=True))
+    S = T.dots(kt, n, q, lanes=lanes)
+    assert same(S, T.dots(kt, n, q, lanes=lanes, ref=True))
     exact = (q.astype(np.float64) @ kt[:, :n].astype(np.float64))
     assert np.allclose(S, exact, rtol=1e-5, atol=1e-4)
-    # the order of the twin: 8 chains over e = l, l + 8, ..., then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7))
-    p = np.zeros((8,), np.float32)
-    for l in range(8):
+    # the order of the twin: `lanes` chains over e = l, l + lanes, ..., 16 folded to 8 (lane l + lane l + 8),
+    # then ((p0 + p1) + (p2 + p3)) + ((p4 + p5) + (p6 + p7)): the per-token kernels' (AVX2's, AVX-512's)
+    p = np.zeros((lanes,), np.float32)
+    for l in range(lanes):
         acc = np.float32(0)
-        for e in range(l, d, 8):
+        for e in range(l, d, lanes):
             acc = np.float32(np.float64(kt[e, 0]) * np.float64(q[0, e]) + np.float64(acc))   # an exact fma of f32
         p[l] = acc
+    if lanes == 16:
+        p = p[:8] + p[8:]
     tree = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
     assert S[0, 0] == tree
 
@@ -91,6 +95,8 @@ def test_kernels_refuse_bad_shapes():
         T.kt(np.zeros((4, 16), np.float64))
     with pytest.raises(ValueError, match="kt"):
         T.dots(np.zeros((16, 8), np.float32), 9, np.zeros((1, 16), np.float32))
+    with pytest.raises(ValueError, match="lanes"):
+        T.dots(np.zeros((16, 8), np.float32), 8, np.zeros((1, 16), np.float32), lanes=4)
     with pytest.raises(ValueError, match="P must be"):
         T.vacc(np.zeros((4, 8), np.float32), np.zeros((2, 5), np.float32))
 

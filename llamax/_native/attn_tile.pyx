@@ -66,9 +66,12 @@ cdef object _row_addresses(object a):
                                 dtype=np.uintp)
 
 
-def dots(kt_, int n, q, *, bint ref=False):
-    """float32 [nq, n]: the scores of query rows q [nq, d] against the first n columns of kt_ [d, ld]
+def dots(kt_, int n, q, *, int lanes=8, bint ref=False):
+    """float32 [nq, n]: the scores of query rows q [nq, d] against the first n columns of kt_ [d, ld], in
+    the order of the per-token kernels of `lanes` chains, 8 (AVX2) or 16 (AVX-512)
     (lx_attn_tile_dots; ref: lx_attn_tile_dots_ref)."""
+    if lanes not in (8, 16):
+        raise ValueError(f"lanes must be 8 or 16, not {lanes}")
     kt_ = np.ascontiguousarray(kt_, dtype=np.float32)
     q = _rows(np.asarray(q, dtype=np.float32), "q")
     if kt_.ndim != 2 or kt_.shape[0] != q.shape[1] or not 0 <= n <= kt_.shape[1] or kt_.shape[1] % 8:
@@ -81,9 +84,9 @@ def dots(kt_, int n, q, *, bint ref=False):
     cdef int64_t d = q.shape[1], ld = kt_.shape[1]
     with nogil:
         if ref:
-            lx_attn_tile_dots_ref(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq)
+            lx_attn_tile_dots_ref(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq, lanes)
         else:
-            lx_attn_tile_dots(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq)
+            lx_attn_tile_dots(&kv[0, 0], ld, n, d, <const float **> &qa[0], <float **> &sa[0], nq, lanes)
     return out[:, :n]
 
 
