@@ -167,8 +167,70 @@ __attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *kt, 
 #undef DOTS_H
 #endif
 
+#ifdef LX_SIMD_AVX512_FN
+/* dots_block on zmm: rows q[0..H) x cells [j0, j0 + 16 C) (the same chains and tree per cell) */
+LX_SIMD_AVX512_FN void dots_block512(const float *kt, int64_t ld, int64_t d, int64_t j0, const float *const *q,
+                                     float *const *S, const int H, const int C, const int NL) {
+    __m512 part[16][TILE_ROWS][2];
+    for (int l = 0; l < NL; ++l) {
+        __m512 acc[TILE_ROWS][2];
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
+        for (int64_t e = l; e < d; e += NL) {
+            const float *kr = kt + e * ld + j0;
+            const __m512 k0 = _mm512_loadu_ps(kr), k1 = C > 1 ? _mm512_loadu_ps(kr + 16) : k0;
+            for (int h = 0; h < H; ++h) {
+                const __m512 b = _mm512_set1_ps(q[h][e]);
+                acc[h][0] = _mm512_fmadd_ps(k0, b, acc[h][0]);
+                if (C > 1) acc[h][1] = _mm512_fmadd_ps(k1, b, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) part[l][h][c] = acc[h][c];
+    }
+    for (int h = 0; h < H; ++h)
+        for (int c = 0; c < C; ++c) {
+            if (NL == 16)
+                for (int l = 0; l < 8; ++l) part[l][h][c] = _mm512_add_ps(part[l][h][c], part[l + 8][h][c]);
+            const __m512 a = _mm512_add_ps(_mm512_add_ps(part[0][h][c], part[1][h][c]),
+                                           _mm512_add_ps(part[2][h][c], part[3][h][c]));
+            const __m512 b = _mm512_add_ps(_mm512_add_ps(part[4][h][c], part[5][h][c]),
+                                           _mm512_add_ps(part[6][h][c], part[7][h][c]));
+            _mm512_storeu_ps(S[h] + j0 + 16 * c, _mm512_add_ps(a, b));
+        }
+}
+
+#define DOTS_H(H)                                                                              \
+    case H:                                                                                    \
+        if (C == 2 && NL == 16) dots_block512(kt, ld, d, j0, q + i, S + i, H, 2, 16);          \
+        else if (C == 2) dots_block512(kt, ld, d, j0, q + i, S + i, H, 2, 8);                  \
+        else if (NL == 16) dots_block512(kt, ld, d, j0, q + i, S + i, H, 1, 16);               \
+        else dots_block512(kt, ld, d, j0, q + i, S + i, H, 1, 8);                              \
+        break;
+
+/* cells in blocks of 32 (16 at the end); needs ld >= n rounded up to 16 and S rows as long */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) static void
+dots_avx512(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S, int nq, int NL) {
+    for (int64_t j0 = 0; j0 < n; j0 += 32) {
+        const int C = n - j0 > 16 ? 2 : 1;
+        for (int i = 0; i < nq; i += TILE_ROWS) {
+            switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
+                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
+            }
+        }
+    }
+}
+#undef DOTS_H
+#endif
+
 void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
                        int nq, int lanes) {
+#ifdef LX_SIMD_AVX512_FN
+    if (lx_simd_level() >= LX_SIMD_AVX512 && ld % 16 == 0) {
+        dots_avx512(kt, ld, n, d, q, S, nq, lanes);
+        return;
+    }
+#endif
 #ifdef LX_SIMD_AVX2_FN
     if (lx_simd_level() >= LX_SIMD_AVX2) {
         dots_avx2(kt, ld, n, d, q, S, nq, lanes);
@@ -234,7 +296,55 @@ __attribute__((target("avx2,fma,f16c"))) static void vacc_avx2(const float *vf, 
 #undef VACC_NV
 #endif
 
+#ifdef LX_SIMD_AVX512_FN
+/* vacc_block on zmm: lanes [e0, e0 + 16 NV) */
+LX_SIMD_AVX512_FN void vacc_block512(const float *vf, int64_t dv, const float *const *P, float *const *acc, int j0,
+                                     int j1, int64_t e0, const int H, const int NV) {
+    __m512 a[VACC_ROWS][4];
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc[h] + e0 + 16 * r);
+    for (int j = j0; j < j1; ++j) {
+        __m512 p[VACC_ROWS];
+        for (int h = 0; h < H; ++h) p[h] = _mm512_set1_ps(P[h][j]);
+        const float *row = vf + (int64_t) j * dv + e0;
+        for (int r = 0; r < NV; ++r) {
+            const __m512 v = _mm512_loadu_ps(row + 16 * r);
+            for (int h = 0; h < H; ++h) a[h][r] = _mm512_fmadd_ps(p[h], v, a[h][r]);
+        }
+    }
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) _mm512_storeu_ps(acc[h] + e0 + 16 * r, a[h][r]);
+}
+
+#define VACC_NV(H, NV) case NV: vacc_block512(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
+#define VACC_H(H)                                                                           \
+    case H:                                                                                 \
+        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
+        break;
+
+/* dv a multiple of 16 */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) static void
+vacc_avx512(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+    for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
+        const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
+        for (int i = 0; i < nq; i += VACC_ROWS)
+            for (int64_t e0 = 0; e0 < dv; e0 += 64) {
+                const int nv = (dv - e0) / 16 < 4 ? (int) ((dv - e0) / 16) : 4;
+                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
+            }
+    }
+}
+#undef VACC_H
+#undef VACC_NV
+#endif
+
 void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+#ifdef LX_SIMD_AVX512_FN
+    if (lx_simd_level() >= LX_SIMD_AVX512 && dv % 16 == 0) {
+        vacc_avx512(vf, n, dv, P, acc, nq);
+        return;
+    }
+#endif
 #ifdef LX_SIMD_AVX2_FN
     if (lx_simd_level() >= LX_SIMD_AVX2) {
         vacc_avx2(vf, n, dv, P, acc, nq);
