@@ -1,12 +1,17 @@
-/* attn_tile.c: the kernels of attn_tile.h. Each AVX2 kernel sits under its scalar twin.
+/* attn_tile.c: the kernels of attn_tile.h, each under its scalar twin.
  *
- * dots: the cells are in the lanes (kt's columns), so a head's 8 partial sums p_l are 8 vectors
- * over 8 cells, each an fma chain over its e = l + 8 i; register tile: 6 query rows x 16 cells
- * (12 accumulators), one broadcast of q per row and step, one load of kt per 8 cells and step.
- * The tree then adds whole vectors: no horizontal sums. vacc: 3 rows x 32 output lanes (12
- * accumulators) over 64 cells at a time (their V rows stay in L1 for all rows), the chains carried
- * through acc from one block of cells to the next (a store and a load change no value).
+ * dots: the cells are in the lanes (kt's columns), so a head's partial sums p_l (8 or 16: the lanes
+ * argument) are vectors over W cells, each an fma chain over its e = l + lanes i; register tile: 6
+ * query rows x 2 W cells (12 accumulators), one broadcast of q per row and step, one load of kt per
+ * W cells and step. The fold and the tree then add whole vectors: no horizontal sums. vacc: 3 rows x
+ * 4 W output lanes (12 accumulators) over 64 cells at a time (their V rows stay in L1 for all rows),
+ * the chains carried through acc from one block of cells to the next (a store and a load change no
+ * value). Both are written once over W-lane vectors (the pass at the end of this file) and compiled
+ * for ymm (AVX2, W 8) and zmm (AVX-512, W 16: cells and lanes in blocks of 16, so kt's ld and dv
+ * must be multiples of 16, else the ymm pass runs); a cell's or lane's arithmetic is the same in both.
  */
+#ifndef LX_TILE_PASS
+
 #include "attn_tile.h"
 
 #include <math.h>
@@ -109,119 +114,52 @@ void lx_attn_tile_dots_ref(const float *kt, int64_t ld, int n, int64_t d, const 
         }
 }
 
+/* ---- V accumulation ----------------------------------------------------------------------- */
+
+void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+    for (int i = 0; i < nq; ++i)
+        for (int64_t e = 0; e < dv; ++e) {
+            float a = 0.0f;
+            for (int j = 0; j < n; ++j) a = fmaf(P[i][j], vf[(int64_t) j * dv + e], a);
+            acc[i][e] = a;
+        }
+}
+
+#define TILE_ROWS 6      /* query rows of a score tile */
+#define VACC_ROWS 3      /* query rows per pass of the V sums */
+#define VACC_CELLS 64    /* cells per pass: 64 rows of vf stay in L1 for every row of P */
+
 #ifdef LX_SIMD_AVX2_FN
-#define TILE_ROWS 6
-
-/* rows q[0..H) x cells [j0, j0 + 8 C), NL chains a score (8 or 16: lx_attn_tile_dots' lanes) */
-LX_SIMD_AVX2_FN void dots_block(const float *kt, int64_t ld, int64_t d, int64_t j0, const float *const *q,
-                                float *const *S, const int H, const int C, const int NL) {
-    __m256 part[16][TILE_ROWS][2];
-    for (int l = 0; l < NL; ++l) {
-        __m256 acc[TILE_ROWS][2];
-        for (int h = 0; h < H; ++h)
-            for (int c = 0; c < C; ++c) acc[h][c] = _mm256_setzero_ps();
-        for (int64_t e = l; e < d; e += NL) {
-            const float *kr = kt + e * ld + j0;
-            const __m256 k0 = _mm256_loadu_ps(kr), k1 = C > 1 ? _mm256_loadu_ps(kr + 8) : k0;
-            for (int h = 0; h < H; ++h) {
-                const __m256 b = _mm256_broadcast_ss(q[h] + e);
-                acc[h][0] = _mm256_fmadd_ps(k0, b, acc[h][0]);
-                if (C > 1) acc[h][1] = _mm256_fmadd_ps(k1, b, acc[h][1]);
-            }
-        }
-        for (int h = 0; h < H; ++h)
-            for (int c = 0; c < C; ++c) part[l][h][c] = acc[h][c];
-    }
-    for (int h = 0; h < H; ++h)
-        for (int c = 0; c < C; ++c) {
-            if (NL == 16)
-                for (int l = 0; l < 8; ++l) part[l][h][c] = _mm256_add_ps(part[l][h][c], part[l + 8][h][c]);
-            const __m256 a = _mm256_add_ps(_mm256_add_ps(part[0][h][c], part[1][h][c]),
-                                           _mm256_add_ps(part[2][h][c], part[3][h][c]));
-            const __m256 b = _mm256_add_ps(_mm256_add_ps(part[4][h][c], part[5][h][c]),
-                                           _mm256_add_ps(part[6][h][c], part[7][h][c]));
-            _mm256_storeu_ps(S[h] + j0 + 8 * c, _mm256_add_ps(a, b));
-        }
-}
-
-#define DOTS_H(H)                                                                              \
-    case H:                                                                                    \
-        if (C == 2 && NL == 16) dots_block(kt, ld, d, j0, q + i, S + i, H, 2, 16);             \
-        else if (C == 2) dots_block(kt, ld, d, j0, q + i, S + i, H, 2, 8);                     \
-        else if (NL == 16) dots_block(kt, ld, d, j0, q + i, S + i, H, 1, 16);                  \
-        else dots_block(kt, ld, d, j0, q + i, S + i, H, 1, 8);                                 \
-        break;
-
-__attribute__((target("avx2,fma,f16c"))) static void dots_avx2(const float *kt, int64_t ld, int n, int64_t d,
-                                                               const float *const *q, float *const *S, int nq,
-                                                               int NL) {
-    for (int64_t j0 = 0; j0 < n; j0 += 16) {
-        const int C = n - j0 > 8 ? 2 : 1;
-        for (int i = 0; i < nq; i += TILE_ROWS) {
-            switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
-                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
-            }
-        }
-    }
-}
-#undef DOTS_H
+#define LX_TILE_PASS 1
+#define SFX(f) f##_avx2
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define W 8
+#define VF __m256
+#define VZERO() _mm256_setzero_ps()
+#define VSET1(p) _mm256_broadcast_ss(p)
+#define VLOAD(p) _mm256_loadu_ps(p)
+#define VSTORE(p, v) _mm256_storeu_ps(p, v)
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm256_add_ps(a, b)
+#include "attn_tile.c"
 #endif
 
 #ifdef LX_SIMD_AVX512_FN
-/* dots_block on zmm: rows q[0..H) x cells [j0, j0 + 16 C) (the same chains and tree per cell) */
-LX_SIMD_AVX512_FN void dots_block512(const float *kt, int64_t ld, int64_t d, int64_t j0, const float *const *q,
-                                     float *const *S, const int H, const int C, const int NL) {
-    __m512 part[16][TILE_ROWS][2];
-    for (int l = 0; l < NL; ++l) {
-        __m512 acc[TILE_ROWS][2];
-        for (int h = 0; h < H; ++h)
-            for (int c = 0; c < C; ++c) acc[h][c] = _mm512_setzero_ps();
-        for (int64_t e = l; e < d; e += NL) {
-            const float *kr = kt + e * ld + j0;
-            const __m512 k0 = _mm512_loadu_ps(kr), k1 = C > 1 ? _mm512_loadu_ps(kr + 16) : k0;
-            for (int h = 0; h < H; ++h) {
-                const __m512 b = _mm512_set1_ps(q[h][e]);
-                acc[h][0] = _mm512_fmadd_ps(k0, b, acc[h][0]);
-                if (C > 1) acc[h][1] = _mm512_fmadd_ps(k1, b, acc[h][1]);
-            }
-        }
-        for (int h = 0; h < H; ++h)
-            for (int c = 0; c < C; ++c) part[l][h][c] = acc[h][c];
-    }
-    for (int h = 0; h < H; ++h)
-        for (int c = 0; c < C; ++c) {
-            if (NL == 16)
-                for (int l = 0; l < 8; ++l) part[l][h][c] = _mm512_add_ps(part[l][h][c], part[l + 8][h][c]);
-            const __m512 a = _mm512_add_ps(_mm512_add_ps(part[0][h][c], part[1][h][c]),
-                                           _mm512_add_ps(part[2][h][c], part[3][h][c]));
-            const __m512 b = _mm512_add_ps(_mm512_add_ps(part[4][h][c], part[5][h][c]),
-                                           _mm512_add_ps(part[6][h][c], part[7][h][c]));
-            _mm512_storeu_ps(S[h] + j0 + 16 * c, _mm512_add_ps(a, b));
-        }
-}
-
-#define DOTS_H(H)                                                                              \
-    case H:                                                                                    \
-        if (C == 2 && NL == 16) dots_block512(kt, ld, d, j0, q + i, S + i, H, 2, 16);          \
-        else if (C == 2) dots_block512(kt, ld, d, j0, q + i, S + i, H, 2, 8);                  \
-        else if (NL == 16) dots_block512(kt, ld, d, j0, q + i, S + i, H, 1, 16);               \
-        else dots_block512(kt, ld, d, j0, q + i, S + i, H, 1, 8);                              \
-        break;
-
-/* cells in blocks of 32 (16 at the end); needs ld >= n rounded up to 16 and S rows as long */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) static void
-dots_avx512(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S, int nq, int NL) {
-    for (int64_t j0 = 0; j0 < n; j0 += 32) {
-        const int C = n - j0 > 16 ? 2 : 1;
-        for (int i = 0; i < nq; i += TILE_ROWS) {
-            switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
-                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
-            }
-        }
-    }
-}
-#undef DOTS_H
+#define LX_TILE_PASS 2
+#define SFX(f) f##_avx512
+#define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+#define W 16
+#define VF __m512
+#define VZERO() _mm512_setzero_ps()
+#define VSET1(p) _mm512_set1_ps(*(p))
+#define VLOAD(p) _mm512_loadu_ps(p)
+#define VSTORE(p, v) _mm512_storeu_ps(p, v)
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define VADD(a, b) _mm512_add_ps(a, b)
+#include "attn_tile.c"
 #endif
+
+/* ---- dispatch ---------------------------------------------------------------------------- */
 
 void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
                        int nq, int lanes) {
@@ -240,103 +178,6 @@ void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const floa
     lx_attn_tile_dots_ref(kt, ld, n, d, q, S, nq, lanes);
 }
 
-/* ---- V accumulation ----------------------------------------------------------------------- */
-
-void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
-    for (int i = 0; i < nq; ++i)
-        for (int64_t e = 0; e < dv; ++e) {
-            float a = 0.0f;
-            for (int j = 0; j < n; ++j) a = fmaf(P[i][j], vf[(int64_t) j * dv + e], a);
-            acc[i][e] = a;
-        }
-}
-
-#ifdef LX_SIMD_AVX2_FN
-#define VACC_ROWS 3     /* query rows per pass */
-#define VACC_CELLS 64   /* cells per pass: 64 rows of vf stay in L1 for every row of P */
-
-/* rows [0, H) of P / acc, lanes [e0, e0 + 8 NV), cells [j0, j1): the chains go on from acc (from +0 at
- * j0 == 0) */
-LX_SIMD_AVX2_FN void vacc_block(const float *vf, int64_t dv, const float *const *P, float *const *acc, int j0,
-                                int j1, int64_t e0, const int H, const int NV) {
-    __m256 a[VACC_ROWS][4];
-    for (int h = 0; h < H; ++h)
-        for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(acc[h] + e0 + 8 * r);
-    for (int j = j0; j < j1; ++j) {
-        __m256 p[VACC_ROWS];
-        for (int h = 0; h < H; ++h) p[h] = _mm256_broadcast_ss(P[h] + j);
-        const float *row = vf + (int64_t) j * dv + e0;
-        for (int r = 0; r < NV; ++r) {
-            const __m256 v = _mm256_loadu_ps(row + 8 * r);
-            for (int h = 0; h < H; ++h) a[h][r] = _mm256_fmadd_ps(p[h], v, a[h][r]);
-        }
-    }
-    for (int h = 0; h < H; ++h)
-        for (int r = 0; r < NV; ++r) _mm256_storeu_ps(acc[h] + e0 + 8 * r, a[h][r]);
-}
-
-#define VACC_NV(H, NV) case NV: vacc_block(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
-#define VACC_H(H)                                                                           \
-    case H:                                                                                 \
-        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
-        break;
-
-__attribute__((target("avx2,fma,f16c"))) static void vacc_avx2(const float *vf, int n, int64_t dv,
-                                                               const float *const *P, float *const *acc, int nq) {
-    for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
-        const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
-        for (int i = 0; i < nq; i += VACC_ROWS)
-            for (int64_t e0 = 0; e0 < dv; e0 += 32) {
-                const int nv = (dv - e0) / 8 < 4 ? (int) ((dv - e0) / 8) : 4;
-                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
-            }
-    }
-}
-#undef VACC_H
-#undef VACC_NV
-#endif
-
-#ifdef LX_SIMD_AVX512_FN
-/* vacc_block on zmm: lanes [e0, e0 + 16 NV) */
-LX_SIMD_AVX512_FN void vacc_block512(const float *vf, int64_t dv, const float *const *P, float *const *acc, int j0,
-                                     int j1, int64_t e0, const int H, const int NV) {
-    __m512 a[VACC_ROWS][4];
-    for (int h = 0; h < H; ++h)
-        for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? _mm512_setzero_ps() : _mm512_loadu_ps(acc[h] + e0 + 16 * r);
-    for (int j = j0; j < j1; ++j) {
-        __m512 p[VACC_ROWS];
-        for (int h = 0; h < H; ++h) p[h] = _mm512_set1_ps(P[h][j]);
-        const float *row = vf + (int64_t) j * dv + e0;
-        for (int r = 0; r < NV; ++r) {
-            const __m512 v = _mm512_loadu_ps(row + 16 * r);
-            for (int h = 0; h < H; ++h) a[h][r] = _mm512_fmadd_ps(p[h], v, a[h][r]);
-        }
-    }
-    for (int h = 0; h < H; ++h)
-        for (int r = 0; r < NV; ++r) _mm512_storeu_ps(acc[h] + e0 + 16 * r, a[h][r]);
-}
-
-#define VACC_NV(H, NV) case NV: vacc_block512(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
-#define VACC_H(H)                                                                           \
-    case H:                                                                                 \
-        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
-        break;
-
-/* dv a multiple of 16 */
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"))) static void
-vacc_avx512(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
-    for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
-        const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
-        for (int i = 0; i < nq; i += VACC_ROWS)
-            for (int64_t e0 = 0; e0 < dv; e0 += 64) {
-                const int nv = (dv - e0) / 16 < 4 ? (int) ((dv - e0) / 16) : 4;
-                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
-            }
-    }
-}
-#undef VACC_H
-#undef VACC_NV
-#endif
 
 void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
 #ifdef LX_SIMD_AVX512_FN
@@ -353,3 +194,117 @@ void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P
 #endif
     lx_attn_tile_vacc_ref(vf, n, dv, P, acc, nq);
 }
+
+#else /* LX_TILE_PASS ===================================================================== *
+ *
+ * The W-lane kernels (SFX names the pass's), included once per vector width above. */
+
+/* rows q[0..H) x cells [j0, j0 + W C), NL chains a score (8 or 16: lx_attn_tile_dots' lanes) */
+static inline __attribute__((always_inline)) TGT void SFX(dots_block)(const float *kt, int64_t ld, int64_t d,
+                                                                     int64_t j0, const float *const *q,
+                                                                     float *const *S, const int H, const int C,
+                                                                     const int NL) {
+    VF part[16][TILE_ROWS][2];
+    for (int l = 0; l < NL; ++l) {
+        VF acc[TILE_ROWS][2];
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) acc[h][c] = VZERO();
+        for (int64_t e = l; e < d; e += NL) {
+            const float *kr = kt + e * ld + j0;
+            const VF k0 = VLOAD(kr), k1 = C > 1 ? VLOAD(kr + W) : k0;
+            for (int h = 0; h < H; ++h) {
+                const VF b = VSET1(q[h] + e);
+                acc[h][0] = VFMA(k0, b, acc[h][0]);
+                if (C > 1) acc[h][1] = VFMA(k1, b, acc[h][1]);
+            }
+        }
+        for (int h = 0; h < H; ++h)
+            for (int c = 0; c < C; ++c) part[l][h][c] = acc[h][c];
+    }
+    for (int h = 0; h < H; ++h)
+        for (int c = 0; c < C; ++c) {
+            if (NL == 16)   /* lx_fold16_avx512: lane l + lane l + 8 */
+                for (int l = 0; l < 8; ++l) part[l][h][c] = VADD(part[l][h][c], part[l + 8][h][c]);
+            const VF a = VADD(VADD(part[0][h][c], part[1][h][c]), VADD(part[2][h][c], part[3][h][c]));
+            const VF b = VADD(VADD(part[4][h][c], part[5][h][c]), VADD(part[6][h][c], part[7][h][c]));
+            VSTORE(S[h] + j0 + W * c, VADD(a, b));
+        }
+}
+
+#define DOTS_H(H)                                                                              \
+    case H:                                                                                    \
+        if (C == 2 && NL == 16) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 2, 16);        \
+        else if (C == 2) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 2, 8);                \
+        else if (NL == 16) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 1, 16);             \
+        else SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 1, 8);                            \
+        break;
+
+/* cells in blocks of 2 W (W at the end): stores reach n rounded up to W (kt's ld and S's rows hold them) */
+static TGT void SFX(dots)(const float *kt, int64_t ld, int n, int64_t d, const float *const *q, float *const *S,
+                          int nq, int NL) {
+    for (int64_t j0 = 0; j0 < n; j0 += 2 * W) {
+        const int C = n - j0 > W ? 2 : 1;
+        for (int i = 0; i < nq; i += TILE_ROWS) {
+            switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
+                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
+            }
+        }
+    }
+}
+#undef DOTS_H
+
+/* rows [0, H) of P / acc, lanes [e0, e0 + W NV), cells [j0, j1): the chains go on from acc (from +0 at
+ * j0 == 0) */
+static inline __attribute__((always_inline)) TGT void SFX(vacc_block)(const float *vf, int64_t dv,
+                                                                     const float *const *P, float *const *acc,
+                                                                     int j0, int j1, int64_t e0, const int H,
+                                                                     const int NV) {
+    VF a[VACC_ROWS][4];
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? VZERO() : VLOAD(acc[h] + e0 + W * r);
+    for (int j = j0; j < j1; ++j) {
+        VF p[VACC_ROWS];
+        for (int h = 0; h < H; ++h) p[h] = VSET1(P[h] + j);
+        const float *row = vf + (int64_t) j * dv + e0;
+        for (int r = 0; r < NV; ++r) {
+            const VF v = VLOAD(row + W * r);
+            for (int h = 0; h < H; ++h) a[h][r] = VFMA(p[h], v, a[h][r]);
+        }
+    }
+    for (int h = 0; h < H; ++h)
+        for (int r = 0; r < NV; ++r) VSTORE(acc[h] + e0 + W * r, a[h][r]);
+}
+
+#define VACC_NV(H, NV) case NV: SFX(vacc_block)(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
+#define VACC_H(H)                                                                           \
+    case H:                                                                                 \
+        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
+        break;
+
+/* dv a multiple of W */
+static TGT void SFX(vacc)(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
+    for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
+        const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
+        for (int i = 0; i < nq; i += VACC_ROWS)
+            for (int64_t e0 = 0; e0 < dv; e0 += 4 * W) {
+                const int nv = (dv - e0) / W < 4 ? (int) ((dv - e0) / W) : 4;
+                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
+            }
+    }
+}
+#undef VACC_H
+#undef VACC_NV
+
+#undef LX_TILE_PASS
+#undef SFX
+#undef TGT
+#undef W
+#undef VF
+#undef VZERO
+#undef VSET1
+#undef VLOAD
+#undef VSTORE
+#undef VFMA
+#undef VADD
+
+#endif /* LX_TILE_PASS */
