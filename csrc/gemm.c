@@ -303,17 +303,25 @@ size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_thre
     return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in)) + 128;
 }
 
+#define LX_Q8_CHUNK 32   /* blocks quantized per call of lx_quantize_row_q8_split (q8_chunk) */
+
+/* blocks [b0, b0 + n) of row x (n returned: up to LX_Q8_CHUNK, nb in all) into qs, d, s, sum; x NULL: none */
+static int64_t q8_chunk(lx_type dt, const float *x, int64_t nb, int64_t b0, int8_t *qs, float *d, float *s,
+                        int32_t *sum) {
+    const int64_t n = nb - b0 < LX_Q8_CHUNK ? nb - b0 : LX_Q8_CHUNK;
+    if (x) lx_quantize_row_q8_split(dt, x + b0 * LX_QK, qs, d, s, sum, n * LX_QK);
+    return n;
+}
+
 static void quantize_token(lx_type dt, int c, const float *x, int64_t n_in, int L, int64_t t,
                            uint8_t *act) {
-    enum { CHUNK = 32 };   /* blocks quantized per call (lx_quantize_row_q8_split) */
     const int64_t nb = n_in / LX_QK, g = t / L;
     const int l = (int) (t % L);
-    int8_t qs[CHUNK * LX_QK];
-    float d[CHUNK], s[CHUNK];
-    int32_t sum[CHUNK];
-    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
-        const int64_t n = nb - b0 < CHUNK ? nb - b0 : CHUNK;
-        if (x) lx_quantize_row_q8_split(dt, x + b0 * LX_QK, qs, d, s, sum, n * LX_QK);
+    int8_t qs[LX_Q8_CHUNK * LX_QK];
+    float d[LX_Q8_CHUNK], s[LX_Q8_CHUNK];
+    int32_t sum[LX_Q8_CHUNK];
+    for (int64_t b0 = 0; b0 < nb; b0 += LX_Q8_CHUNK) {
+        const int64_t n = q8_chunk(dt, x, nb, b0, qs, d, s, sum);
         for (int64_t i = 0; i < n; ++i) {
             uint8_t *rec = act + ((size_t) g * nb + b0 + i) * rec_bytes(L);
             int32_t *corr = (int32_t *) (rec + 32 * L);
@@ -1854,6 +1862,14 @@ static LX_TGT_AMX void amx_configure(int kq) {
     _tile_loadconfig(&c);
 }
 
+/* the 16 tokens' outputs from t0 (those below n_tok), the rows of keep, into y[t][o0 ..] */
+static LX_INLINE LX_TGT_AMX void amx_store(const __m512 *acc, float *y, int64_t t0, int64_t n_tok, int64_t n_out,
+                                           int64_t o0, __mmask16 keep) {
+    const int nt = n_tok - t0 < 16 ? (int) (n_tok - t0) : 16;
+    LX_UNROLL for (int t = 0; t < 16; ++t)
+        if (t < nt) _mm512_mask_storeu_ps(y + (t0 + t) * n_out + o0, keep, acc[t]);
+}
+
 /* W's unpacked rows (unpack_tile's layout for 16 rows, q8_0 signed) in the tile order: per block b,
  * bytes [8][16][4] (value 4s + j of row r at 64 s + 4 r, minus the offset c: signed), then the
  * blocks' float dw [nb][16], mw [nb][16] */
@@ -1879,15 +1895,13 @@ static LX_TGT_AMX void amx_order(lx_type wt, const uint8_t *rows, int64_t n_in, 
 
 /* token t's row x into its records (act + (t / 16 nb + b) LX_AMX_REC, row t % 16); x NULL: zeros */
 static void amx_quantize(lx_type dt, const float *x, int64_t n_in, int64_t t, uint8_t *act) {
-    enum { CHUNK = 32 };
     const int64_t nb = n_in / LX_QK;
     const int l = (int) (t % 16);
-    int8_t qs[CHUNK * LX_QK];
-    float d[CHUNK], s[CHUNK];
-    int32_t sum[CHUNK];
-    for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
-        const int64_t n = nb - b0 < CHUNK ? nb - b0 : CHUNK;
-        if (x) lx_quantize_row_q8_split(dt, x + b0 * LX_QK, qs, d, s, sum, n * LX_QK);
+    int8_t qs[LX_Q8_CHUNK * LX_QK];
+    float d[LX_Q8_CHUNK], s[LX_Q8_CHUNK];
+    int32_t sum[LX_Q8_CHUNK];
+    for (int64_t b0 = 0; b0 < nb; b0 += LX_Q8_CHUNK) {
+        const int64_t n = q8_chunk(dt, x, nb, b0, qs, d, s, sum);
         for (int64_t i = 0; i < n; ++i) {
             uint8_t *rec = act + (size_t) ((t / 16) * nb + b0 + i) * LX_AMX_REC;
             float *dx = (float *) (rec + 512), *sx = dx + 16;
@@ -1942,18 +1956,11 @@ static LX_INLINE LX_TGT_AMX void amx_rows_of(lx_type wt, const uint8_t *ord, con
                 amx_chain(wt, cs[1], a + (b + 1) * LX_AMX_REC, odw, omw, b + 1, acc);
             }
         }
-        const int nt = n_tok - t0 < 16 ? (int) (n_tok - t0) : 16;
-        LX_UNROLL for (int t = 0; t < 16; ++t)
-            if (t < nt) _mm512_mask_storeu_ps(y + (t0 + t) * n_out + o0, keep, acc[t]);
+        amx_store(acc, y, t0, n_tok, n_out, o0, keep);
     }
 }
 #undef LX_AMX_BLOCK
 
-static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
-                                float *y, int64_t n_out, int64_t o0, int nr) {
-    if (has_min(wt)) amx_rows_of(LX_TYPE_Q4_1, ord, act, n_in, n_tok, y, n_out, o0, nr);   /* the chain: min or not */
-    else amx_rows_of(LX_TYPE_Q4_0, ord, act, n_in, n_tok, y, n_out, o0, nr);
-}
 
 /* ---- AMX for the K types: the sub-block scales inside the tile products ------------------------------
  *
@@ -2068,7 +2075,7 @@ static LX_INLINE LX_TGT_AMX void amx_chain_k(lx_type wt, const int32_t *cs, cons
         }                                                                                        \
     } while (0)
 
-/* amx_rows for the K types (wt a constant: amx_rows_k) */
+/* amx_rows_of for the K types (wt a constant: amx_rows) */
 static LX_INLINE LX_TGT_AMX void amx_rows_k_of(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
                                   float *y, int64_t n_out, int64_t o0, int nr) {
     const int64_t nbk = n_in / LX_QK_K;
@@ -2096,19 +2103,21 @@ static LX_INLINE LX_TGT_AMX void amx_rows_k_of(lx_type wt, const uint8_t *ord, c
             if (nd > 3) _tile_stored(3, cs[3], 64);
             amx_chain_k(wt, cs[0], rec, o, acc);
         }
-        const int nt = n_tok - t0 < 16 ? (int) (n_tok - t0) : 16;
-        LX_UNROLL for (int t = 0; t < 16; ++t)
-            if (t < nt) _mm512_mask_storeu_ps(y + (t0 + t) * n_out + o0, keep, acc[t]);
+        amx_store(acc, y, t0, n_tok, n_out, o0, keep);
     }
 }
 #undef LX_AMX_KSTEP
 
-static LX_TGT_AMX void amx_rows_k(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
-                                  float *y, int64_t n_out, int64_t o0, int nr) {
+/* y's rows [o0, o0 + nr) for every token from W's 16 rows in the tile order (amx_order / amx_order_k), the
+ * kernel's type a constant (the blocks' chain differs only by the min term) */
+static LX_TGT_AMX void amx_rows(lx_type wt, const uint8_t *ord, const uint8_t *act, int64_t n_in, int64_t n_tok,
+                                float *y, int64_t n_out, int64_t o0, int nr) {
     switch (wt) {
     case LX_TYPE_Q4_K: amx_rows_k_of(LX_TYPE_Q4_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
     case LX_TYPE_Q5_K: amx_rows_k_of(LX_TYPE_Q5_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
-    default: amx_rows_k_of(LX_TYPE_Q6_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    case LX_TYPE_Q6_K: amx_rows_k_of(LX_TYPE_Q6_K, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    case LX_TYPE_Q4_1: case LX_TYPE_Q5_1: amx_rows_of(LX_TYPE_Q4_1, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
+    default: amx_rows_of(LX_TYPE_Q4_0, ord, act, n_in, n_tok, y, n_out, o0, nr); break;
     }
 }
 
@@ -2159,8 +2168,7 @@ static LX_TGT_AMX void gemm_amx(const void *w, lx_type wt, int r8, const float *
             if (kq) amx_order_k(wt, rows, n_in, ord);
             else amx_order(wt, rows, n_in, ord);
             __asm__ volatile("" ::: "memory");   /* ord written before the tile loads read it (they declare no memory) */
-            if (kq) amx_rows_k(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
-            else amx_rows(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
+            amx_rows(wt, ord, act, n_in, n_tok, y, n_out, o0, nr);
         }
         _tile_release();
     }
