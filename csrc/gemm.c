@@ -27,6 +27,11 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define LX_GEMM_X86 1
 #include <immintrin.h>
+/* the AMX path needs a compiler with the tile intrinsics (GCC 11, clang 12); without them the AMX level
+ * runs the VNNI kernels */
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define LX_GEMM_AMX 1
+#endif
 #endif
 
 #define LX_INLINE inline __attribute__((always_inline))
@@ -659,10 +664,12 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     run_fn run = NULL;
     int L = 8, u128 = 1, tmax = 1;
 #ifdef LX_GEMM_X86
+#ifdef LX_GEMM_AMX
     if (level >= LX_SIMD_AMX && n_tok > LX_GEMM_SMALL) {
         gemm_amx(w, w_type, r8, x, y, n_tok, n_in, n_out, work, n_threads);
         return;
     }
+#endif
     if (kq) {
         if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
     } else if (level >= LX_SIMD_VNNI512 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
@@ -1826,7 +1833,7 @@ static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb,
 }
 #endif
 
-#if LX_GEMM_PASS == 3
+#if LX_GEMM_PASS == 3 && defined(LX_GEMM_AMX)
 /* ---- AMX (LX_SIMD_AMX, n_tok > LX_GEMM_SMALL; q4_0, q4_1, q5_0, q5_1, q8_0) --------------------------
  *
  * One tile product forms the exact block sums of 16 tokens x 16 W rows: C = A B (tdpbssd), A the tokens'
