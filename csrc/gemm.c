@@ -730,10 +730,7 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
                 int64_t so = o0;
 #ifdef LX_GEMM_X86
                 (void) mine;   /* the r8 tile is unpacked from the layout itself */
-                if (kq && r8) unpack_tile_k_r8_avx2(w_type, src, o0, nr, n_in, tile, LX_GEMM_R, 0);
-                else if (kq) unpack_tile_k_avx2(w_type, src, wrb, so, nr, n_in, tile, LX_GEMM_R);
-                else if (r8) unpack_tile_r8_avx2(w_type, src, o0, nr, n_in, u128, tile, LX_GEMM_R, 0);
-                else unpack_tile_avx2(w_type, src, wrb, so, nr, n_in, u128, tile, LX_GEMM_R);
+                unpack_rows_avx2(w_type, src, r8, wrb, so, nr, n_in, u128, tile, LX_GEMM_R);
 #else
                 if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
                 unpack_tile(w_type, src, wrb, so, nr, n_in, u128, tile);
@@ -1496,6 +1493,22 @@ static LX_TGT void SFX(unpack_tile_k_r8)(lx_type wt, const uint8_t *w, int64_t o
     }
 }
 
+/* W rows [o0, o0 + nr) unpacked into a tile of rt rows, from the r8 layout (4 rows of one group of 8 at a
+ * time; o0 % 4 == 0) or from GGUF rows of wrb bytes, by the type's unpacker (u128: q8_0 as unsigned) */
+static LX_TGT void SFX(unpack_rows)(lx_type wt, const uint8_t *w, int r8, size_t wrb, int64_t o0, int nr,
+                                    int64_t n_in, int u128, uint8_t *tile, int rt) {
+    if (!r8) {
+        if (is_k(wt)) SFX(unpack_tile_k)(wt, w, wrb, o0, nr, n_in, tile, rt);
+        else SFX(unpack_tile)(wt, w, wrb, o0, nr, n_in, u128, tile, rt);
+        return;
+    }
+    for (int r0 = 0; r0 < nr; r0 += 4) {
+        const int n4 = nr - r0 < 4 ? nr - r0 : 4;
+        if (is_k(wt)) SFX(unpack_tile_k_r8)(wt, w, o0 + r0, n4, n_in, tile, rt, r0);
+        else SFX(unpack_tile_r8)(wt, w, o0 + r0, n4, n_in, u128, tile, rt, r0);
+    }
+}
+
 /* out[r L + l] = output of tile row r and token lane l of the group at rec0 (8 lanes) */
 static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *rec0,
                                          int64_t nbk, float *out, const int R) {
@@ -2164,14 +2177,7 @@ static LX_TGT_AMX void gemm_amx(const void *w, lx_type wt, int r8, const float *
         for (int64_t i = 0; i < n_tiles; ++i) {
             const int64_t o0 = i * LX_GEMM_AMX_R;
             const int nr = n_out - o0 < LX_GEMM_AMX_R ? (int) (n_out - o0) : LX_GEMM_AMX_R;
-            const uint8_t *wu = (const uint8_t *) w;
-            for (int r0 = 0; r0 < nr; r0 += 4) {   /* r8: 4 rows of one group of 8 at a time */
-                const int n4 = nr - r0 < 4 ? nr - r0 : 4;
-                if (kq && r8) unpack_tile_k_r8_avx2(wt, wu, o0 + r0, n4, n_in, rows, LX_GEMM_AMX_R, r0);
-                else if (r8) unpack_tile_r8_avx2(wt, wu, o0 + r0, n4, n_in, 0, rows, LX_GEMM_AMX_R, r0);
-            }
-            if (kq && !r8) unpack_tile_k_avx2(wt, wu, wrb, o0, nr, n_in, rows, LX_GEMM_AMX_R);
-            else if (!r8) unpack_tile_avx2(wt, wu, wrb, o0, nr, n_in, 0, rows, LX_GEMM_AMX_R);
+            unpack_rows_avx2(wt, (const uint8_t *) w, r8, wrb, o0, nr, n_in, 0, rows, LX_GEMM_AMX_R);
             if (kq) amx_order_k(wt, rows, n_in, ord);
             else amx_order(wt, rows, n_in, ord);
             __asm__ volatile("" ::: "memory");   /* ord written before the tile loads read it (they declare no memory) */
