@@ -672,7 +672,8 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     }
 #endif
     if (kq) {
-        if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;   /* and at VNNI: the AVX2 K kernels */
+        if (level >= LX_SIMD_VNNI512 && n_tok > LX_GEMM_SMALL) run = run_k_vnni512, L = 16, u128 = 0;
+        else if (level >= LX_SIMD_AVX2) run = run_k_avx2, u128 = 0;
     } else if (level >= LX_SIMD_VNNI512 && n_tok > 8) run = run_vnni512, L = 16, tmax = 3;
     else if (level >= LX_SIMD_VNNI512) run = run_vnni256;
     else if (level >= LX_SIMD_AVX2) run = run_avx2, u128 = 0;
@@ -1381,7 +1382,7 @@ static LX_TGT void SFX(small_run)(lx_type wt, const uint8_t *w, size_t wrb, int6
 #undef LX_GEMM_SMALL_NT
 #undef LX_GEMM_SMALL_R8_NT
 
-/* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels, which LX_SIMD_VNNI512 runs too) ------------------------
+/* ---- K-quants (q4_K, q5_K, q6_K; AVX2 kernels: the few-token ones at every level, the token-lane ones below VNNI512) --
  *
  * Integer sums per super-block, all exact: the maddubs int16 pair sums of a sub-block are taken
  * by one madd against its scale broadcast as int16 (sc * (pair + pair') in int32), so the scale
@@ -1847,6 +1848,111 @@ static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb,
     }
 #undef LX_GEMM_K_R8
 }
+#endif
+
+#if LX_GEMM_PASS == 3
+/* ---- K-quants at VNNI (16 token lanes, zmm; n_tok > LX_GEMM_SMALL) --------------------------------------
+ *
+ * q4_K / q5_K: a sub-block's 32 values go through vpdpbusd straight into int32 (|sum u y| <= 32 * 31 * 127;
+ * two chains, even and odd steps), then its scale multiplies the int32 sum (vpmulld): isum = sum_j sc_j p_j,
+ * exact (|isum| < 2^31, gemm.h). q6_K: AVX2's int16 pair sums on zmm (maddubs over a group's 4 steps, the
+ * activations' 32 (pair sums) subtracted, one madd with the group's scale), which beat vpdpbusd + vpmulld
+ * there (16 scales a super-block: 240 vs 225 GOP/s a core on Gemma 3's ffn_down, the AVX2 kernel 187; q4_K
+ * 300 vs 275 the other way round, the AVX2 kernel 205). The mins' sum is AVX2's madd of pairs, and each
+ * lane's chain is gemm.h's: the bits are the AVX2 kernels'. */
+
+/* out[r 16 + l] = output of tile row r and token lane l of the group at rec0 (16 lanes) */
+static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *rec0,
+                                         int64_t nbk, float *out, const int R) {
+    const float *dw = (const float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
+    const int16_t *sc = (const int16_t *) (dm + LX_GEMM_R * nbk);
+    const size_t rb = rec_bytes_k(16);
+    const int q6 = wt == LX_TYPE_Q6_K;
+    __m512 acc[LX_GEMM_R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nbk; ++b) {
+        const uint8_t *rec = rec0 + b * rb, *ext = rec + 256 * 16;
+        const uint8_t *wb[LX_GEMM_R];
+        const int16_t *sb[LX_GEMM_R];
+        __m512i is[LX_GEMM_R], ms[LX_GEMM_R];
+        for (int r = 0; r < R; ++r) {
+            wb[r] = tile + r * n_in + LX_QK_K * b, sb[r] = sc + (r * nbk + b) * 16;
+            is[r] = _mm512_setzero_si512(), ms[r] = _mm512_setzero_si512();
+        }
+        if (q6) {
+            for (int e = 0; e < 16; ++e) {   /* (tile_k_avx2's group: |pair sums of (u - 32) y| <= 32512) */
+                __m512i p[LX_GEMM_R];
+                for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_si512();
+                for (int s = 0; s < 4; ++s) {
+                    const __m512i a = _mm512_loadu_si512((const void *) (rec + 64 * (4 * e + s)));
+                    for (int r = 0; r < R; ++r) {
+                        p[r] = _mm512_add_epi16(p[r], _mm512_maddubs_epi16(_mm512_set1_epi32(ld32(wb[r] + 16 * e + 4 * s)), a));
+                        LX_CHAIN(p[r]);
+                    }
+                }
+                const __m512i q = _mm512_loadu_si512((const void *) (ext + 64 * e));
+                for (int r = 0; r < R; ++r)
+                    is[r] = _mm512_add_epi32(is[r], _mm512_madd_epi16(_mm512_sub_epi16(p[r], q), _mm512_set1_epi16(sb[r][e])));
+            }
+        } else {
+            for (int j = 0; j < 8; ++j) {
+                __m512i p[LX_GEMM_R][2];
+                for (int r = 0; r < R; ++r) p[r][0] = p[r][1] = _mm512_setzero_si512();
+                for (int s = 0; s < 8; ++s) {
+                    const __m512i a = _mm512_loadu_si512((const void *) (rec + 64 * (8 * j + s)));
+                    for (int r = 0; r < R; ++r) {
+                        p[r][s & 1] = _mm512_dpbusd_epi32(p[r][s & 1], _mm512_set1_epi32(ld32(wb[r] + 32 * j + 4 * s)), a);
+                        LX_CHAIN(p[r][s & 1]);
+                    }
+                }
+                for (int r = 0; r < R; ++r)
+                    is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(_mm512_add_epi32(p[r][0], p[r][1]),
+                                                                       _mm512_set1_epi32(sb[r][j])));
+            }
+            for (int e = 0; e < 4; ++e) {
+                const __m512i bs = _mm512_loadu_si512((const void *) (ext + 64 * e));
+                for (int r = 0; r < R; ++r)
+                    ms[r] = _mm512_add_epi32(ms[r], _mm512_madd_epi16(bs, _mm512_set1_epi32(ld32((const uint8_t *) (sb[r] + 8 + 2 * e)))));
+            }
+        }
+        const __m512 dx = _mm512_loadu_ps((const float *) (rec + 320 * 16));
+        for (int r = 0; r < R; ++r) {
+            const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[r * nbk + b]), dx);
+            acc[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(is[r]), acc[r]);
+            if (!q6) {   /* fnmadd(m, ms, acc) = fmaf(-m, ms, acc), one rounding */
+                const __m512 m = _mm512_mul_ps(_mm512_set1_ps(dm[r * nbk + b]), dx);
+                acc[r] = _mm512_fnmadd_ps(m, _mm512_cvtepi32_ps(ms[r]), acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+}
+
+#define LX_GEMM_KR(WT)                                               \
+    switch (nr) {                                                    \
+    case 1: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 1); break;      \
+    case 2: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 2); break;      \
+    case 3: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 3); break;      \
+    default: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 4); break;     \
+    }
+
+/* run_fn for the K-quants (groups of 16 tokens) */
+static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
+                              int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
+    const int64_t nbk = n_in / LX_QK_K;
+    const size_t gs = (size_t) nbk * rec_bytes_k(16);
+    float out[LX_GEMM_R * 16];
+    for (int64_t g = 0; g < n_groups; ++g) {
+        const uint8_t *a = act + g * gs;
+        switch (wt) {
+        case LX_TYPE_Q4_K: LX_GEMM_KR(LX_TYPE_Q4_K) break;
+        case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
+        default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
+        }
+        SFX(put_tile)(out, nr, 1, 16, y, g * 16, n_tok, n_out, o0);
+    }
+}
+#undef LX_GEMM_KR
 #endif
 
 #if LX_GEMM_PASS == 3 && defined(LX_GEMM_AMX)

@@ -107,7 +107,9 @@
  * At AMX, more than 8 tokens take the tile path: each sub-block scale written in digits (q4_K base 8,
  * q5_K base 4, q6_K's |scale| base 4, its sign on the values) so every value times a digit is an int8,
  * one tile product of the super-block per digit, isum = sum_k 2^(bits k) C_k exactly (gemm.c amx_rows_k).
- * AVX2 kernels (the AVX-512 levels run these too: there is no AVX-512 K kernel yet): token lanes for
+ * At VNNI512 more than 8 tokens take a 16-lane zmm K kernel (gemm.c tile_k_vnni512: q4_K / q5_K by vpdpbusd
+ * per sub-block and vpmulld by its scale, exact in int32; q6_K the AVX2 pair sums below on zmm). AVX2
+ * kernels (AVX512 without VNNI runs these too, and every level's few-token K products): token lanes for
  * n_tok > 8 (R = 4 rows x 8 tokens per tile), 8 rows in lanes for n_tok <= 8, as above. The
  * sub-block scale costs nothing: the maddubs int16 pair sums of a sub-block (q4_K: 8 steps,
  * <= 30480; q5_K: 4 steps, <= 31496) go through one madd against sc_j broadcast as int16, which
@@ -124,8 +126,8 @@
  * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (lx_gemm_supported); n_in must be a
  * multiple of the block size (32, or 256 for the K-quants). Others are refused (matmul.h's float
  * product serves them: product.h).
- * Next: an AVX-512 K kernel for VNNI machines without AMX (the same tiles on zmm with vpdpbusd + a
- * per-sub-block scale) and VNNI few-token kernels (decode runs AVX2's there), f32 / f16 weights, q2_K / q3_K.
+ * Next: VNNI few-token kernels (decode runs AVX2's there; it is bound by W's stream), f32 / f16 weights,
+ * q2_K / q3_K.
  */
 #ifndef LX_GEMM_H
 #define LX_GEMM_H
