@@ -1588,32 +1588,6 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
     for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
 }
 
-#define LX_GEMM_KR(WT)                                               \
-    switch (nr) {                                                    \
-    case 1: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 1); break;      \
-    case 2: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 2); break;      \
-    case 3: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 3); break;      \
-    default: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 4); break;     \
-    }
-
-/* run_fn for the K-quants (groups of 8 tokens) */
-static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
-                              int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
-    const int64_t nbk = n_in / LX_QK_K;
-    const size_t gs = (size_t) nbk * rec_bytes_k(8);
-    float out[LX_GEMM_R * 8];
-    for (int64_t g = 0; g < n_groups; ++g) {
-        const uint8_t *a = act + g * gs;
-        switch (wt) {
-        case LX_TYPE_Q4_K: LX_GEMM_KR(LX_TYPE_Q4_K) break;
-        case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
-        default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
-        }
-        SFX(put_tile)(out, nr, 1, 8, y, g * 8, n_tok, n_out, o0);
-    }
-}
-#undef LX_GEMM_KR
-
 /* n_tok <= 8: 8 W rows in the lanes; each row's super-block is unpacked once (registers, its
  * int16 scale vectors) and dotted with every token's; the 8 rows' int32 sums (scales applied by
  * the madd) are reduced by hsum8x8, then the chain lane-wise over rows */
@@ -1927,7 +1901,10 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
 }
+#endif
 
+#if LX_GEMM_PASS == 1 || LX_GEMM_PASS == 3
+#define LX_K_LANES (LX_GEMM_PASS == 3 ? 16 : 8)   /* tile_k's token lanes */
 #define LX_GEMM_KR(WT)                                               \
     switch (nr) {                                                    \
     case 1: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 1); break;      \
@@ -1936,12 +1913,12 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
     default: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 4); break;     \
     }
 
-/* run_fn for the K-quants (groups of 16 tokens) */
+/* run_fn for the K-quants (groups of LX_K_LANES tokens: AVX2 8, VNNI512 16) */
 static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
                               int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
     const int64_t nbk = n_in / LX_QK_K;
-    const size_t gs = (size_t) nbk * rec_bytes_k(16);
-    float out[LX_GEMM_R * 16];
+    const size_t gs = (size_t) nbk * rec_bytes_k(LX_K_LANES);
+    float out[LX_GEMM_R * LX_K_LANES];
     for (int64_t g = 0; g < n_groups; ++g) {
         const uint8_t *a = act + g * gs;
         switch (wt) {
@@ -1949,10 +1926,11 @@ static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int
         case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
         default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
         }
-        SFX(put_tile)(out, nr, 1, 16, y, g * 16, n_tok, n_out, o0);
+        SFX(put_tile)(out, nr, 1, LX_K_LANES, y, g * LX_K_LANES, n_tok, n_out, o0);
     }
 }
 #undef LX_GEMM_KR
+#undef LX_K_LANES
 #endif
 
 #if LX_GEMM_PASS == 3 && defined(LX_GEMM_AMX)
