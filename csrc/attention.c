@@ -680,11 +680,13 @@ static LX_ALWAYS_INLINE pf_rows pf_at(const attn_ctx *c, int64_t k_base, int64_t
     return pf;
 }
 
+/* the K and V rows of visible cells [j, j + n) into L2 (prefetcht1): into L1 (prefetcht0) K's rows left Gemma 3's
+ * decode step at depth 8192 3-5% slower on a Sapphire Rapids (11.73-11.98 vs 11.35-11.38 ms, alternating) */
 static LX_ALWAYS_INLINE void prefetch_rows(const attn_ctx *c, const pf_rows *pf, const vis_list *vl, int j, int n) {
     const int end = j + n < vl->n ? j + n : vl->n;
     for (; j < end; ++j) {
         const char *kr = pf->k0 + (int64_t) vl->idx[j] * c->kb_cell;
-        for (int64_t b = 0; b < c->kb_head; b += 64) __builtin_prefetch(kr + b, 0, 3);
+        for (int64_t b = 0; b < c->kb_head; b += 64) __builtin_prefetch(kr + b, 0, 2);
         if (!c->vtrans) {
             const char *vr = pf->v0 + (int64_t) vl->idx[j] * c->vb_cell;
             for (int64_t b = 0; b < c->vb_head; b += 64) __builtin_prefetch(vr + b, 0, 2);
