@@ -373,7 +373,9 @@ static void quantize_heads(const float *q, int nh, int64_t d, q8_heads *qh) {
  * vacc: acc[h*d_v + c] = sum_j P[h][j] * V(cell i0 + idx[j], c)   (flash layout)
  * vtacc: the same reading V^T: column of cell i at c*kv_size + i from vt_base.
  * dots_q: dots for a quantized K (element offsets as in dots, all multiples of 32), from the
- *   quantized query heads qh: S[h*LDS + j] = sum_b (float) sumi_b * (d_k,b * d_q,b). */
+ *   quantized query heads qh: S[h*LDS + j] = sum_b (float) sumi_b * (d_k,b * d_q,b).
+ * lanes: the fma chains of a score in dots (8 or 16), whose order the prefill tiles' lx_attn_tile_dots
+ *   reproduces (attn_tile.h); 0 for the C kernels, which no tile runs beside (tiles_apply: AVX2 and up). */
 typedef struct {
     void (*dots)(const attn_ctx *c, const float *q, int64_t k_base, int64_t k_stride,
                  const vis_list *vl, int nh, float *S);
@@ -385,6 +387,7 @@ typedef struct {
                  const vis_list *vl, int nh, float *acc);
     void (*vtacc)(const attn_ctx *c, const float *S, int64_t vt_base,
                   const vis_list *vl, int nh, float *acc);
+    int lanes;
 } kernel_set;
 
 /* -- portable C (no intrinsics; loops written so compilers can vectorise them) -- */
@@ -490,7 +493,7 @@ static void vtacc_c(const attn_ctx *c, const float *S, int64_t vt_base,
     }
 }
 
-static const kernel_set kernels_c = { dots_c, dots_q_c, logits_c, expsum_c, vacc_c, vtacc_c };
+static const kernel_set kernels_c = { dots_c, dots_q_c, logits_c, expsum_c, vacc_c, vtacc_c, 0 };
 
 /* -- the VNNI kernel's arithmetic in portable C --
  *
@@ -1091,12 +1094,12 @@ static LX_AVX2 float logits_avx2(float *row, int n, float scale, const float *mv
     return m;
 }
 
-static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, logits_avx2, expsum_avx2, vacc_avx2, vtacc_avx2 };
+static const kernel_set kernels_avx2 = { dots_avx2, dots_q_avx2, logits_avx2, expsum_avx2, vacc_avx2, vtacc_avx2, 8 };
 /* LX_SIMD_AVX512: a quantized K takes the AVX2 integer dots (maddubs); LX_SIMD_VNNI512 the VNNI ones */
 static const kernel_set kernels_avx512 = { dots_avx512, dots_q_avx2, logits_avx2, expsum_avx512, vacc_avx512,
-                                           vtacc_avx512 };
+                                           vtacc_avx512, 16 };
 static const kernel_set kernels_avx512_vnni = { dots_avx512, dots_q_vnni, logits_avx2, expsum_avx512, vacc_avx512,
-                                                vtacc_avx512 };
+                                                vtacc_avx512, 16 };
 #endif /* LX_X86 */
 
 
@@ -1734,7 +1737,7 @@ static void run_tile(const attn_ctx *c, const kernel_set *ks, int64_t u, int64_t
                 const float *qk = c->q + ((its[k].s * p->n_tps + its[k].t) * p->n_head + its[k].h0) * p->d_k;
                 for (int h = 0; h < its[k].nh; ++h, ++nq) qs[nq] = qk + h * p->d_k, Ss[nq] = S[k] + h * LDS;
             }
-            lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq, c->level >= LX_SIMD_AVX512 ? 16 : 8);
+            lx_attn_tile_dots(tb->kt, ld, vl->n, p->d_k, qs, Ss, nq, ks->lanes);
             if (c->vtrans) {
                 for (int k = lead; k < nt; ++k)
                     if (with[k]) chunk_finish(c, ks, &its[k], lst[k], c0[k], S[k], tmp[k]);

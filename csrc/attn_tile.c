@@ -178,7 +178,6 @@ void lx_attn_tile_dots(const float *kt, int64_t ld, int n, int64_t d, const floa
     lx_attn_tile_dots_ref(kt, ld, n, d, q, S, nq, lanes);
 }
 
-
 void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
 #ifdef LX_SIMD_AVX512_FN
     if (lx_simd_level() >= LX_SIMD_AVX512 && dv % 16 == 0) {

@@ -907,6 +907,15 @@ void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t
 #define FMAF(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define STF(p, v) _mm512_storeu_ps(p, v)
 #define ZEROF() _mm512_setzero_ps()
+#define FNMAF(a, b, c) _mm512_fnmadd_ps(a, b, c)
+#define ZEROI() _mm512_setzero_si512()
+#define SET16(x) _mm512_set1_epi16(x)
+#define SET32(x) _mm512_set1_epi32(x)
+#define ADD16(a, b) _mm512_add_epi16(a, b)
+#define SUB16(a, b) _mm512_sub_epi16(a, b)
+#define ADD32(a, b) _mm512_add_epi32(a, b)
+#define MADDUBS(u, a) _mm512_maddubs_epi16(u, a)
+#define MADD(a, b) _mm512_madd_epi16(a, b)
 #else
 #define L 8
 #define TMAX 1
@@ -927,6 +936,15 @@ void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t
 #define FMAF(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define STF(p, v) _mm256_storeu_ps(p, v)
 #define ZEROF() _mm256_setzero_ps()
+#define FNMAF(a, b, c) _mm256_fnmadd_ps(a, b, c)
+#define ZEROI() _mm256_setzero_si256()
+#define SET16(x) _mm256_set1_epi16(x)
+#define SET32(x) _mm256_set1_epi32(x)
+#define ADD16(a, b) _mm256_add_epi16(a, b)
+#define SUB16(a, b) _mm256_sub_epi16(a, b)
+#define ADD32(a, b) _mm256_add_epi32(a, b)
+#define MADDUBS(u, a) _mm256_maddubs_epi16(u, a)
+#define MADD(a, b) _mm256_madd_epi16(a, b)
 #endif
 
 /* the integer dot of a step for weight bytes u (broadcast) and activations a */
@@ -1513,81 +1531,6 @@ static LX_TGT void SFX(unpack_rows)(lx_type wt, const uint8_t *w, int r8, size_t
     }
 }
 
-/* out[r L + l] = output of tile row r and token lane l of the group at rec0 (8 lanes) */
-static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *rec0,
-                                         int64_t nbk, float *out, const int R) {
-    const float *dw = (const float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
-    const int16_t *sc = (const int16_t *) (dm + LX_GEMM_R * nbk);
-    const size_t rb = rec_bytes_k(8);
-    __m256 acc[LX_GEMM_R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nbk; ++b) {
-        const uint8_t *rec = rec0 + b * rb, *ext = rec + 256 * 8;
-        const uint8_t *wb[LX_GEMM_R];
-        const int16_t *sb[LX_GEMM_R];
-        __m256i is[LX_GEMM_R], ms[LX_GEMM_R];
-        for (int r = 0; r < R; ++r) {
-            wb[r] = tile + r * n_in + LX_QK_K * b, sb[r] = sc + (r * nbk + b) * 16;
-            is[r] = _mm256_setzero_si256(), ms[r] = _mm256_setzero_si256();
-        }
-        if (wt == LX_TYPE_Q6_K) {
-            /* group e (16 values, 4 steps): int16 pair sums of u*y wrap, but the pair sums of
-             * (u - 32)*y they become after the subtraction are <= 8 * 32 * 127 = 32512: exact */
-            for (int e = 0; e < 16; ++e) {
-                __m256i p[LX_GEMM_R];
-                for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-                for (int s = 0; s < 4; ++s) {
-                    const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (4 * e + s)));
-                    for (int r = 0; r < R; ++r) {
-                        p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 16 * e + 4 * s)), a));
-                        LX_CHAIN(p[r]);
-                    }
-                }
-                const __m256i q = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
-                for (int r = 0; r < R; ++r) {
-                    is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(_mm256_sub_epi16(p[r], q), _mm256_set1_epi16(sb[r][e])));
-                    LX_CHAIN(is[r]);
-                }
-            }
-        } else {
-            /* pair sums <= 2 * 15 * 127 over 8 steps (q4_K: 30480) or 2 * 31 * 127 over 4 (q5_K:
-             * 31496): exact in int16, then sc_j * (pair + pair') by one madd */
-            const int per = wt == LX_TYPE_Q5_K ? 4 : 8;
-            for (int j = 0; j < 8; ++j)
-                for (int h = 0; h < 8; h += per) {
-                    __m256i p[LX_GEMM_R];
-                    for (int r = 0; r < R; ++r) p[r] = _mm256_setzero_si256();
-                    for (int s = h; s < h + per; ++s) {
-                        const __m256i a = _mm256_loadu_si256((const __m256i *) (rec + 32 * (8 * j + s)));
-                        for (int r = 0; r < R; ++r) {
-                            p[r] = _mm256_add_epi16(p[r], _mm256_maddubs_epi16(_mm256_set1_epi32(ld32(wb[r] + 32 * j + 4 * s)), a));
-                            LX_CHAIN(p[r]);
-                        }
-                    }
-                    for (int r = 0; r < R; ++r) {
-                        is[r] = _mm256_add_epi32(is[r], _mm256_madd_epi16(p[r], _mm256_set1_epi16(sb[r][j])));
-                        LX_CHAIN(is[r]);
-                    }
-                }
-            for (int e = 0; e < 4; ++e) {
-                const __m256i bs = _mm256_loadu_si256((const __m256i *) (ext + 32 * e));
-                for (int r = 0; r < R; ++r)
-                    ms[r] = _mm256_add_epi32(ms[r], _mm256_madd_epi16(bs, _mm256_set1_epi32(ld32((const uint8_t *) (sb[r] + 8 + 2 * e)))));
-            }
-        }
-        const __m256 dx = _mm256_loadu_ps((const float *) (rec + 320 * 8));
-        for (int r = 0; r < R; ++r) {
-            const __m256 s = _mm256_mul_ps(_mm256_set1_ps(dw[r * nbk + b]), dx);
-            acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(is[r]), acc[r]);
-            if (wt != LX_TYPE_Q6_K) {   /* fnmadd(m, ms, acc) = fmaf(-m, ms, acc), one rounding */
-                const __m256 m = _mm256_mul_ps(_mm256_set1_ps(dm[r * nbk + b]), dx);
-                acc[r] = _mm256_fnmadd_ps(m, _mm256_cvtepi32_ps(ms[r]), acc[r]);
-            }
-        }
-    }
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out + 8 * r, acc[r]);
-}
-
 /* n_tok <= 8: 8 W rows in the lanes; each row's super-block is unpacked once (registers, its
  * int16 scale vectors) and dotted with every token's; the 8 rows' int32 sums (scales applied by
  * the madd) are reduced by hsum8x8, then the chain lane-wise over rows */
@@ -1824,87 +1767,102 @@ static LX_TGT void SFX(small_run_k_r8)(lx_type wt, const uint8_t *w, size_t wrb,
 }
 #endif
 
-#if LX_GEMM_PASS == 3
-/* ---- K-quants at VNNI (16 token lanes, zmm; n_tok > LX_GEMM_SMALL) --------------------------------------
+#if LX_GEMM_PASS == 1 || LX_GEMM_PASS == 3
+/* ---- K-quants, token lanes: L tokens a group (AVX2 8, VNNI512 16: zmm) ----------------------------------
  *
- * q4_K / q5_K: a sub-block's 32 values go through vpdpbusd straight into int32 (|sum u y| <= 32 * 31 * 127;
- * two chains, even and odd steps), then its scale multiplies the int32 sum (vpmulld): isum = sum_j sc_j p_j,
- * exact (|isum| < 2^31, gemm.h). q6_K: AVX2's int16 pair sums on zmm (maddubs over a group's 4 steps, the
- * activations' 32 (pair sums) subtracted, one madd with the group's scale), which beat vpdpbusd + vpmulld
- * there (16 scales a super-block: 240 vs 225 GOP/s a core on Gemma 3's ffn_down, the AVX2 kernel 187; q4_K
- * 300 vs 275 the other way round, the AVX2 kernel 205). The mins' sum is AVX2's madd of pairs, and each
- * lane's chain is gemm.h's: the bits are the AVX2 kernels'. */
+ * q6_K, both passes: a group's int16 pair sums of u y over its 4 steps (maddubs), the activations' 32 (pair
+ * sums) subtracted (|pair sums of (u - 32) y| <= 32512), one madd with the group's scale. q4_K / q5_K: AVX2
+ * adds maddubs pair sums over 8 steps (q5_K 4) and takes sc_j by one madd; VNNI512 puts a sub-block's 32
+ * values through vpdpbusd straight into int32 (|sum u y| <= 32 * 31 * 127; two chains, even and odd steps),
+ * then multiplies by its scale (vpmulld): isum = sum_j sc_j p_j exactly (|isum| < 2^31, gemm.h). On zmm,
+ * vpdpbusd + vpmulld beat the pair sums for q4_K (300 vs 275 GOP/s a core, the AVX2 kernel 205) but not for
+ * q6_K's 16 scales a super-block (225 vs 240, AVX2 187). The mins' sum is a madd of (bs_2e, bs_2e+1) pairs
+ * against (mn_2e, mn_2e+1) pairs; each lane's chain is gemm.h's, so both passes give the same bits. */
 
-/* out[r 16 + l] = output of tile row r and token lane l of the group at rec0 (16 lanes) */
+/* out[r L + l] = output of tile row r and token lane l of the group at rec0 */
 static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_t n_in, const uint8_t *rec0,
                                          int64_t nbk, float *out, const int R) {
     const float *dw = (const float *) (tile + LX_GEMM_R * n_in), *dm = dw + LX_GEMM_R * nbk;
     const int16_t *sc = (const int16_t *) (dm + LX_GEMM_R * nbk);
-    const size_t rb = rec_bytes_k(16);
+    const size_t rb = rec_bytes_k(L);
     const int q6 = wt == LX_TYPE_Q6_K;
-    __m512 acc[LX_GEMM_R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    VF acc[LX_GEMM_R];
+    for (int r = 0; r < R; ++r) acc[r] = ZEROF();
     for (int64_t b = 0; b < nbk; ++b) {
-        const uint8_t *rec = rec0 + b * rb, *ext = rec + 256 * 16;
+        const uint8_t *rec = rec0 + b * rb, *ext = rec + 256 * L;
         const uint8_t *wb[LX_GEMM_R];
         const int16_t *sb[LX_GEMM_R];
-        __m512i is[LX_GEMM_R], ms[LX_GEMM_R];
+        VI is[LX_GEMM_R], ms[LX_GEMM_R];
         for (int r = 0; r < R; ++r) {
             wb[r] = tile + r * n_in + LX_QK_K * b, sb[r] = sc + (r * nbk + b) * 16;
-            is[r] = _mm512_setzero_si512(), ms[r] = _mm512_setzero_si512();
+            is[r] = ZEROI(), ms[r] = ZEROI();
         }
         if (q6) {
-            for (int e = 0; e < 16; ++e) {   /* (tile_k_avx2's group: |pair sums of (u - 32) y| <= 32512) */
-                __m512i p[LX_GEMM_R];
-                for (int r = 0; r < R; ++r) p[r] = _mm512_setzero_si512();
+            for (int e = 0; e < 16; ++e) {
+                VI p[LX_GEMM_R];
+                for (int r = 0; r < R; ++r) p[r] = ZEROI();
                 for (int s = 0; s < 4; ++s) {
-                    const __m512i a = _mm512_loadu_si512((const void *) (rec + 64 * (4 * e + s)));
+                    const VI a = LDI(rec + 4 * L * (4 * e + s));
                     for (int r = 0; r < R; ++r) {
-                        p[r] = _mm512_add_epi16(p[r], _mm512_maddubs_epi16(_mm512_set1_epi32(ld32(wb[r] + 16 * e + 4 * s)), a));
+                        p[r] = ADD16(p[r], MADDUBS(BCI(wb[r] + 16 * e + 4 * s), a));
                         LX_CHAIN(p[r]);
                     }
                 }
-                const __m512i q = _mm512_loadu_si512((const void *) (ext + 64 * e));
-                for (int r = 0; r < R; ++r)
-                    is[r] = _mm512_add_epi32(is[r], _mm512_madd_epi16(_mm512_sub_epi16(p[r], q), _mm512_set1_epi16(sb[r][e])));
+                const VI q = LDI(ext + 4 * L * e);
+                for (int r = 0; r < R; ++r) {
+                    is[r] = ADD32(is[r], MADD(SUB16(p[r], q), SET16(sb[r][e])));
+                    LX_CHAIN(is[r]);
+                }
             }
         } else {
+#if LX_GEMM_PASS == 3
             for (int j = 0; j < 8; ++j) {
-                __m512i p[LX_GEMM_R][2];
-                for (int r = 0; r < R; ++r) p[r][0] = p[r][1] = _mm512_setzero_si512();
+                VI p[LX_GEMM_R][2];
+                for (int r = 0; r < R; ++r) p[r][0] = p[r][1] = ZEROI();
                 for (int s = 0; s < 8; ++s) {
-                    const __m512i a = _mm512_loadu_si512((const void *) (rec + 64 * (8 * j + s)));
+                    const VI a = LDI(rec + 4 * L * (8 * j + s));
                     for (int r = 0; r < R; ++r) {
-                        p[r][s & 1] = _mm512_dpbusd_epi32(p[r][s & 1], _mm512_set1_epi32(ld32(wb[r] + 32 * j + 4 * s)), a);
+                        p[r][s & 1] = _mm512_dpbusd_epi32(p[r][s & 1], BCI(wb[r] + 32 * j + 4 * s), a);
                         LX_CHAIN(p[r][s & 1]);
                     }
                 }
                 for (int r = 0; r < R; ++r)
-                    is[r] = _mm512_add_epi32(is[r], _mm512_mullo_epi32(_mm512_add_epi32(p[r][0], p[r][1]),
-                                                                       _mm512_set1_epi32(sb[r][j])));
+                    is[r] = ADD32(is[r], _mm512_mullo_epi32(ADD32(p[r][0], p[r][1]), SET32(sb[r][j])));
             }
+#else
+            const int per = wt == LX_TYPE_Q5_K ? 4 : 8;   /* steps whose pair sums stay exact in int16 */
+            for (int j = 0; j < 8; ++j)
+                for (int h = 0; h < 8; h += per) {
+                    VI p[LX_GEMM_R];
+                    for (int r = 0; r < R; ++r) p[r] = ZEROI();
+                    for (int s = h; s < h + per; ++s) {
+                        const VI a = LDI(rec + 4 * L * (8 * j + s));
+                        for (int r = 0; r < R; ++r) {
+                            p[r] = ADD16(p[r], MADDUBS(BCI(wb[r] + 32 * j + 4 * s), a));
+                            LX_CHAIN(p[r]);
+                        }
+                    }
+                    for (int r = 0; r < R; ++r) {
+                        is[r] = ADD32(is[r], MADD(p[r], SET16(sb[r][j])));
+                        LX_CHAIN(is[r]);
+                    }
+                }
+#endif
             for (int e = 0; e < 4; ++e) {
-                const __m512i bs = _mm512_loadu_si512((const void *) (ext + 64 * e));
-                for (int r = 0; r < R; ++r)
-                    ms[r] = _mm512_add_epi32(ms[r], _mm512_madd_epi16(bs, _mm512_set1_epi32(ld32((const uint8_t *) (sb[r] + 8 + 2 * e)))));
+                const VI bs = LDI(ext + 4 * L * e);
+                for (int r = 0; r < R; ++r) ms[r] = ADD32(ms[r], MADD(bs, BCI((const uint8_t *) (sb[r] + 8 + 2 * e))));
             }
         }
-        const __m512 dx = _mm512_loadu_ps((const float *) (rec + 320 * 16));
+        const VF dx = LDF((const float *) (rec + 320 * L));
         for (int r = 0; r < R; ++r) {
-            const __m512 s = _mm512_mul_ps(_mm512_set1_ps(dw[r * nbk + b]), dx);
-            acc[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(is[r]), acc[r]);
-            if (!q6) {   /* fnmadd(m, ms, acc) = fmaf(-m, ms, acc), one rounding */
-                const __m512 m = _mm512_mul_ps(_mm512_set1_ps(dm[r * nbk + b]), dx);
-                acc[r] = _mm512_fnmadd_ps(m, _mm512_cvtepi32_ps(ms[r]), acc[r]);
-            }
+            acc[r] = FMAF(MULF(BCF(dw + r * nbk + b), dx), CVT(is[r]), acc[r]);
+            if (!q6)   /* fnmadd(m, ms, acc) = fmaf(-m, ms, acc), one rounding */
+                acc[r] = FNMAF(MULF(BCF(dm + r * nbk + b), dx), CVT(ms[r]), acc[r]);
         }
     }
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
+    for (int r = 0; r < R; ++r) STF(out + L * r, acc[r]);
 }
-#endif
 
-#if LX_GEMM_PASS == 1 || LX_GEMM_PASS == 3
-#define LX_K_LANES (LX_GEMM_PASS == 3 ? 16 : 8)   /* tile_k's token lanes */
 #define LX_GEMM_KR(WT)                                               \
     switch (nr) {                                                    \
     case 1: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 1); break;      \
@@ -1913,12 +1871,12 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
     default: SFX(tile_k)(WT, tile, n_in, a, nbk, out, 4); break;     \
     }
 
-/* run_fn for the K-quants (groups of LX_K_LANES tokens: AVX2 8, VNNI512 16) */
+/* run_fn for the K-quants (groups of L tokens) */
 static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int nr, const uint8_t *act,
                               int64_t n_groups, float *y, int64_t n_tok, int64_t n_out, int64_t o0) {
     const int64_t nbk = n_in / LX_QK_K;
-    const size_t gs = (size_t) nbk * rec_bytes_k(LX_K_LANES);
-    float out[LX_GEMM_R * LX_K_LANES];
+    const size_t gs = (size_t) nbk * rec_bytes_k(L);
+    float out[LX_GEMM_R * L];
     for (int64_t g = 0; g < n_groups; ++g) {
         const uint8_t *a = act + g * gs;
         switch (wt) {
@@ -1926,11 +1884,10 @@ static LX_TGT void SFX(run_k)(lx_type wt, const uint8_t *tile, int64_t n_in, int
         case LX_TYPE_Q5_K: LX_GEMM_KR(LX_TYPE_Q5_K) break;
         default: LX_GEMM_KR(LX_TYPE_Q6_K) break;
         }
-        SFX(put_tile)(out, nr, 1, LX_K_LANES, y, g * LX_K_LANES, n_tok, n_out, o0);
+        SFX(put_tile)(out, nr, 1, L, y, g * L, n_tok, n_out, o0);
     }
 }
 #undef LX_GEMM_KR
-#undef LX_K_LANES
 #endif
 
 #if LX_GEMM_PASS == 3 && defined(LX_GEMM_AMX)
@@ -2067,7 +2024,6 @@ static LX_INLINE LX_TGT_AMX void amx_rows_of(lx_type wt, const uint8_t *ord, con
     }
 }
 #undef LX_AMX_BLOCK
-
 
 /* ---- AMX for the K types: the sub-block scales inside the tile products ------------------------------
  *
@@ -2325,5 +2281,14 @@ static LX_TGT void SFX(run)(lx_type wt, const uint8_t *tile, int64_t n_in, int n
 #undef FMAF
 #undef STF
 #undef ZEROF
+#undef FNMAF
+#undef ZEROI
+#undef SET16
+#undef SET32
+#undef ADD16
+#undef SUB16
+#undef ADD32
+#undef MADDUBS
+#undef MADD
 
 #endif /* LX_GEMM_PASS */

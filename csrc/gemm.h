@@ -106,9 +106,9 @@
  *
  * At AMX, more than 8 tokens take the tile path: each sub-block scale written in digits (q4_K base 8,
  * q5_K base 4, q6_K's |scale| base 4, its sign on the values) so every value times a digit is an int8,
- * one tile product of the super-block per digit, isum = sum_k 2^(bits k) C_k exactly (gemm.c amx_rows_k).
- * At VNNI512 more than 8 tokens take a 16-lane zmm K kernel (gemm.c tile_k_vnni512: q4_K / q5_K by vpdpbusd
- * per sub-block and vpmulld by its scale, exact in int32; q6_K the AVX2 pair sums below on zmm). AVX2
+ * one tile product of the super-block per digit, isum = sum_k 2^(bits k) C_k exactly (gemm.c amx_rows_k_of).
+ * At VNNI512 more than 8 tokens take the K tile on 16 zmm lanes (gemm.c tile_k, its VNNI512 pass: q4_K /
+ * q5_K by vpdpbusd per sub-block and vpmulld by its scale, exact in int32; q6_K the pair sums below). AVX2
  * kernels (AVX512 without VNNI runs these too, and every level's few-token K products): token lanes for
  * n_tok > 8 (R = 4 rows x 8 tokens per tile), 8 rows in lanes for n_tok <= 8, as above. The
  * sub-block scale costs nothing: the maddubs int16 pair sums of a sub-block (q4_K: 8 steps,
