@@ -725,6 +725,8 @@ def _one_seq(batch: Batch) -> bool:
 # BatchAllocator
 
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
+_ROW_0 = np.zeros(1, dtype=np.int32)
+_ROW_0.flags.writeable = False
 
 
 class BatchAllocator:
@@ -855,6 +857,8 @@ class BatchAllocator:
     def output_ids(self) -> np.ndarray:
         """int32[n_tokens]: the row of each token in the batch-ordered outputs, -1 when the token
         has no output (llama.cpp's output_ids after reordering; what get_logits_ith(i) reads)."""
+        if self._n == 1 and self._n_outputs == 1:   # a decode step: a shared read-only [0]
+            return _ROW_0
         res = np.full(self._n, -1, dtype=np.int32)
         res[self._output] = np.arange(self._n_outputs, dtype=np.int32)
         return res

@@ -116,9 +116,10 @@ class Context:
         else:
             width = self.model.hparams.n_embd if embd else self.model.n_vocab
             out = np.concatenate(rows) if rows else np.zeros((0, width), np.float32)
-        perm = self.balloc.output_reorder()
-        if perm.size and np.any(perm != np.arange(perm.size)):  # outputs left batch order (split_equal)
-            out = out[perm]
+        if self.balloc.n_outputs > 1:   # (one row is in batch order: a decode step's common case)
+            perm = self.balloc.output_reorder()
+            if np.any(perm != np.arange(perm.size)):  # outputs left batch order (split_equal)
+                out = out[perm]
         if embd:
             self._clear_outputs()
             self._embd = out

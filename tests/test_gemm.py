@@ -263,6 +263,26 @@ def test_r8_layout_and_rows():
         G.pack_r8(weights(Q.TYPE_Q5_1, 8, 64, rng), Q.TYPE_Q5_1)
 
 
+@pytest.mark.parametrize("t", [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q5_0, 8, *K_TYPES], ids=name)
+def test_rows_r8_f32_is_the_dequantized_rows_times_the_scale(t):
+    """rows_r8_f32 (a decode step's embedding lookup in one call): the bits of dequantizing rows_r8's
+    GGUF rows, then a float32 product by the scale; an index outside the rows is refused."""
+    rng = np.random.default_rng(40 + t)
+    n_in = 512
+    raw = weights(t, 20, n_in, rng)
+    packed = G.pack_r8(raw, t)
+    rows = [19, 0, 8, 8, 3]
+    want = Q.dequantize(t, raw[rows], (len(rows), n_in), 1)
+    np.testing.assert_array_equal(G.rows_r8_f32(packed, t, rows).view(np.uint32), want.view(np.uint32))
+    scale = np.float32(25.298222)
+    got = G.rows_r8_f32(packed, t, np.array(rows, np.int32), float(scale))
+    np.testing.assert_array_equal(got.view(np.uint32), (want * scale).view(np.uint32))
+    assert G.rows_r8_f32(packed, t, []).shape == (0, n_in)
+    for bad in ([24], [-1]):
+        with pytest.raises(ValueError, match="rows"):
+            G.rows_r8_f32(packed, t, bad)
+
+
 @pytest.mark.parametrize("t,head", [(Q.TYPE_Q4_0, "d"), (Q.TYPE_Q4_1, "dm"), (Q.TYPE_Q5_0, "dqh")],
                          ids=["q4_0", "q4_1", "q5_0"])
 def test_r8_layout_of_the_nibble_types(t, head):

@@ -16,6 +16,7 @@ from cpython.mem cimport PyMem_RawFree, PyMem_RawMalloc
 from libc.stdint cimport int32_t, int64_t
 
 from llamax._native.product cimport lx_product, lx_product_kind_of, lx_product_work_size
+from llamax._native.quants cimport lx_dequantize_row
 from llamax._native.quants cimport (LX_TYPE_Q4_1, LX_TYPE_Q4_K, LX_TYPE_Q5_1, LX_TYPE_Q5_K, LX_TYPE_Q6_K, lx_row_bytes,
                                     lx_type, lx_type_block_bytes, lx_type_block_size)
 
@@ -250,6 +251,39 @@ def rows_r8(packed, ggml_type, rows):
     cdef int64_t n = ids.shape[0]
     with nogil:
         lx_gemm_unpack_r8_rows(wt, wp, ip, n, op, n_in)
+    return out
+
+
+def rows_r8_f32(packed, ggml_type, rows, scale=None):
+    """float32 [len(rows), n_in]: the rows of the r8-packed W dequantized, the bits of dequantizing
+    rows_r8's bytes (ggml_get_rows), each value then times the float32 scale when one is given (an
+    embedding scale: numpy's float32 product): a decode step's embedding lookup in one call."""
+    cdef lx_type wt = _r8_type(ggml_type)
+    cdef int64_t n_in = _r8_n_in(packed, wt)
+    ids = np.ascontiguousarray(rows, dtype=np.int32)
+    if ids.ndim != 1:
+        raise ValueError("rows must be a 1-d array of indices")
+    cdef int64_t n = ids.shape[0], n_rows = packed.shape[0], i, j
+    cdef const int32_t *ip = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> ids)
+    for i in range(n):
+        if ip[i] < 0 or ip[i] >= n_rows:
+            raise ValueError(f"rows must be indices in [0, {n_rows})")
+    out = np.empty((n, n_in), dtype=np.float32)
+    cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
+    cdef float *op = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)
+    cdef bint scaled = scale is not None
+    cdef float s = <float> scale if scaled else 1.0
+    cdef void *tmp = PyMem_RawMalloc(<size_t> packed.shape[1])
+    if tmp == NULL:
+        raise MemoryError()
+    with nogil:
+        for i in range(n):
+            lx_gemm_unpack_r8_rows(wt, wp, ip + i, 1, tmp, n_in)
+            lx_dequantize_row(wt, tmp, op + i * n_in, n_in)
+            if scaled:
+                for j in range(n_in):
+                    op[i * n_in + j] *= s
+    PyMem_RawFree(tmp)
     return out
 
 

@@ -186,15 +186,12 @@ class Decoder(Model, arch=DENSE_ARCHS):
 
     # ---- forward ------------------------------------------------------------------------------------
     def _embed(self, tokens: np.ndarray) -> np.ndarray:
-        x = self.tok_embd.rows(tokens)
-        if self.embd_scale is not None:
-            x *= self.embd_scale
-        return x
+        return self.tok_embd.rows(tokens, self.embd_scale)
 
     def forward(self, mem, ub, embd: bool = False) -> np.ndarray:
         """Logits [n outputs of the ubatch, n_vocab] (ubatch order; embd: the normed hidden states, see
         Model._out) after writing its K/V into mem: the layers in one native stack call (csrc/layer.h)."""
-        rows = np.flatnonzero(ub.output)
+        rows = None if ub.n_tokens == 1 and ub.output[0] else np.flatnonzero(ub.output)   # None: every row
         stack = self._stack_of(self._variant_of(mem))
         x = self._embed(ub.token)
         with mem.lock:   # the cells stay as the views show them until the stack is done

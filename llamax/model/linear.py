@@ -159,10 +159,15 @@ class Embedding:
     def raw(self) -> np.ndarray:
         return self.part.raw
 
-    def rows(self, tokens: np.ndarray) -> np.ndarray:
-        """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows)."""
-        raw = gemm.rows_r8(self.raw, self.type, tokens) if self.r8 else self.raw[tokens]
-        return quants.dequantize(self.type, raw, (len(tokens), self.n_embd), self.n_threads)
+    def rows(self, tokens: np.ndarray, scale: np.float32 | None = None) -> np.ndarray:
+        """float32 [len(tokens), n_embd]: the rows of these tokens, dequantized (ggml_get_rows), each
+        value times scale when given (an embedding scale)."""
+        if self.r8:   # one native call (a decode step's embedding row)
+            return gemm.rows_r8_f32(self.raw, self.type, tokens, None if scale is None else float(scale))
+        x = quants.dequantize(self.type, self.raw[tokens], (len(tokens), self.n_embd), self.n_threads)
+        if scale is not None:
+            x *= scale
+        return x
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """x @ E.T, float32 [n, n_vocab], from the blocks: the same bits in either layout (gemm.h)."""
