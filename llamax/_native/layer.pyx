@@ -283,7 +283,7 @@ cdef class Stack:
         try:
             keep = []
             for il in range(self.n_layer):
-                _view(&kvs[il], views[il], n, keep)
+                _view(&kvs[il], views[il], n, keep, &kvs[il - 1] if il else NULL, views[il - 1] if il else None)
                 _check_sizes(&self.params[il], &kvs[il], views[il])
                 s = lx_layer_work_size(&self.params[il], &self.weights[il], &kvs[il], n, nt)
                 need = s if s > need else need
@@ -306,35 +306,60 @@ cdef class Stack:
         return x[:n_out]
 
 
-cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep) except -1:
-    """kv <- a LayerView (k, v, type_k, type_v, v_trans, mask, idxs, rot_k, rot_v, perm)."""
-    k, vv, mask, idxs = v.k, v.v, v.mask, v.idxs
-    for a, what in ((k, "k"), (vv, "v"), (mask, "mask"), (idxs, "idxs")):
-        if not isinstance(a, np.ndarray) or not a.flags.c_contiguous:
+cdef inline bint _c_array(object a):
+    return isinstance(a, np.ndarray) and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray> a)
+
+
+cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep, const lx_kv_layer *prev, object prev_v) except -1:
+    """kv <- a LayerView (k, v, type_k, type_v, v_trans, mask, idxs, rot_k, rot_v, perm). prev / prev_v:
+    the layer before's (NULL / None for the first): a mask, idxs and perm it shares (the same
+    objects, as every layer of one cache has) are not checked again."""
+    k, vv, mask, idxs, perm = v.k, v.v, v.mask, v.idxs, v.perm
+    for a, what in ((k, "k"), (vv, "v")):
+        if not _c_array(a):
             raise ValueError(f"LayerView.{what} must be a C-contiguous array")
-    if not k.flags.writeable or not vv.flags.writeable:
+    if not cnp.PyArray_ISWRITEABLE(<cnp.ndarray> k) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray> vv):
         raise ValueError("LayerView.k / .v must be writeable")
-    if mask.dtype != np.float32 or mask.ndim != 3:
-        raise ValueError("LayerView.mask must be float32 [n_stream, n_tps_pad, n_kv]")
-    if idxs.dtype != np.uint32 or idxs.shape != (n,):
-        raise ValueError(f"LayerView.idxs must be uint32 [{n}]")
-    if k.ndim < 2 or k.shape[0] != mask.shape[0]:
+    cdef bint shared = prev != NULL and mask is prev_v.mask and idxs is prev_v.idxs and perm is prev_v.perm
+    if not shared:
+        for a, what in ((mask, "mask"), (idxs, "idxs")):
+            if not _c_array(a):
+                raise ValueError(f"LayerView.{what} must be a C-contiguous array")
+        if cnp.PyArray_TYPE(<cnp.ndarray> mask) != cnp.NPY_FLOAT32 or cnp.PyArray_NDIM(<cnp.ndarray> mask) != 3:
+            raise ValueError("LayerView.mask must be float32 [n_stream, n_tps_pad, n_kv]")
+        if (cnp.PyArray_TYPE(<cnp.ndarray> idxs) != cnp.NPY_UINT32 or cnp.PyArray_NDIM(<cnp.ndarray> idxs) != 1
+                or cnp.PyArray_DIM(<cnp.ndarray> idxs, 0) != n):
+            raise ValueError(f"LayerView.idxs must be uint32 [{n}]")
+    cdef int kd = cnp.PyArray_NDIM(<cnp.ndarray> k)
+    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray> k)
+    if kd < 2 or ks[0] != cnp.PyArray_DIM(<cnp.ndarray> mask, 0):
         raise ValueError("LayerView.k must hold the mask's streams")
-    keep.extend((k, vv, mask, idxs))
+    keep.append(k)
+    keep.append(vv)
     kv.k = cnp.PyArray_DATA(<cnp.ndarray> k)
     kv.v = cnp.PyArray_DATA(<cnp.ndarray> vv)
     cdef int tk = int(v.type_k), tv = int(v.type_v)
     kv.type_k, kv.type_v = <lx_type> tk, <lx_type> tv
     kv.v_trans = 1 if v.v_trans else 0
-    kv.kv_size = k.shape[1]
-    kv.n_stream, kv.n_tps_pad, kv.n_kv = mask.shape[0], mask.shape[1], mask.shape[2]
+    kv.kv_size = ks[1]
+    kv.rot_k, kv.rot_v = v.rot_k, v.rot_v
+    if shared:   # (kept by the layer before)
+        kv.n_stream, kv.n_tps_pad, kv.n_kv = prev.n_stream, prev.n_tps_pad, prev.n_kv
+        kv.mask, kv.idxs, kv.perm = prev.mask, prev.idxs, prev.perm
+        if kv.perm != NULL and kv.kv_size != prev.kv_size and perm.size and \
+                (perm.min() < 0 or perm.max() >= kv.kv_size):   # (perm's cells against this layer's K)
+            raise ValueError("LayerView.perm holds a cell outside the stream")
+        return 0
+    keep.append(mask)
+    keep.append(idxs)
+    kv.n_stream = cnp.PyArray_DIM(<cnp.ndarray> mask, 0)
+    kv.n_tps_pad = cnp.PyArray_DIM(<cnp.ndarray> mask, 1)
+    kv.n_kv = cnp.PyArray_DIM(<cnp.ndarray> mask, 2)
     kv.mask = <const float *> cnp.PyArray_DATA(<cnp.ndarray> mask)
     kv.idxs = <const uint32_t *> cnp.PyArray_DATA(<cnp.ndarray> idxs)
-    kv.rot_k, kv.rot_v = v.rot_k, v.rot_v
     kv.perm = NULL
-    perm = v.perm
     if perm is not None:
-        if (not isinstance(perm, np.ndarray) or perm.dtype != np.int32 or not perm.flags.c_contiguous
+        if (not _c_array(perm) or cnp.PyArray_TYPE(<cnp.ndarray> perm) != cnp.NPY_INT32
                 or perm.shape != (mask.shape[0], mask.shape[2])):
             raise ValueError("LayerView.perm must be None or C-contiguous int32 [n_stream, n_kv]")
         if perm.size and (perm.min() < 0 or perm.max() >= k.shape[1]):
@@ -347,8 +372,8 @@ cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep) except -1:
 cdef int _check_sizes(const lx_layer_params *p, const lx_kv_layer *kv, object v) except -1:
     """The view's K/V buffers hold n_stream * kv_size cells of this layer's heads."""
     cdef int64_t cells = kv.n_stream * kv.kv_size
-    if v.k.nbytes != cells * lx_row_bytes(kv.type_k, p.n_head_kv * p.d_k):
+    if cnp.PyArray_NBYTES(<cnp.ndarray> v.k) != cells * lx_row_bytes(kv.type_k, p.n_head_kv * p.d_k):
         raise ValueError(f"LayerView.k holds {v.k.nbytes} bytes, not {cells} cells of type {kv.type_k}")
-    if v.v.nbytes != cells * lx_row_bytes(kv.type_v, p.n_head_kv * p.d_v):
+    if cnp.PyArray_NBYTES(<cnp.ndarray> v.v) != cells * lx_row_bytes(kv.type_v, p.n_head_kv * p.d_v):
         raise ValueError(f"LayerView.v holds {v.v.nbytes} bytes, not {cells} cells of type {kv.type_v}")
     return 0
