@@ -660,8 +660,8 @@ static LX_ALWAYS_INLINE const uint8_t *qrow(const void *base, const int VT, int6
     return (const uint8_t *) base + qbytes(VT, off);
 }
 
-/* Software prefetch of the rows of visible cells [j, j + n): K into L1 (read
- * next), V into L2 (read after the chunk's dots). Rows of one kv head sit
+/* Software prefetch of the rows of visible cells [j, j + n), K's and V's into L2
+ * (prefetch_rows), PF_AHEAD cells ahead of the dots. Rows of one kv head sit
  * n_head_kv * d * elt bytes apart, a stride the hardware prefetchers follow
  * poorly once it reaches a few hundred bytes. */
 enum { PF_AHEAD = 16 };

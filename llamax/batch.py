@@ -856,7 +856,8 @@ class BatchAllocator:
 
     def output_ids(self) -> np.ndarray:
         """int32[n_tokens]: the row of each token in the batch-ordered outputs, -1 when the token
-        has no output (llama.cpp's output_ids after reordering; what get_logits_ith(i) reads)."""
+        has no output (llama.cpp's output_ids after reordering; what get_logits_ith(i) reads). Read-only
+        for a batch of one token with an output (one shared array)."""
         if self._n == 1 and self._n_outputs == 1:   # a decode step: a shared read-only [0]
             return _ROW_0
         res = np.full(self._n, -1, dtype=np.int32)

@@ -237,13 +237,24 @@ def mul_mat_r8(packed, ggml_type, int64_t n_out, x, n_threads=None):
     return _run(packed, wt, x, out, x.shape[0], n_in, n_out, nth, _R8)
 
 
+cdef object _row_ids(object rows, int64_t n_rows):
+    """rows as a C-contiguous int32 vector whose every index is in [0, n_rows); else ValueError."""
+    ids = np.ascontiguousarray(rows, dtype=np.int32)
+    if ids.ndim != 1:
+        raise ValueError(f"rows must be a vector of indices in [0, {n_rows})")
+    cdef const int32_t *ip = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> ids)
+    cdef int64_t i
+    for i in range(ids.shape[0]):
+        if ip[i] < 0 or ip[i] >= n_rows:
+            raise ValueError(f"rows must be indices in [0, {n_rows}): {ip[i]} is not")
+    return ids
+
+
 def rows_r8(packed, ggml_type, rows):
     """GGUF rows uint8 [len(rows), row_bytes] of the r8-packed W (rows in [0, packed rows))."""
     cdef lx_type wt = _r8_type(ggml_type)
     cdef int64_t n_in = _r8_n_in(packed, wt)
-    ids = np.ascontiguousarray(rows, dtype=np.int32)
-    if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= packed.shape[0])):
-        raise ValueError(f"rows must be indices in [0, {packed.shape[0]})")
+    ids = _row_ids(rows, packed.shape[0])
     out = np.empty((ids.shape[0], packed.shape[1]), dtype=np.uint8)
     cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
     cdef const int32_t *ip = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> ids)
@@ -260,14 +271,9 @@ def rows_r8_f32(packed, ggml_type, rows, scale=None):
     embedding scale: numpy's float32 product): a decode step's embedding lookup in one call."""
     cdef lx_type wt = _r8_type(ggml_type)
     cdef int64_t n_in = _r8_n_in(packed, wt)
-    ids = np.ascontiguousarray(rows, dtype=np.int32)
-    if ids.ndim != 1:
-        raise ValueError("rows must be a 1-d array of indices")
-    cdef int64_t n = ids.shape[0], n_rows = packed.shape[0], i, j
+    ids = _row_ids(rows, packed.shape[0])
+    cdef int64_t n = ids.shape[0], i, j
     cdef const int32_t *ip = <const int32_t *> cnp.PyArray_DATA(<cnp.ndarray> ids)
-    for i in range(n):
-        if ip[i] < 0 or ip[i] >= n_rows:
-            raise ValueError(f"rows must be indices in [0, {n_rows})")
     out = np.empty((n, n_in), dtype=np.float32)
     cdef const void *wp = cnp.PyArray_DATA(<cnp.ndarray> packed)
     cdef float *op = <float *> cnp.PyArray_DATA(<cnp.ndarray> out)

@@ -313,14 +313,17 @@ cdef inline bint _c_array(object a):
 cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep, const lx_kv_layer *prev, object prev_v) except -1:
     """kv <- a LayerView (k, v, type_k, type_v, v_trans, mask, idxs, rot_k, rot_v, perm). prev / prev_v:
     the layer before's (NULL / None for the first): a mask, idxs and perm it shares (the same
-    objects, as every layer of one cache has) are not checked again."""
+    objects over as many cells, as every layer of one cache has) are not checked again."""
     k, vv, mask, idxs, perm = v.k, v.v, v.mask, v.idxs, v.perm
     for a, what in ((k, "k"), (vv, "v")):
         if not _c_array(a):
             raise ValueError(f"LayerView.{what} must be a C-contiguous array")
     if not cnp.PyArray_ISWRITEABLE(<cnp.ndarray> k) or not cnp.PyArray_ISWRITEABLE(<cnp.ndarray> vv):
         raise ValueError("LayerView.k / .v must be writeable")
-    cdef bint shared = prev != NULL and mask is prev_v.mask and idxs is prev_v.idxs and perm is prev_v.perm
+    cdef int kd = cnp.PyArray_NDIM(<cnp.ndarray> k)
+    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray> k)
+    cdef bint shared = (prev != NULL and mask is prev_v.mask and idxs is prev_v.idxs and perm is prev_v.perm
+                        and kd >= 2 and ks[1] == prev.kv_size)   # (perm's cells checked against this kv_size)
     if not shared:
         for a, what in ((mask, "mask"), (idxs, "idxs")):
             if not _c_array(a):
@@ -330,8 +333,6 @@ cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep, const lx_kv_laye
         if (cnp.PyArray_TYPE(<cnp.ndarray> idxs) != cnp.NPY_UINT32 or cnp.PyArray_NDIM(<cnp.ndarray> idxs) != 1
                 or cnp.PyArray_DIM(<cnp.ndarray> idxs, 0) != n):
             raise ValueError(f"LayerView.idxs must be uint32 [{n}]")
-    cdef int kd = cnp.PyArray_NDIM(<cnp.ndarray> k)
-    cdef cnp.npy_intp *ks = cnp.PyArray_DIMS(<cnp.ndarray> k)
     if kd < 2 or ks[0] != cnp.PyArray_DIM(<cnp.ndarray> mask, 0):
         raise ValueError("LayerView.k must hold the mask's streams")
     keep.append(k)
@@ -346,9 +347,6 @@ cdef int _view(lx_kv_layer *kv, object v, int64_t n, list keep, const lx_kv_laye
     if shared:   # (kept by the layer before)
         kv.n_stream, kv.n_tps_pad, kv.n_kv = prev.n_stream, prev.n_tps_pad, prev.n_kv
         kv.mask, kv.idxs, kv.perm = prev.mask, prev.idxs, prev.perm
-        if kv.perm != NULL and kv.kv_size != prev.kv_size and perm.size and \
-                (perm.min() < 0 or perm.max() >= kv.kv_size):   # (perm's cells against this layer's K)
-            raise ValueError("LayerView.perm holds a cell outside the stream")
         return 0
     keep.append(mask)
     keep.append(idxs)
