@@ -2147,7 +2147,7 @@ static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_tile)(const void *v, const float *S
 static LX_ALWAYS_INLINE LX_TGT void SFX(vacc_impl)(const attn_ctx *c, const float *S, int64_t v_base,
                                                    int64_t v_stride, const vis_list *vl, float *acc,
                                                    const int NH, const int VF16) {
-    const int R = LX_W == 8 ? (NH <= 2 ? 4 : NH <= 4 ? 2 : 1) : (NH <= 3 ? 4 : 2);
+    const int R = LX_W == 8 ? (NH <= 2 ? 4 : NH <= 4 ? 2 : 1) : (NH <= 4 ? 4 : 2);
     const int64_t dv = c->p->d_v, span = SFX(vec_span)(dv);
     for (int j0 = 0; j0 < vl->n; j0 += VACC_TILE) {
         const int j1 = j0 + VACC_TILE < vl->n ? j0 + VACC_TILE : vl->n;

@@ -1,12 +1,15 @@
 /* attn_tile.c: the kernels of attn_tile.h, each under its scalar twin.
  *
  * dots: the cells are in the lanes (kt's columns), so a head's partial sums p_l (8 or 16: the lanes
- * argument) are vectors over W cells, each an fma chain over its e = l + lanes i; register tile: 6
- * query rows x 2 W cells (12 accumulators), one broadcast of q per row and step, one load of kt per
- * W cells and step. The fold and the tree then add whole vectors: no horizontal sums. vacc: 3 rows x
- * 4 W output lanes (12 accumulators) over 64 cells at a time (their V rows stay in L1 for all rows),
- * the chains carried through acc from one block of cells to the next (a store and a load change no
- * value). Both are written once over W-lane vectors (the pass at the end of this file) and compiled
+ * argument) are vectors over W cells, each an fma chain over its e = l + lanes i; register tile:
+ * TILE_ROWS query rows (6 for ymm, 8 for zmm) x 2 W cells, one broadcast of q per row and step, one
+ * load of kt per W cells and step. The fold and the tree then add whole vectors: no horizontal sums.
+ * vacc: VACC_ROWS rows (3 for ymm, 6 for zmm) x 4 W output lanes over 64 cells at a time, the lanes
+ * outside the rows, so that block of V (64 cells x 4 W floats, 16 KB for zmm) stays in L1 for every
+ * row (with the rows outside, a head of 256 values read its 64 KB block from L2 for each group of
+ * rows: 45 against 80 GMAC/s on one Sapphire Rapids core, 128 rows); the chains carried through acc
+ * from one block of cells to the next (a store and a load change no value). Both are written once
+ * over W-lane vectors (the pass at the end of this file) and compiled
  * for ymm (AVX2, W 8) and zmm (AVX-512, W 16: cells and lanes in blocks of 16, so kt's ld and dv
  * must be multiples of 16, else the ymm pass runs); a cell's or lane's arithmetic is the same in both.
  */
@@ -125,15 +128,17 @@ void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *cons
         }
 }
 
-#define TILE_ROWS 6      /* query rows of a score tile */
-#define VACC_ROWS 3      /* query rows per pass of the V sums */
-#define VACC_CELLS 64    /* cells per pass: 64 rows of vf stay in L1 for every row of P */
+#define TILE_MAX_ROWS 8  /* the most query rows of a score tile (a pass's TILE_ROWS) */
+#define VACC_MAX_ROWS 6  /* the most query rows per pass of the V sums (a pass's VACC_ROWS) */
+#define VACC_CELLS 64    /* cells per pass: their 4 W lanes of vf stay in L1 for every row of P */
 
 #ifdef LX_SIMD_AVX2_FN
 #define LX_TILE_PASS 1
 #define SFX(f) f##_avx2
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define W 8
+#define VACC_ROWS 3      /* query rows per pass of the V sums (16 ymm registers) */
+#define TILE_ROWS 6      /* query rows of a score tile */
 #define VF __m256
 #define VZERO() _mm256_setzero_ps()
 #define VSET1(p) _mm256_broadcast_ss(p)
@@ -149,6 +154,8 @@ void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *cons
 #define SFX(f) f##_avx512
 #define TGT __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 #define W 16
+#define VACC_ROWS 6      /* query rows per pass of the V sums (32 zmm registers) */
+#define TILE_ROWS 8      /* query rows of a score tile */
 #define VF __m512
 #define VZERO() _mm512_setzero_ps()
 #define VSET1(p) _mm512_set1_ps(*(p))
@@ -203,9 +210,9 @@ static inline __attribute__((always_inline)) TGT void SFX(dots_block)(const floa
                                                                      int64_t j0, const float *const *q,
                                                                      float *const *S, const int H, const int C,
                                                                      const int NL) {
-    VF part[16][TILE_ROWS][2];
+    VF part[16][TILE_MAX_ROWS][2];
     for (int l = 0; l < NL; ++l) {
-        VF acc[TILE_ROWS][2];
+        VF acc[TILE_MAX_ROWS][2];
         for (int h = 0; h < H; ++h)
             for (int c = 0; c < C; ++c) acc[h][c] = VZERO();
         for (int64_t e = l; e < d; e += NL) {
@@ -232,6 +239,7 @@ static inline __attribute__((always_inline)) TGT void SFX(dots_block)(const floa
 
 #define DOTS_H(H)                                                                              \
     case H:                                                                                    \
+        if (H > TILE_ROWS) break;                                                              \
         if (C == 2 && NL == 16) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 2, 16);        \
         else if (C == 2) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 2, 8);                \
         else if (NL == 16) SFX(dots_block)(kt, ld, d, j0, q + i, S + i, H, 1, 16);             \
@@ -245,7 +253,7 @@ static TGT void SFX(dots)(const float *kt, int64_t ld, int n, int64_t d, const f
         const int C = n - j0 > W ? 2 : 1;
         for (int i = 0; i < nq; i += TILE_ROWS) {
             switch (nq - i < TILE_ROWS ? nq - i : TILE_ROWS) {
-                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) default: DOTS_H(6)
+                DOTS_H(1) DOTS_H(2) DOTS_H(3) DOTS_H(4) DOTS_H(5) DOTS_H(6) DOTS_H(7) default: DOTS_H(8)
             }
         }
     }
@@ -258,11 +266,11 @@ static inline __attribute__((always_inline)) TGT void SFX(vacc_block)(const floa
                                                                      const float *const *P, float *const *acc,
                                                                      int j0, int j1, int64_t e0, const int H,
                                                                      const int NV) {
-    VF a[VACC_ROWS][4];
+    VF a[VACC_MAX_ROWS][4];
     for (int h = 0; h < H; ++h)
         for (int r = 0; r < NV; ++r) a[h][r] = j0 == 0 ? VZERO() : VLOAD(acc[h] + e0 + W * r);
     for (int j = j0; j < j1; ++j) {
-        VF p[VACC_ROWS];
+        VF p[VACC_MAX_ROWS];
         for (int h = 0; h < H; ++h) p[h] = VSET1(P[h] + j);
         const float *row = vf + (int64_t) j * dv + e0;
         for (int r = 0; r < NV; ++r) {
@@ -275,26 +283,30 @@ static inline __attribute__((always_inline)) TGT void SFX(vacc_block)(const floa
 }
 
 #define VACC_NV(H, NV) case NV: SFX(vacc_block)(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
-#define VACC_H(H)                                                                           \
-    case H:                                                                                 \
-        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
+#define VACC_H(H)                                                                                      \
+    case H:                                                                                            \
+        if (H <= VACC_ROWS) switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) } \
         break;
 
 /* dv a multiple of W */
 static TGT void SFX(vacc)(const float *vf, int n, int64_t dv, const float *const *P, float *const *acc, int nq) {
     for (int j0 = 0; j0 < n; j0 += VACC_CELLS) {
         const int j1 = n - j0 < VACC_CELLS ? n : j0 + VACC_CELLS;
-        for (int i = 0; i < nq; i += VACC_ROWS)
-            for (int64_t e0 = 0; e0 < dv; e0 += 4 * W) {
-                const int nv = (dv - e0) / W < 4 ? (int) ((dv - e0) / W) : 4;
-                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) { VACC_H(1) VACC_H(2) default: VACC_H(3) }
-            }
+        for (int64_t e0 = 0; e0 < dv; e0 += 4 * W) {   /* vf's block of cells x 4 W lanes: in L1 for every row */
+            const int nv = (dv - e0) / W < 4 ? (int) ((dv - e0) / W) : 4;
+            for (int i = 0; i < nq; i += VACC_ROWS)
+                switch (nq - i < VACC_ROWS ? nq - i : VACC_ROWS) {
+                    VACC_H(1) VACC_H(2) VACC_H(3) VACC_H(4) VACC_H(5) default: VACC_H(6)
+                }
+        }
     }
 }
 #undef VACC_H
 #undef VACC_NV
 
 #undef LX_TILE_PASS
+#undef VACC_ROWS
+#undef TILE_ROWS
 #undef SFX
 #undef TGT
 #undef W

@@ -1,8 +1,8 @@
 """The attention of a tile of query tokens sharing a chunk (csrc/attn_tile.h, attention.c's run_tile).
 
 (a) Each kernel against its scalar twin, bit for bit, at every SIMD level of this CPU: the transposed K,
-    the scores (6-row register tiles, remainders of rows and cells), the V accumulation (3 rows x 32
-    lanes, carried over blocks of 64 cells), the V rows.
+    the scores (register tiles of 6 (AVX2) or 8 (AVX-512) rows, remainders of rows and cells), the V
+    accumulation (3 or 6 rows x 4 vectors of lanes, carried over blocks of 64 cells), the V rows.
 (b) A prefill's tokens, run together in tiles, give each token the bits it gets alone: a causal prompt
     at depth (every chunk shared; the last, the diagonal, as one list of cells and its prefixes) and
     from an empty cache (diagonal chunks only), with hidden cells, a sliding window and masks whose
@@ -51,7 +51,7 @@ def test_kt_is_the_transpose(level, dtype, n, d):
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("lanes", [8, 16])
 @pytest.mark.parametrize("n, d, nq", [(1, 8, 1), (9, 64, 5), (16, 64, 6), (37, 64, 13), (256, 64, 48),
-                                      (200, 256, 8), (24, 136, 7)])
+                                      (200, 256, 8), (24, 136, 7), (200, 256, 17)])
 def test_dots_match_their_twin(level, lanes, n, d, nq):
     cpu.set_simd_level(level)
     rng = np.random.default_rng(n + d + nq)
@@ -77,7 +77,7 @@ def test_dots_match_their_twin(level, lanes, n, d, nq):
 
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("n, dv, nq", [(1, 8, 1), (63, 64, 2), (64, 64, 3), (65, 64, 4), (256, 64, 48),
-                                       (130, 256, 7), (70, 40, 5), (5, 264, 3)])
+                                       (130, 256, 7), (70, 40, 5), (5, 264, 3), (64, 256, 11)])
 def test_vacc_matches_its_twin(level, n, dv, nq):
     cpu.set_simd_level(level)
     rng = np.random.default_rng(n + dv + nq)
