@@ -176,8 +176,9 @@ int64_t lx_attn_v_row_bytes(const lx_attn_params *p);
  * floats (the int32s take one float slot each). Many items at the AVX2 level
  * with a float cache (a prefill: attention.c's tiles of query tokens) take
  * n_threads slices of tile buffers instead: the tokens' chunk lists, scores and
- * states, and one chunk's K transposed and V rows as floats (about 270 KB a
- * thread for 3 query heads per kv head of 64 values, 650 KB for 4 of 256).
+ * states for up to 64 tokens, and one chunk's K transposed and V rows as floats
+ * (about 680 KB a thread for 3 query heads per kv head of 64 values, 1.6 MB
+ * for 4 of 256).
  * 0 when the kernel would not use it. Passing less (or NULL) is allowed: each
  * thread then takes whole items, walking each item's chunks in order with a
  * running cursor; the result is the same bit for bit. */

@@ -4,7 +4,8 @@
     the scores (register tiles of 6 (AVX2) or 8 (AVX-512) rows, remainders of rows and cells), the V
     accumulation (3 or 6 rows x 4 vectors of lanes, carried over blocks of 64 cells), the V rows.
 (b) A prefill's tokens, run together in tiles, give each token the bits it gets alone: a causal prompt
-    at depth (every chunk shared; the last, the diagonal, as one list of cells and its prefixes) and
+    at depth (every chunk shared; the last, the diagonal, as one list of cells and its prefixes; tiles of
+    up to 64 tokens there, 32 otherwise) and
     from an empty cache (diagonal chunks only), with hidden cells, a sliding window and masks whose
     lists are no prefixes of each other, per-token mask values (the cells
     shared, each token's softmax its own), a column order (perm), softcap, two streams, GQA groups of 3, 4 and 10 heads (two passes),
@@ -129,6 +130,7 @@ def causal_mask(n_stream, n_tps, n_kv, depth, holes=(), per_token=False, window=
 CASES = {   # n_head, n_head_kv, d, type_k, type_v, v_trans, n_stream, depth, n_tps, extra
     "smollm2 f16": (9, 3, 64, "f16", "f16", False, 1, 600, 37, {}),
     "gemma d256": (4, 1, 256, "f16", "f16", False, 1, 300, 20, {}),
+    "tiles of 64 at depth": (9, 3, 64, "f16", "f16", False, 1, 500, 200, {}),
     "two passes": (20, 2, 64, "f16", "f32", False, 1, 520, 17, {}),
     "f32 cache": (8, 2, 32, "f32", "f32", False, 1, 700, 33, {}),
     "vtrans": (9, 3, 64, "f16", "f16", True, 1, 600, 19, {}),
