@@ -128,8 +128,8 @@ void lx_attn_tile_vacc_ref(const float *vf, int n, int64_t dv, const float *cons
         }
 }
 
-#define TILE_MAX_ROWS 8  /* the most query rows of a score tile (a pass's TILE_ROWS) */
-#define VACC_MAX_ROWS 6  /* the most query rows per pass of the V sums (a pass's VACC_ROWS) */
+#define TILE_MAX_ROWS 8  /* the most query rows of a score tile (a pass's TILE_ROWS; dots' switch has its cases) */
+#define VACC_MAX_ROWS 6  /* the most query rows per pass of the V sums (a pass's VACC_ROWS; vacc's switch has its cases) */
 #define VACC_CELLS 64    /* cells per pass: their 4 W lanes of vf stay in L1 for every row of P */
 
 #ifdef LX_SIMD_AVX2_FN
@@ -204,6 +204,9 @@ void lx_attn_tile_vacc(const float *vf, int n, int64_t dv, const float *const *P
 #else /* LX_TILE_PASS ===================================================================== *
  *
  * The W-lane kernels (SFX names the pass's), included once per vector width above. */
+
+_Static_assert(TILE_ROWS <= TILE_MAX_ROWS && VACC_ROWS <= VACC_MAX_ROWS,
+               "a pass's rows fit the kernels' arrays and the switches' cases");
 
 /* rows q[0..H) x cells [j0, j0 + W C), NL chains a score (8 or 16: lx_attn_tile_dots' lanes) */
 static inline __attribute__((always_inline)) TGT void SFX(dots_block)(const float *kt, int64_t ld, int64_t d,
@@ -283,9 +286,10 @@ static inline __attribute__((always_inline)) TGT void SFX(vacc_block)(const floa
 }
 
 #define VACC_NV(H, NV) case NV: SFX(vacc_block)(vf, dv, P + i, acc + i, j0, j1, e0, H, NV); break;
-#define VACC_H(H)                                                                                      \
-    case H:                                                                                            \
-        if (H <= VACC_ROWS) switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) } \
+#define VACC_H(H)                                                                           \
+    case H:                                                                                 \
+        if (H > VACC_ROWS) break;                                                           \
+        switch (nv) { VACC_NV(H, 1) VACC_NV(H, 2) VACC_NV(H, 3) default: VACC_NV(H, 4) }    \
         break;
 
 /* dv a multiple of W */
