@@ -304,9 +304,18 @@ static size_t amx_ord_bytes(lx_type wt, int64_t n_in) {
     return (size_t) (n_in / LX_QK) * 640 + 64;
 }
 
+/* the unpacked 4-row tiles a thread keeps between token chunks (gemm_main): as many of its share as fit */
+#define LX_GEMM_KEEP_BYTES (1024 * 1024)
+
+static size_t keep_slot_bytes(int64_t n_in) {
+    return ((size_t) LX_GEMM_R * (n_in + 8 * (n_in / LX_QK)) + 63) & ~(size_t) 63;
+}
+
 size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads) {
     const int64_t nb = n_in / LX_QK;
-    return act_bytes(n_tok, nb) + (size_t) (n_threads > 0 ? n_threads : 1) * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in)) + 128;
+    const size_t nt = (size_t) (n_threads > 0 ? n_threads : 1);
+    const size_t keep = n_tok > LX_GEMM_SMALL ? nt * LX_GEMM_KEEP_BYTES : 0;
+    return act_bytes(n_tok, nb) + nt * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in)) + keep + 128;
 }
 
 #define LX_Q8_CHUNK 32   /* blocks quantized per call of lx_quantize_row_q8_split (q8_chunk) */
@@ -699,8 +708,12 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
     if (gc < 1) gc = 1;
     uint8_t *base = (uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     uint8_t *act = base, *tiles = base + act_bytes(n_tok, nb);
-    uint8_t *rows = tiles + (size_t) n_threads * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in));   /* r8: each thread's R GGUF rows */
+    uint8_t *keep = tiles + (size_t) n_threads * (tile_bytes(n_in) + amx_ord_bytes(w_type, n_in));
+    uint8_t *rows = keep + (size_t) n_threads * LX_GEMM_KEEP_BYTES;   /* r8: each thread's R GGUF rows */
     const int64_t n_tiles = (n_out + LX_GEMM_R - 1) / LX_GEMM_R;
+    const size_t slot = keep_slot_bytes(n_in);
+    /* tiles kept unpacked across the chunks when there are several */
+    const int64_t n_keep = n_groups > gc ? (int64_t) (LX_GEMM_KEEP_BYTES / slot) : 0;
     (void) n_threads;
     (void) dt;
 #ifdef _OPENMP
@@ -715,29 +728,34 @@ static void gemm_main(const void *w, lx_type w_type, int r8, const float *x, flo
             else quantize_token(dt, c, t < n_tok ? x + t * n_in : NULL, n_in, L, t, act);
         }
 #ifdef _OPENMP
-        const int me = omp_get_thread_num();
+        const int me = omp_get_thread_num(), nth = omp_get_num_threads();
 #else
-        const int me = 0;
+        const int me = 0, nth = 1;
 #endif
+        /* this thread's tiles [i0, i1), the same for every chunk, with no barrier between chunks */
+        const int64_t q = n_tiles / nth, rem = n_tiles % nth;
+        const int64_t i0 = me * q + (me < rem ? me : rem), i1 = i0 + q + (me < rem);
         uint8_t *tile = tiles + (size_t) me * tile_bytes(n_in), *mine = rows + (size_t) me * LX_GEMM_R * wrb;
+        uint8_t *kept = keep + (size_t) me * LX_GEMM_KEEP_BYTES;
         for (int64_t g0 = 0; g0 < n_groups; g0 += gc) {
             const int64_t ng = n_groups - g0 < gc ? n_groups - g0 : gc;
-#ifdef _OPENMP
-#pragma omp for schedule(static)
-#endif
-            for (int64_t i = 0; i < n_tiles; ++i) {
+            for (int64_t i = i0; i < i1; ++i) {
                 const int64_t o0 = i * LX_GEMM_R;
                 const int nr = n_out - o0 < LX_GEMM_R ? (int) (n_out - o0) : LX_GEMM_R;
-                const uint8_t *src = (const uint8_t *) w;
-                int64_t so = o0;
+                const int kept_tile = i - i0 < n_keep;
+                uint8_t *t = kept_tile ? kept + (size_t) (i - i0) * slot : tile;
+                if (g0 == 0 || !kept_tile) {
+                    const uint8_t *src = (const uint8_t *) w;
+                    int64_t so = o0;
 #ifdef LX_GEMM_X86
-                (void) mine;   /* the r8 tile is unpacked from the layout itself */
-                unpack_rows_avx2(w_type, src, r8, wrb, so, nr, n_in, u128, tile, LX_GEMM_R);
+                    (void) mine;   /* the r8 tile is unpacked from the layout itself */
+                    unpack_rows_avx2(w_type, src, r8, wrb, so, nr, n_in, u128, t, LX_GEMM_R);
 #else
-                if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
-                unpack_tile(w_type, src, wrb, so, nr, n_in, u128, tile);
+                    if (r8) r8_tile_rows(w_type, w, o0, nr, n_in, mine), src = mine, so = 0;
+                    unpack_tile(w_type, src, wrb, so, nr, n_in, u128, t);
 #endif
-                run(w_type, tile, n_in, nr, act + g0 * gs, ng, y + g0 * L * n_out, n_tok - g0 * L, n_out, o0);
+                }
+                run(w_type, t, n_in, nr, act + g0 * gs, ng, y + g0 * L * n_out, n_tok - g0 * L, n_out, o0);
             }
         }
     }
@@ -1130,6 +1148,15 @@ static LX_TGT void SFX(unpack_tile)(lx_type wt, const uint8_t *w, size_t wrb, in
 #endif
 
 #if LX_GEMM_PASS == 1
+/* the next group-blocks' bytes LX_GEMM_PREFETCH_R8 ahead of gb into L2 (prefetcht1), a line at a time beside
+ * the work (a prefetch never faults, so the last group's run past the end is harmless). Into L1 4 KB ahead
+ * (prefetcht0) the stream ran at 23 GB/s on a 2-core Sapphire Rapids whose plain read reaches 27-30; into L2
+ * 8-16 KB ahead, 26.5-27 (benchmarks/bench_output.py), while none at all loses 10-50% of a decode step. */
+static LX_INLINE void prefetch_group(const uint8_t *gb, size_t gbb) {
+    for (size_t off = 0; off < gbb; off += 64)
+        __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH_R8 + off), 0, 2);
+}
+
 /* rows 4 hi .. 4 hi + 3 of the 4 r8 chunks at c (bytes [4c', 4c' + 4) of the 8 rows' qs, c' = 0..3): each
  * row's 16 bytes, a 4 x 8 transpose of dwords */
 static LX_INLINE LX_TGT void SFX(r8_rows4)(const uint8_t *c, int hi, __m128i *q) {
@@ -1151,9 +1178,12 @@ static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0,
     const int64_t nb = n_in / LX_QK;
     const int head = r8_head(wt), hi = (int) (o0 % 8) / 4, rr0 = 4 * hi;
     float *dw = (float *) (tile + rt * n_in) + r0 * nb, *mw = dw + rt * nb;
+    const size_t gbb = 8 * lx_type_block_bytes(wt);
+    const uint8_t *g0 = r8_block(w, wt, nb, o0, 0);
     tile += (size_t) r0 * n_in;
     for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t *gb = r8_block(w, wt, nb, o0, b);
+        const uint8_t *gb = g0 + b * gbb;
+        for (size_t off = 0; off < gbb; off += 64) __builtin_prefetch((const void *) (gb + 1024 + off), 0, 3);
         __m128i lo[4], up[4];
         SFX(r8_rows4)(gb + head, hi, lo);
         if (wt == LX_TYPE_Q8_0) SFX(r8_rows4)(gb + head + 128, hi, up);
@@ -1208,15 +1238,6 @@ static LX_INLINE LX_TGT __m256i SFX(hsum4x8)(const __m128i *m) {
 static LX_INLINE LX_TGT __m256i SFX(lane_bytes)(__m256i v, uint32_t pat) {
     const __m256i lane = _mm256_set_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0, 0x0c0c0c0c, 0x08080808, 0x04040404, 0);
     return _mm256_shuffle_epi8(v, _mm256_add_epi8(lane, _mm256_set1_epi32((int) pat)));
-}
-
-/* the next group-blocks' bytes LX_GEMM_PREFETCH_R8 ahead of gb into L2 (prefetcht1), a line at a time beside
- * the work (a prefetch never faults, so the last group's run past the end is harmless). Into L1 4 KB ahead
- * (prefetcht0) the stream ran at 23 GB/s on a 2-core Sapphire Rapids whose plain read reaches 27-30; into L2
- * 8-16 KB ahead, 26.5-27 (benchmarks/bench_output.py), while none at all loses 10-50% of a decode step. */
-static LX_INLINE void prefetch_group(const uint8_t *gb, size_t gbb) {
-    for (size_t off = 0; off < gbb; off += 64)
-        __builtin_prefetch((const void *) ((uintptr_t) gb + LX_GEMM_PREFETCH_R8 + off), 0, 2);
 }
 
 /* gemm.h's chain, lane-wise over 8 rows, for block b of planar token tk: acc += (dw dx_b) isum
@@ -1494,8 +1515,11 @@ static LX_TGT void SFX(unpack_tile_k_r8)(lx_type wt, const uint8_t *w, int64_t o
     const int (*fl)[3] = wt == LX_TYPE_Q4_K ? q4 : wt == LX_TYPE_Q5_K ? q5 : q6;
     const int n_fl = wt == LX_TYPE_Q4_K ? 2 : 3;
     uint8_t blk[4][256] __attribute__((aligned(32)));
+    const size_t gbb = 8 * lx_type_block_bytes(wt);
+    const uint8_t *g0 = r8_block(w, wt, nbk, o0, 0);
     for (int64_t b = 0; b < nbk; ++b) {
-        const uint8_t *gb = r8_block(w, wt, nbk, o0, b);
+        const uint8_t *gb = g0 + b * gbb;
+        prefetch_group(gb, gbb);
         for (int f = 0; f < n_fl; ++f)
             for (int c = 0; c < fl[f][1]; c += 4) {
                 __m128i q[4];

@@ -120,8 +120,11 @@
  * the (mn_2e, mn_2e+1) pairs.
  *
  * L2 blocking (n_tok > 8): the token groups are processed in chunks of about 256 KB of activations
- * (LX_GEMM_CHUNK_BYTES; ~120 tokens for n_in 1536 q4_1); each chunk runs over all row tiles, W
- * being re-unpacked per chunk. Each output's chain is untouched, so the bits are the same.
+ * (LX_GEMM_CHUNK_BYTES; ~120 tokens for n_in 1536 q4_1); each chunk runs over all row tiles. Each
+ * thread takes the same contiguous share of tiles in every chunk (no barrier between chunks) and keeps
+ * the first of them unpacked from chunk to chunk (LX_GEMM_KEEP_BYTES, 1 MB a thread: the whole share
+ * of a 135M-270M model's products), the rest re-unpacked per chunk. Each output's chain is untouched,
+ * so the bits are the same.
  *
  * Types: q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K (lx_gemm_supported); n_in must be a
  * multiple of the block size (32, or 256 for the K-quants). Others are refused (matmul.h's float
@@ -146,8 +149,8 @@ int lx_gemm_supported(lx_type w_type);
 /* the activation format of a product with W of type w_type (LX_TYPE_Q8_0, _Q8_1 or _Q8_K) */
 lx_type lx_gemm_dot_type(lx_type w_type);
 
-/* bytes of the work buffer lx_gemm needs (activations + n_threads unpack buffers); lx_gemm_ref
- * needs no more. note: lx_gemm_supported(w_type). */
+/* bytes of the work buffer lx_gemm needs (activations + n_threads unpack buffers, and for n_tok > 8
+ * each thread's kept tiles); lx_gemm_ref needs no more. note: lx_gemm_supported(w_type). */
 size_t lx_gemm_work_size(lx_type w_type, int64_t n_tok, int64_t n_in, int n_threads);
 
 /* y = x W^T, the canonical arithmetic above.

@@ -117,6 +117,23 @@ def test_every_path_is_the_reference_bit_for_bit(t, n_in):
                                                   f"threads {nth}: max diff {np.abs(got - ref).max()}")
 
 
+@pytest.mark.parametrize("t", [Q.TYPE_Q4_0, Q.TYPE_Q4_1, Q.TYPE_Q8_0, Q.TYPE_Q4_K, Q.TYPE_Q6_K], ids=name)
+def test_tiles_kept_across_chunks(t):
+    """Prompts of several token chunks keep each thread's first W tiles unpacked from one chunk to the
+    next (gemm.c LX_GEMM_KEEP_BYTES, 1 MB a thread) and unpack the rest per chunk: 1200 rows of 1536
+    (2048) are more tiles than one thread keeps, and 130 tokens two chunks at every level. GGUF rows
+    and the r8 layout, 1 and 2 threads (both of their shares overflow), the reference's bits."""
+    n_in, n_out = kin(t, 1536), 1200
+    raw, x = case(t, n_in, n_out, 130, 5 + t)
+    ref = G.mul_mat_ref(raw, t, x)
+    packed = G.pack_r8(raw, t)
+    for level in LEVELS:
+        cpu.set_simd_level(level)
+        for nth in (1, 2):
+            np.testing.assert_array_equal(G.mul_mat(raw, t, x, n_threads=nth), ref)
+            np.testing.assert_array_equal(G.mul_mat_r8(packed, t, n_out, x, n_threads=nth), ref)
+
+
 @pytest.mark.parametrize("t", TYPES, ids=name)
 def test_batch_invariance(t):
     n_in, n_out = kin(t, 576), 29
