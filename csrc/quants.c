@@ -647,6 +647,67 @@ static LX_AVX2 void quantize_row_q8_split_avx2(int with_s, const float *x, int8_
     }
 }
 
+#define LX_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+/* lane k = the max (op 0) or int32 sum (op 1) of the 16 lanes of v[k], k < 16: a transposing tree
+ * (lanes paired within 128-bit quarters, then quarters), each step order-free (max, integer add) */
+static LX_INLINE LX_AVX512 __m512i reduce16x16(__m512i *v, int op) {
+#define LX_R16(a, b) (op ? _mm512_add_epi32((a), (b)) : _mm512_castps_si512(_mm512_max_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b))))
+    __m512i a[8], b[4], c[2];
+    for (int i = 0; i < 8; ++i)   /* per quarter: [v2i, v2i+1, v2i, v2i+1] partials */
+        a[i] = LX_R16(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int j = 0; j < 4; ++j) {   /* per quarter: [v4j .. v4j+3] partials */
+        const __m512 p = _mm512_castsi512_ps(a[2 * j]), q = _mm512_castsi512_ps(a[2 * j + 1]);
+        b[j] = LX_R16(_mm512_castps_si512(_mm512_shuffle_ps(p, q, 0x44)), _mm512_castps_si512(_mm512_shuffle_ps(p, q, 0xEE)));
+    }
+    for (int k = 0; k < 2; ++k)   /* quarters: [b2k's two halves | b2k+1's] */
+        c[k] = LX_R16(_mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], 0x44), _mm512_shuffle_i32x4(b[2 * k], b[2 * k + 1], 0xEE));
+    return LX_R16(_mm512_shuffle_i32x4(c[0], c[1], 0x88), _mm512_shuffle_i32x4(c[0], c[1], 0xDD));
+#undef LX_R16
+}
+
+/* quantize_row_q8_split_avx2 on 16 blocks at a time (the same IEEE steps lane for lane: amax, d =
+ * amax / 127, 1 / d, the rounding of round32_i8, F16C's nearest-even d and s) */
+static LX_AVX512 void quantize_row_q8_split_avx512(int with_s, const float *x, int8_t *qs, float *d, float *s,
+                                                   int32_t *sum, int64_t n) {
+    const int64_t nb = n / LX_QK;
+    const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.49999997f);
+    const __m512 lim = _mm512_set1_ps(127.0f), nlim = _mm512_set1_ps(-127.0f);
+    for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+        const int m = nb - b0 < 16 ? (int) (nb - b0) : 16;
+        const __mmask16 lanes = (__mmask16) ((1u << m) - 1);
+        const float *xb = x + b0 * LX_QK;
+        __m512i v[16];
+        for (int k = 0; k < 16; ++k)
+            v[k] = k < m ? _mm512_castps_si512(_mm512_max_ps(_mm512_andnot_ps(sign, _mm512_loadu_ps(xb + 32 * k)),
+                                                             _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + 32 * k + 16))))
+                         : _mm512_setzero_si512();
+        const __m512 dv = _mm512_div_ps(_mm512_castsi512_ps(reduce16x16(v, 0)), lim);
+        const __m512 idv = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(dv, _mm512_setzero_ps(), _CMP_NEQ_UQ),
+                                               _mm512_set1_ps(1.0f), dv);
+        float id[16];
+        _mm512_storeu_ps(id, idv);
+        for (int k = 0; k < 16; ++k) {
+            if (k >= m) { v[k] = _mm512_setzero_si512(); continue; }
+            const __m512 vid = _mm512_set1_ps(id[k]);
+            __m512i q[2];
+            for (int h = 0; h < 2; ++h) {
+                __m512 u = _mm512_mul_ps(_mm512_loadu_ps(xb + 32 * k + 16 * h), vid);
+                u = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(u, u, _CMP_ORD_Q), u);   /* clamp_q: NaN -> 0 */
+                u = _mm512_max_ps(_mm512_min_ps(u, lim), nlim);
+                q[h] = _mm512_cvttps_epi32(_mm512_add_ps(u, _mm512_or_ps(half, _mm512_and_ps(u, sign))));
+                _mm_storeu_si128((__m128i *) (qs + (b0 + k) * LX_QK + 16 * h), _mm512_cvtsepi32_epi8(q[h]));
+            }
+            v[k] = _mm512_add_epi32(q[0], q[1]);
+        }
+        const __m512i sm = reduce16x16(v, 1);
+        const __m512 sv = with_s ? _mm512_mul_ps(_mm512_cvtepi32_ps(sm), dv) : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(d + b0, lanes, _mm512_cvtph_ps(_mm512_cvtps_ph(dv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        _mm512_mask_storeu_ps(s + b0, lanes, _mm512_cvtph_ps(_mm512_cvtps_ph(sv, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)));
+        _mm512_mask_storeu_epi32(sum + b0, lanes, sm);
+    }
+}
+
 static LX_AVX2 void quantize_row_q8_1_avx2(const float *x, lx_block_q8_1 *y, int64_t n) {
     for (int64_t i = 0; i < n / LX_QK; ++i, x += LX_QK) {
         const float d = amax32(x) / 127.0f;
@@ -804,6 +865,10 @@ void lx_quantize_row_q8_split_ref(lx_type dt, const float *x, int8_t *qs, float 
 
 void lx_quantize_row_q8_split(lx_type dt, const float *x, int8_t *qs, float *d, float *s, int32_t *sum, int64_t n) {
 #ifdef LX_X86_DISPATCH
+    if (lx_simd_level() >= LX_SIMD_AVX512) {
+        quantize_row_q8_split_avx512(dt == LX_TYPE_Q8_1, x, qs, d, s, sum, n);
+        return;
+    }
     if (lx_simd_level() >= LX_SIMD_AVX2) {
         quantize_row_q8_split_avx2(dt == LX_TYPE_Q8_1, x, qs, d, s, sum, n);
         return;

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from llamax._native import cpu
 from llamax._native import quants as Q
 
 gguf = pytest.importorskip("gguf")
@@ -504,7 +505,7 @@ def _split_of_blocks(t: int, x: np.ndarray):
 
 
 @pytest.mark.parametrize("t", [Q.TYPE_Q8_0, Q.TYPE_Q8_1], ids=name)
-@pytest.mark.parametrize("n", [32, 224, 256, 288, 1536])
+@pytest.mark.parametrize("n", [32, 224, 256, 288, 544, 1536])
 def test_quantize_split_is_the_blocks(t, n):
     """The split rows the integer products read (8 blocks' scales at a time in lanes): the blocks'
     values, f16 scales and sums, fast and reference alike; ties, zero and denormal blocks included."""
@@ -514,11 +515,14 @@ def test_quantize_split_is_the_blocks(t, n):
         x[200:232] = 0
         x[232:256] = 1e-40
     want = _split_of_blocks(t, x)
-    for ref in (False, True):
-        got = Q.quantize_split(t, x, ref=ref)
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype or g.dtype.kind == w.dtype.kind
-            np.testing.assert_array_equal(g, w)
+    for level in cpu.levels():   # AVX2: 8 blocks at a time, AVX-512 and up: 16
+        cpu.set_simd_level(level)
+        for ref in (False, True):
+            got = Q.quantize_split(t, x, ref=ref)
+            for g, w in zip(got, want):
+                assert g.dtype == w.dtype or g.dtype.kind == w.dtype.kind
+                np.testing.assert_array_equal(g, w)
+    cpu.set_simd_level(-1)
     with pytest.raises(ValueError):
         Q.quantize_split(Q.TYPE_Q8_K, np.zeros(256, np.float32))
     with pytest.raises(ValueError):
