@@ -763,8 +763,10 @@ static LX_AVX2 void quantize_row_q8_K_avx2(const float *x, lx_block_q8_K *y, int
             continue;
         }
         float max = 0.0f;           /* the first value of largest magnitude, as the ref's scan */
-        for (int j = 0; j < LX_QK_K; ++j) {
-            if (fabsf(x[j]) == amax) { max = x[j]; break; }
+        const __m256 va = _mm256_set1_ps(amax), sign = _mm256_set1_ps(-0.0f);
+        for (int j = 0; j < LX_QK_K; j += 8) {
+            const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), va, _CMP_EQ_OQ));
+            if (hit) { max = x[j + __builtin_ctz((unsigned) hit)]; break; }
         }
         const float iscale = -127.0f / max;
         const __m256 vis = _mm256_set1_ps(iscale);

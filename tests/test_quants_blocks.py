@@ -480,6 +480,22 @@ def test_quantize_fast_equals_ref_property(vals, t):
     np.testing.assert_array_equal(Q.quantize(t, x), pack_q8(t, x))
 
 
+@pytest.mark.parametrize("first", [13, 8, 200, 255])
+def test_q8_K_scale_from_the_first_largest(first):
+    """q8_K's scale takes the sign of the first value of largest magnitude (-127 / max): +-v placed at
+    two indices, the first anywhere in the super-block (the scan goes 8 values at a time), at every level."""
+    rng = np.random.default_rng(first)
+    x = rng.uniform(-1, 1, 512).astype(np.float32)
+    for base, sgn in ((0, -1.0), (256, 1.0)):
+        x[base + first] = sgn * 4.0
+        x[base + (first + 37) % 256] = -sgn * 4.0
+    want = pack_q8(Q.TYPE_Q8_K, x)
+    for level in cpu.levels():
+        cpu.set_simd_level(level)
+        np.testing.assert_array_equal(Q.quantize(Q.TYPE_Q8_K, x), want)
+    cpu.set_simd_level(-1)
+
+
 @pytest.mark.parametrize("t", [Q.TYPE_Q8_0, Q.TYPE_Q8_1, Q.TYPE_Q8_K, Q.TYPE_Q4_0], ids=name)
 def test_quantize_denormal_blocks(t):
     """Blocks so small that 1/d overflows: NaN products give 0, infinite ones +-127 (ggml's
