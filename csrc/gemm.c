@@ -913,6 +913,9 @@ void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t
 #if LX_GEMM_PASS == 3
 #define L 16
 #define TMAX 3
+/* LX_CHAIN on any of the 32 zmm: "x" (xmm0-15) made GCC move each accumulator kept in zmm16-31 into a low
+ * register and back around every chain step (two vector moves per vpdpbusd) */
+#define CHAIN(v) __asm__("" : "+v"(v))
 #define VI __m512i
 #define VF __m512
 #define LDI(p) _mm512_loadu_si512((const void *) (p))
@@ -937,6 +940,7 @@ void lx_gemm_r8(const void *w, lx_type w_type, const float *x, float *y, int64_t
 #else
 #define L 8
 #define TMAX 1
+#define CHAIN(v) LX_CHAIN(v)
 #define VI __m256i
 #define VF __m256
 #define LDI(p) _mm256_loadu_si256((const __m256i *) (p))
@@ -1025,7 +1029,7 @@ static LX_INLINE LX_TGT void SFX(pair_sums)(const uint8_t *tile, int64_t n_in, i
             const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
             for (int g = 0; g < T; ++g) {
                 p[r * T + g] = _mm256_add_epi16(p[r * T + g], _mm256_maddubs_epi16(u, a[g]));
-                LX_CHAIN(p[r * T + g]);
+                CHAIN(p[r * T + g]);
             }
         }
     }
@@ -1074,7 +1078,7 @@ static LX_INLINE LX_TGT void SFX(tile)(lx_type wt, const uint8_t *tile, int64_t 
                 const VI u = BCI(tile + r * n_in + LX_QK * b + 4 * s);
                 for (int g = 0; g < T; ++g) {
                     is[r * T + g] = SFX(dot_step)(wt, is[r * T + g], u, a[g]);
-                    LX_CHAIN(is[r * T + g]);
+                    CHAIN(is[r * T + g]);
                 }
             }
         }
@@ -1599,7 +1603,7 @@ static LX_INLINE LX_TGT void SFX(small_tile_k)(lx_type wt, const uint8_t *w, siz
                     if (wt == LX_TYPE_Q6_K)   /* minus 32 y pair-wise: |pair| <= 8128 */
                         p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(32), yv));
                     vi = _mm256_add_epi32(vi, _mm256_madd_epi16(p, scv[j]));
-                    LX_CHAIN(vi);
+                    CHAIN(vi);
                 }
                 vbuf[k][r] = vi;
             }
@@ -1829,13 +1833,13 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
                     const VI a = LDI(rec + 4 * L * (4 * e + s));
                     for (int r = 0; r < R; ++r) {
                         p[r] = ADD16(p[r], MADDUBS(BCI(wb[r] + 16 * e + 4 * s), a));
-                        LX_CHAIN(p[r]);
+                        CHAIN(p[r]);
                     }
                 }
                 const VI q = LDI(ext + 4 * L * e);
                 for (int r = 0; r < R; ++r) {
                     is[r] = ADD32(is[r], MADD(SUB16(p[r], q), SET16(sb[r][e])));
-                    LX_CHAIN(is[r]);
+                    CHAIN(is[r]);
                 }
             }
         } else {
@@ -1847,7 +1851,7 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
                     const VI a = LDI(rec + 4 * L * (8 * j + s));
                     for (int r = 0; r < R; ++r) {
                         p[r][s & 1] = _mm512_dpbusd_epi32(p[r][s & 1], BCI(wb[r] + 32 * j + 4 * s), a);
-                        LX_CHAIN(p[r][s & 1]);
+                        CHAIN(p[r][s & 1]);
                     }
                 }
                 for (int r = 0; r < R; ++r)
@@ -1863,12 +1867,12 @@ static LX_INLINE LX_TGT void SFX(tile_k)(lx_type wt, const uint8_t *tile, int64_
                         const VI a = LDI(rec + 4 * L * (8 * j + s));
                         for (int r = 0; r < R; ++r) {
                             p[r] = ADD16(p[r], MADDUBS(BCI(wb[r] + 32 * j + 4 * s), a));
-                            LX_CHAIN(p[r]);
+                            CHAIN(p[r]);
                         }
                     }
                     for (int r = 0; r < R; ++r) {
                         is[r] = ADD32(is[r], MADD(p[r], SET16(sb[r][j])));
-                        LX_CHAIN(is[r]);
+                        CHAIN(is[r]);
                     }
                 }
 #endif
@@ -2291,6 +2295,7 @@ static LX_TGT void SFX(run)(lx_type wt, const uint8_t *tile, int64_t n_in, int n
 
 #undef LX_GEMM_T_CASES
 #undef LX_GEMM_R_CASES
+#undef CHAIN
 #undef L
 #undef TMAX
 #undef VI
