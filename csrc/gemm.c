@@ -1187,7 +1187,7 @@ static LX_TGT void SFX(unpack_tile_r8)(lx_type wt, const uint8_t *w, int64_t o0,
     tile += (size_t) r0 * n_in;
     for (int64_t b = 0; b < nb; ++b) {
         const uint8_t *gb = g0 + b * gbb;
-        for (size_t off = 0; off < gbb; off += 64) __builtin_prefetch((const void *) (gb + 1024 + off), 0, 3);
+        prefetch_group(gb, gbb);
         __m128i lo[4], up[4];
         SFX(r8_rows4)(gb + head, hi, lo);
         if (wt == LX_TYPE_Q8_0) SFX(r8_rows4)(gb + head + 128, hi, up);

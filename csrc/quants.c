@@ -687,8 +687,7 @@ static LX_AVX512 void quantize_row_q8_split_avx512(int with_s, const float *x, i
                                                _mm512_set1_ps(1.0f), dv);
         float id[16];
         _mm512_storeu_ps(id, idv);
-        for (int k = 0; k < 16; ++k) {
-            if (k >= m) { v[k] = _mm512_setzero_si512(); continue; }
+        for (int k = 0; k < m; ++k) {   /* v[k] past m stay 0 */
             const __m512 vid = _mm512_set1_ps(id[k]);
             __m512i q[2];
             for (int h = 0; h < 2; ++h) {

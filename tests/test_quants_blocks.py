@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llamax._native import cpu
 from llamax._native import quants as Q
 
 gguf = pytest.importorskip("gguf")
@@ -481,7 +480,7 @@ def test_quantize_fast_equals_ref_property(vals, t):
 
 
 @pytest.mark.parametrize("first", [13, 8, 200, 255])
-def test_q8_K_scale_from_the_first_largest(first):
+def test_q8_K_scale_from_the_first_largest(first, every_simd_level):
     """q8_K's scale takes the sign of the first value of largest magnitude (-127 / max): +-v placed at
     two indices, the first anywhere in the super-block (the scan goes 8 values at a time), at every level."""
     rng = np.random.default_rng(first)
@@ -489,11 +488,7 @@ def test_q8_K_scale_from_the_first_largest(first):
     for base, sgn in ((0, -1.0), (256, 1.0)):
         x[base + first] = sgn * 4.0
         x[base + (first + 37) % 256] = -sgn * 4.0
-    want = pack_q8(Q.TYPE_Q8_K, x)
-    for level in cpu.levels():
-        cpu.set_simd_level(level)
-        np.testing.assert_array_equal(Q.quantize(Q.TYPE_Q8_K, x), want)
-    cpu.set_simd_level(-1)
+    np.testing.assert_array_equal(Q.quantize(Q.TYPE_Q8_K, x), pack_q8(Q.TYPE_Q8_K, x))
 
 
 @pytest.mark.parametrize("t", [Q.TYPE_Q8_0, Q.TYPE_Q8_1, Q.TYPE_Q8_K, Q.TYPE_Q4_0], ids=name)
@@ -522,23 +517,21 @@ def _split_of_blocks(t: int, x: np.ndarray):
 
 @pytest.mark.parametrize("t", [Q.TYPE_Q8_0, Q.TYPE_Q8_1], ids=name)
 @pytest.mark.parametrize("n", [32, 224, 256, 288, 544, 1536])
-def test_quantize_split_is_the_blocks(t, n):
-    """The split rows the integer products read (8 blocks' scales at a time in lanes): the blocks'
-    values, f16 scales and sums, fast and reference alike; ties, zero and denormal blocks included."""
+def test_quantize_split_is_the_blocks(t, n, every_simd_level):
+    """The split rows the integer products read (8 blocks at a time in lanes at AVX2, 16 from AVX-512):
+    the blocks' values, f16 scales and sums, fast and reference alike; ties, zero and denormal blocks
+    included."""
     rng = np.random.default_rng(n)
     x = activations(rng, max(n, 256))[:n].copy()
     if n >= 256:
         x[200:232] = 0
         x[232:256] = 1e-40
     want = _split_of_blocks(t, x)
-    for level in cpu.levels():   # AVX2: 8 blocks at a time, AVX-512 and up: 16
-        cpu.set_simd_level(level)
-        for ref in (False, True):
-            got = Q.quantize_split(t, x, ref=ref)
-            for g, w in zip(got, want):
-                assert g.dtype == w.dtype or g.dtype.kind == w.dtype.kind
-                np.testing.assert_array_equal(g, w)
-    cpu.set_simd_level(-1)
+    for ref in (False, True):
+        got = Q.quantize_split(t, x, ref=ref)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype or g.dtype.kind == w.dtype.kind
+            np.testing.assert_array_equal(g, w)
     with pytest.raises(ValueError):
         Q.quantize_split(Q.TYPE_Q8_K, np.zeros(256, np.float32))
     with pytest.raises(ValueError):
