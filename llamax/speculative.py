@@ -211,31 +211,46 @@ class DecodeCost:
     t / 16 per token, the premise of speculation, until the data spans several sizes). So an
     unseen size may look cheap once, is tried, and is then known; sizes are explored by doubling
     (explore_limit), so one wrong guess costs at most one step of twice the largest size seen.
-    O(1) per observation, O(log sizes) per query."""
+
+    A step's time also holds what the host did meanwhile (another process, a page fault, the
+    collector), which only ever adds. So one slow step must not close a size for good: an
+    observation is taken as at most CLIP times what was expected of its size, and a size's mean
+    expires once the size was not seen for TRUST observations per time it was seen (at most
+    `horizon`): a size seen once and found slow is tried again soon, one seen often only rarely.
+    O(sizes seen) per observation, O(log sizes) per query."""
 
     PRIOR_TOKENS = 16.0    # the slope's prior: (a + b n) / (PRIOR_TOKENS + n)
     RIDGE = 4.0            # the prior's weight, as a spread of n
+    CLIP = 2.0             # an observation counts as at most CLIP x the time expected of its size
+    TRUST = 8              # observations a size's mean is kept per time the size was seen
 
-    def __init__(self, decay: float = 0.97, alpha: float = 0.3) -> None:
-        self.decay, self.alpha = decay, alpha
+    def __init__(self, decay: float = 0.97, alpha: float = 0.3, horizon: int = 64) -> None:
+        self.decay, self.alpha, self.horizon = decay, alpha, horizon
         self._s = np.zeros(5)  # weighted sums: w, w n, w t, w n^2, w n t
-        self._t: dict[int, float] = {}   # batch size -> running mean time
-        self._sizes: list[int] = []      # the sizes seen, sorted
+        self._t: dict[int, float] = {}   # batch size -> running mean time (the sizes not expired)
+        self._sizes: list[int] = []      # the sizes of _t, sorted
         self._when: dict[int, int] = {}  # batch size -> the observation that last updated it
+        self._seen: dict[int, int] = {}  # batch size -> its observations so far
         self._count = 0
 
     def observe(self, n_tokens: int, seconds: float) -> None:
-        n, t = float(n_tokens), float(seconds)
+        k = int(n_tokens)
+        n, t = float(k), float(seconds)
+        if self.known:
+            t = min(t, self.CLIP * self.time(k))
         self._s *= self.decay
         self._s += (1.0, n, t, n * n, n * t)
-        k = int(n_tokens)
         self._count += 1
         self._when[k] = self._count
+        self._seen[k] = self._seen.get(k, 0) + 1
         if k in self._t:
             self._t[k] += self.alpha * (t - self._t[k])
         else:
             self._t[k] = t
             bisect.insort(self._sizes, k)
+        for j in [j for j in self._sizes if self._count - self._when[j] >= min(self.horizon, self.TRUST * self._seen[j])]:
+            del self._t[j]
+            self._sizes.remove(j)
 
     @property
     def known(self) -> bool:
@@ -254,10 +269,10 @@ class DecodeCost:
         a = max(t_bar - b * n_bar, 0.05 * t_bar)
         return a, b
 
-    def stale(self, n: int, horizon: int = 64) -> bool:
+    def stale(self, n: int) -> bool:
         """Size n was not seen in the last `horizon` observations (or never): a step without drafts
         measures it, so the cost of drafting is always weighed against a measured step without."""
-        return self._count - self._when.get(n, -horizon) >= horizon
+        return self._count - self._when.get(n, -self.horizon) >= self.horizon
 
     def explore_limit(self, n0: int) -> int:
         """The largest batch a step may try: twice the largest size seen (at least n0 + 1), so the

@@ -107,7 +107,7 @@ def test_policy_drafts_while_it_pays():
     assert q.budget(list(range(8)), [16] * 8) == [0] * 8
     # a step in the cost (another kernel beyond 8 tokens): a long draft is never worth crossing it
     r = SpecPolicy()
-    for n in range(1, 20):
+    for n in list(range(1, 20)) * 8:
         r.cost.observe(n, 0.010 + 0.0005 * n if n <= 8 else 0.040)
     assert r.cost.stale(30) and not r.cost.stale(1)
     for _ in range(20):
@@ -118,6 +118,40 @@ def test_policy_drafts_while_it_pays():
     for _ in range(200):
         p.outcome(1, 0, 0)
     assert p.rate(1) == pytest.approx(0.5, abs=0.05)
+
+
+def test_one_slow_step_does_not_stop_drafting_for_good():
+    """A step's time holds whatever else the host did meanwhile: one stalled 2-token step (5x the
+    1-token one) must not close drafting for the rest of the server's life (it did: the size's mean
+    was never measured again, as no later step drafted)."""
+    p = SpecPolicy()
+    for _ in range(20):
+        p.cost.observe(1, 0.003)
+    expected = p.cost.time(2)
+    p.cost.observe(2, 0.0156)
+    assert p.cost.time(2) == pytest.approx(DecodeCost.CLIP * expected)   # counted as at most 2x the expected
+    assert p.budget([0], [4]) == [0]
+    waits = []
+    for _ in range(3):                     # the size slow each time it is tried: tried again later and later
+        steps = 0
+        while p.budget([0], [4]) == [0]:
+            p.cost.observe(1, 0.003)
+            steps += 1
+            assert steps <= p.cost.horizon
+        waits.append(steps)
+        p.cost.observe(2, 0.0156)
+    assert waits == [DecodeCost.TRUST, 2 * DecodeCost.TRUST, 3 * DecodeCost.TRUST]
+    # a size seen often is kept for the whole horizon, then expires to the line's estimate
+    c = DecodeCost()
+    for _ in range(10):
+        c.observe(1, 0.003)
+        c.observe(9, 0.020)
+    kept = c.time(9)
+    for _ in range(c.horizon - 1):
+        c.observe(1, 0.003)
+    assert c.time(9) == kept and not c.stale(1)
+    c.observe(1, 0.003)
+    assert c.time(9) < kept
 
 
 def test_speculative_settings_are_checked():
