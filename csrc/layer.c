@@ -228,6 +228,9 @@ static void add_rows(float *x, const float *d, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += d[i];
 }
 
+/* a prompt's row steps of memory traffic only (copies, sums) run over nt threads from this many rows */
+#define LX_ROWS_PARALLEL 64
+
 /* y = rms_norm(x) * g, or a copy of x when the layer has no such norm (g NULL) */
 static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
     if (g) lx_rms_norm(x, g, y, n_rows, n, eps, nt);
@@ -235,10 +238,15 @@ static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_row
 }
 
 /* a block's output o [count] into the residual x: o times the residual scale (ggml_scale), then added */
-static void add_block(float *x, float *o, int64_t count, float scale) {
+static void add_block(float *x, float *o, int64_t n_rows, int64_t n, float scale, int nt) {
     if (scale != 1.0f)
-        for (int64_t i = 0; i < count; ++i) o[i] *= scale;
-    add_rows(x, o, count);
+        for (int64_t i = 0; i < n_rows * n; ++i) o[i] *= scale;
+    if (nt > 1 && n_rows >= LX_ROWS_PARALLEL) {   /* (no team of one in a decode step: libgomp forms it anyway) */
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t r = 0; r < n_rows; ++r) add_rows(x + r * n, o + r * n, n);
+    } else {
+        add_rows(x, o, n_rows * n);
+    }
 }
 
 /* the f16 GELU table at the gate's f16 rounding (0 at or below -10, g at or above 10) */
@@ -339,9 +347,23 @@ static void add_bias(float *qkv, const float *b, int64_t n, int64_t cols) {
         for (int64_t c = 0; c < cols; ++c) qkv[t * cols + c] += b[c];
 }
 
-/* rows [n][n_head][d] of src (row stride ld) into a dense [n][n_head * d] */
-static void take_cols(const float *src, int64_t ld, int64_t c0, int64_t cols, float *dst, int64_t n) {
-    for (int64_t t = 0; t < n; ++t) memcpy(dst + t * cols, src + t * ld + c0, (size_t) cols * sizeof(float));
+/* the rows [n][nq + nk + nv] of qkv as dense q [n][nq], k [n][nk], v [n][nv] */
+static void split_qkv(const float *qkv, int64_t nq, int64_t nk, int64_t nv, float *q, float *k, float *v, int64_t n,
+                      int nt) {
+    const int64_t ld = nq + nk + nv;
+#define LX_SPLIT_ROW(t)                                                                 \
+    do {                                                                                \
+        memcpy(q + (t) * nq, qkv + (t) * ld, (size_t) nq * sizeof(float));              \
+        memcpy(k + (t) * nk, qkv + (t) * ld + nq, (size_t) nk * sizeof(float));         \
+        memcpy(v + (t) * nv, qkv + (t) * ld + nq + nk, (size_t) nv * sizeof(float));    \
+    } while (0)
+    if (nt > 1 && n >= LX_ROWS_PARALLEL) {
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t t = 0; t < n; ++t) LX_SPLIT_ROW(t);
+    } else {
+        for (int64_t t = 0; t < n; ++t) LX_SPLIT_ROW(t);
+    }
+#undef LX_SPLIT_ROW
 }
 
 /* ---- the cache ---------------------------------------------------------------------------- */
@@ -443,9 +465,7 @@ static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer
     crew_linear(c, &w->wqkv, h, qkv, n, tmp, gw, nt);
     if (c->tid == 0) {
         if (w->bqkv) add_bias(qkv, w->bqkv, n, L.nqkv);
-        take_cols(qkv, L.nqkv, 0, L.nq, q, n);
-        take_cols(qkv, L.nqkv, L.nq, L.nk, k, n);
-        take_cols(qkv, L.nqkv, L.nq + L.nk, L.nv, v, n);
+        split_qkv(qkv, L.nq, L.nk, L.nv, q, k, v, n, ns);
         if (p->qk_norm_full) {
             if (w->q_norm) lx_rms_norm(q, w->q_norm, q, n, L.nq, p->eps, ns);
             if (w->k_norm) lx_rms_norm(k, w->k_norm, k, n, L.nk, p->eps, ns);
@@ -502,7 +522,7 @@ static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer
     /* feed-forward block */
     SOLO(c, {
         if (w->post_attn_norm) lx_rms_norm(o, w->post_attn_norm, o, m, E, p->eps, ns);
-        add_block(x, o, m * E, p->residual_scale);
+        add_block(x, o, m, E, p->residual_scale, ns);
         norm_or_copy(x, w->ffn_norm, h, m, E, p->eps, ns);
     });
     if (w->moe) {
@@ -524,7 +544,7 @@ static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer
     }
     SOLO(c, {
         if (w->post_ffw_norm) lx_rms_norm(o, w->post_ffw_norm, o, m, E, p->eps, ns);
-        add_block(x, o, m * E, p->residual_scale);
+        add_block(x, o, m, E, p->residual_scale, ns);
     });
     return LX_OK;
 }

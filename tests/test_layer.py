@@ -29,18 +29,18 @@ CONFIGS = [
 ]
 
 
-def _run(model, fwd, toks, **params):
-    """Prompt (chunks of 5 with logits for all, then sequence 1 beside 0 when there are two) and 4
+def _run(model, fwd, toks, chunk=5, **params):
+    """Prompt (chunks of `chunk` with logits for all, then sequence 1 beside 0 when there are two) and 4
     greedy steps through model.<fwd>, driving the memory by its Plan; the logits and the cache."""
     ctx = Context(model, n_ctx=512, n_threads=2, **params)
     mem, f = ctx.memory, getattr(model, fwd)
     n_seq = params.get("n_seq_max", 1)
     out = []
-    for i in range(0, len(toks), 5):
-        ch = toks[i:i + 5]
+    for i in range(0, len(toks), chunk):
+        ch = toks[i:i + chunk]
         b = Batch(ch * n_seq, pos=list(range(i, i + len(ch))) * n_seq,
                   seq_ids=[s for s in range(n_seq) for _ in ch], logits=[True] * len(ch) * n_seq)
-        for ub in mem.plan(b, n_ubatch=64):
+        for ub in mem.plan(b, n_ubatch=max(64, chunk)):
             out.append(f(mem, ub))
     t, pos = int(np.argmax(out[-1][-1])), len(toks)
     for _ in range(4):
@@ -70,6 +70,19 @@ def test_gemma_native_step_is_the_python_composition(gemma, params):
     toks = gemma.tokenize(TEXT)
     logits, kv = _run(gemma, "forward", toks, **params)
     ref_logits, ref_kv = _run(gemma, "forward_reference", toks, **params)
+    np.testing.assert_array_equal(logits, ref_logits)
+    np.testing.assert_array_equal(kv, ref_kv)
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma"])
+def test_prompt_rows_over_threads_are_the_python_composition(model, gemma, which):
+    """A prompt's ubatch of 100 rows: the row steps that only move memory (the q / k / v split of the
+    fused product, the residual sums) run over the threads from 64 rows (layer.c LX_ROWS_PARALLEL):
+    the same bits as the composition."""
+    m = model if which == "smollm2" else gemma
+    toks = (m.tokenize(TEXT) * 8)[:100]
+    logits, kv = _run(m, "forward", toks, chunk=100)
+    ref_logits, ref_kv = _run(m, "forward_reference", toks, chunk=100)
     np.testing.assert_array_equal(logits, ref_logits)
     np.testing.assert_array_equal(kv, ref_kv)
 
