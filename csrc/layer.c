@@ -238,10 +238,20 @@ static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_row
 }
 
 /* a block's output o [count] into the residual x: o times the residual scale (ggml_scale), then added */
-static void add_block(float *x, float *o, int64_t n_rows, int64_t n, float scale, int nt) {
-    if (scale != 1.0f)
-        for (int64_t i = 0; i < n_rows * n; ++i) o[i] *= scale;
+/* x [n_rows][n] times s (ggml_scale) */
+static void scale_rows(float *x, int64_t n_rows, int64_t n, float s, int nt) {
     if (nt > 1 && n_rows >= LX_ROWS_PARALLEL) {   /* (no team of one in a decode step: libgomp forms it anyway) */
+#pragma omp parallel for num_threads(nt) schedule(static)
+        for (int64_t r = 0; r < n_rows; ++r)
+            for (int64_t i = 0; i < n; ++i) x[r * n + i] *= s;
+    } else {
+        for (int64_t i = 0; i < n_rows * n; ++i) x[i] *= s;
+    }
+}
+
+static void add_block(float *x, float *o, int64_t n_rows, int64_t n, float scale, int nt) {
+    if (scale != 1.0f) scale_rows(o, n_rows, n, scale, nt);
+    if (nt > 1 && n_rows >= LX_ROWS_PARALLEL) {
 #pragma omp parallel for num_threads(nt) schedule(static)
         for (int64_t r = 0; r < n_rows; ++r) add_rows(x + r * n, o + r * n, n);
     } else {
@@ -477,8 +487,7 @@ static lx_status layer_body(lx_crew *c, const lx_layer_params *p, const lx_layer
             lx_rope_f32(&p->rope, q, pos, n, p->n_head, p->d_k, ns);
             lx_rope_f32(&p->rope, k, pos, n, p->n_head_kv, p->d_k, ns);
         }
-        if (p->q_scale != 1.0f)
-            for (int64_t i = 0; i < n * L.nq; ++i) q[i] *= p->q_scale;
+        if (p->q_scale != 1.0f) scale_rows(q, n, L.nq, p->q_scale, ns);
 
         /* K/V into the cells (rotated rows for a quantized cache with a Hadamard block) */
         if (kv->rot_k) lx_hadamard_rows(k, n, L.nk, kv->rot_k, ns);
