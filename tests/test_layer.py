@@ -29,9 +29,10 @@ CONFIGS = [
 ]
 
 
-def _run(model, fwd, toks, chunk=5, **params):
-    """Prompt (chunks of `chunk` with logits for all, then sequence 1 beside 0 when there are two) and 4
-    greedy steps through model.<fwd>, driving the memory by its Plan; the logits and the cache."""
+def _run(model, fwd, toks, chunk=5, last_only=False, **params):
+    """Prompt (chunks of `chunk` with logits for all, or for each chunk's last token when last_only,
+    then sequence 1 beside 0 when there are two) and 4 greedy steps through model.<fwd>, driving the
+    memory by its Plan; the logits and the cache."""
     ctx = Context(model, n_ctx=512, n_threads=2, **params)
     mem, f = ctx.memory, getattr(model, fwd)
     n_seq = params.get("n_seq_max", 1)
@@ -39,7 +40,8 @@ def _run(model, fwd, toks, chunk=5, **params):
     for i in range(0, len(toks), chunk):
         ch = toks[i:i + chunk]
         b = Batch(ch * n_seq, pos=list(range(i, i + len(ch))) * n_seq,
-                  seq_ids=[s for s in range(n_seq) for _ in ch], logits=[True] * len(ch) * n_seq)
+                  seq_ids=[s for s in range(n_seq) for _ in ch],
+                  logits=([False] * (len(ch) - 1) + [True] if last_only else [True] * len(ch)) * n_seq)
         for ub in mem.plan(b, n_ubatch=max(64, chunk)):
             out.append(f(mem, ub))
     t, pos = int(np.argmax(out[-1][-1])), len(toks)
@@ -76,13 +78,13 @@ def test_gemma_native_step_is_the_python_composition(gemma, params):
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma"])
 def test_prompt_rows_over_threads_are_the_python_composition(model, gemma, which):
-    """A prompt's ubatch of 100 rows: the row steps that only move memory (the q / k / v split of the
-    fused product, the residual sums) run over the threads from 64 rows (layer.c LX_ROWS_PARALLEL):
-    the same bits as the composition."""
+    """A prompt's ubatch of 64 rows: the row steps that only move memory (the q / k / v split of the
+    fused product, the residual sums, Gemma 3's q scale) run over the threads from 64 rows (layer.c
+    LX_ROWS_PARALLEL): the same cache bytes and logits as the composition."""
     m = model if which == "smollm2" else gemma
-    toks = (m.tokenize(TEXT) * 8)[:100]
-    logits, kv = _run(m, "forward", toks, chunk=100)
-    ref_logits, ref_kv = _run(m, "forward_reference", toks, chunk=100)
+    toks = (m.tokenize(TEXT) * 8)[:64]
+    logits, kv = _run(m, "forward", toks, chunk=64, last_only=True)
+    ref_logits, ref_kv = _run(m, "forward_reference", toks, chunk=64, last_only=True)
     np.testing.assert_array_equal(logits, ref_logits)
     np.testing.assert_array_equal(kv, ref_kv)
 
