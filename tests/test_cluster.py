@@ -204,7 +204,7 @@ def test_a_killed_replica_fails_only_its_own_requests_and_is_replaced(cluster):
     def one(g, m):
         c = openai.OpenAI(base_url=cluster.url + "/v1", api_key=KEY, max_retries=0, timeout=300)
         try:
-            s = c.chat.completions.create(model="smollm2-135m", messages=m, max_tokens=48, temperature=0,
+            s = c.chat.completions.create(model="smollm2-135m", messages=m, max_tokens=96, temperature=0,
                                           stream=True)
             text = "".join(ch.choices[0].delta.content or "" for ch in s if ch.choices)
             with lock:
@@ -219,10 +219,14 @@ def test_a_killed_replica_fails_only_its_own_requests_and_is_replaced(cluster):
     gen0 = per_replica(cluster, "llamax_replica_gen_tokens_total")
     victim, deadline = None, time.monotonic() + 120
     while victim is None and time.monotonic() < deadline:
-        # the victim: a replica in the middle of streaming some of them (routing decides which one has them)
+        # the victim: a replica in the middle of streaming some of them (routing decides which one has them):
+        # two of its slots busy, so that a stream is still running when the kill lands (with only queued
+        # requests left there, every request would run again elsewhere and none fail)
         gen = per_replica(cluster, "llamax_replica_gen_tokens_total")
+        busy = per_replica(cluster, "llamax_replica_slots_busy")
         for r in cluster.get("/replicas").json():
-            if r["inflight"] >= 2 and gen.get(r["replica"], 0) - gen0.get(r["replica"], 0) >= 4:
+            if (r["inflight"] >= 2 and busy.get(r["replica"], 0) >= 2
+                    and gen.get(r["replica"], 0) - gen0.get(r["replica"], 0) >= 4):
                 victim, inflight = r, r["inflight"]
                 break
         time.sleep(0.05)
