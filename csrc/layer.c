@@ -28,6 +28,23 @@
 
 #define ALIGN(n) (((size_t) (n) + 63) & ~(size_t) 63)
 
+/* for (int64_t i = 0; i < n; ++i) body, over nt threads when the caller's condition big holds, else on
+ * this thread alone: an OpenMP if clause would still open a team (~0.65 us, many times a decode step) */
+#define ROWS_FOR(i, n, nt, big, body)                                          \
+    do {                                                                      \
+        const int nt_ = (nt);                                                 \
+        const int64_t n_ = (n);                                               \
+        if (nt_ > 1 && (big)) {                                               \
+            _Pragma("omp parallel for num_threads(nt_) schedule(static)")     \
+            for (int64_t i = 0; i < n_; ++i) body;                            \
+        } else {                                                              \
+            for (int64_t i = 0; i < n_; ++i) body;                            \
+        }                                                                     \
+    } while (0)
+
+/* a prompt's row steps of memory traffic only (copies, sums, scales) run over the threads from this many rows */
+#define LX_ROWS_PARALLEL 64
+
 /* ---- shapes ------------------------------------------------------------------------------- */
 
 enum { B_H, B_QKV, B_Q, B_K, B_V, B_A, B_O, B_GU, B_ACT, B_TMP, B_GEMM, B_SCRATCH, B_MOE, B_N };
@@ -205,15 +222,7 @@ void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_row
                          float eps, int nt) {
     /* rows of gs values, their weights by group: the rows of lx_rms_norm */
     const int64_t gs = n / n_group, units = n_rows * n_group, n_c = (units + 7) / 8;
-    (void) nt;
-#ifdef _OPENMP
-    if (nt > 1 && n_rows * n >= 65536) {   /* (an if clause would still open a team: ~0.65 us a call) */
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t c = 0; c < n_c; ++c) norm_units8(x, g, y, c, units, gs, n_group, eps);
-        return;
-    }
-#endif
-    for (int64_t c = 0; c < n_c; ++c) norm_units8(x, g, y, c, units, gs, n_group, eps);
+    ROWS_FOR(c, n_c, nt, n_rows * n >= 65536, norm_units8(x, g, y, c, units, gs, n_group, eps));
 }
 
 void lx_rms_norm_ref(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps) {
@@ -228,35 +237,21 @@ static void add_rows(float *x, const float *d, int64_t count) {
     for (int64_t i = 0; i < count; ++i) x[i] += d[i];
 }
 
-/* a prompt's row steps of memory traffic only (copies, sums) run over nt threads from this many rows */
-#define LX_ROWS_PARALLEL 64
-
 /* y = rms_norm(x) * g, or a copy of x when the layer has no such norm (g NULL) */
 static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps, int nt) {
     if (g) lx_rms_norm(x, g, y, n_rows, n, eps, nt);
     else memcpy(y, x, (size_t) (n_rows * n) * sizeof(float));
 }
 
-/* a block's output o [count] into the residual x: o times the residual scale (ggml_scale), then added */
 /* x [n_rows][n] times s (ggml_scale) */
 static void scale_rows(float *x, int64_t n_rows, int64_t n, float s, int nt) {
-    if (nt > 1 && n_rows >= LX_ROWS_PARALLEL) {   /* (no team of one in a decode step: libgomp forms it anyway) */
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < n_rows; ++r)
-            for (int64_t i = 0; i < n; ++i) x[r * n + i] *= s;
-    } else {
-        for (int64_t i = 0; i < n_rows * n; ++i) x[i] *= s;
-    }
+    ROWS_FOR(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, for (int64_t i = 0; i < n; ++i) x[r * n + i] *= s);
 }
 
+/* a block's output o [n_rows][n] into the residual x: o times the residual scale (ggml_scale), then added */
 static void add_block(float *x, float *o, int64_t n_rows, int64_t n, float scale, int nt) {
     if (scale != 1.0f) scale_rows(o, n_rows, n, scale, nt);
-    if (nt > 1 && n_rows >= LX_ROWS_PARALLEL) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < n_rows; ++r) add_rows(x + r * n, o + r * n, n);
-    } else {
-        add_rows(x, o, n_rows * n);
-    }
+    ROWS_FOR(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, add_rows(x + r * n, o + r * n, n));
 }
 
 /* the f16 GELU table at the gate's f16 rounding (0 at or below -10, g at or above 10) */
@@ -315,15 +310,7 @@ static void gated_row(lx_layer_act kind, const float *gelu_table, const float *g
 
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
               int64_t f, int nt) {
-    (void) nt;
-#ifdef _OPENMP
-    if (nt > 1 && n_rows * f >= 65536) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t r = 0; r < n_rows; ++r) gated_row(kind, gelu_table, gu, act, r, f);
-        return;
-    }
-#endif
-    for (int64_t r = 0; r < n_rows; ++r) gated_row(kind, gelu_table, gu, act, r, f);
+    ROWS_FOR(r, n_rows, nt, n_rows * f >= 65536, gated_row(kind, gelu_table, gu, act, r, f));
 }
 
 /* one part: product.h's engine for its type and layout */
@@ -361,19 +348,11 @@ static void add_bias(float *qkv, const float *b, int64_t n, int64_t cols) {
 static void split_qkv(const float *qkv, int64_t nq, int64_t nk, int64_t nv, float *q, float *k, float *v, int64_t n,
                       int nt) {
     const int64_t ld = nq + nk + nv;
-#define LX_SPLIT_ROW(t)                                                                 \
-    do {                                                                                \
-        memcpy(q + (t) * nq, qkv + (t) * ld, (size_t) nq * sizeof(float));              \
-        memcpy(k + (t) * nk, qkv + (t) * ld + nq, (size_t) nk * sizeof(float));         \
-        memcpy(v + (t) * nv, qkv + (t) * ld + nq + nk, (size_t) nv * sizeof(float));    \
-    } while (0)
-    if (nt > 1 && n >= LX_ROWS_PARALLEL) {
-#pragma omp parallel for num_threads(nt) schedule(static)
-        for (int64_t t = 0; t < n; ++t) LX_SPLIT_ROW(t);
-    } else {
-        for (int64_t t = 0; t < n; ++t) LX_SPLIT_ROW(t);
-    }
-#undef LX_SPLIT_ROW
+    ROWS_FOR(t, n, nt, n >= LX_ROWS_PARALLEL, {
+        memcpy(q + t * nq, qkv + t * ld, (size_t) nq * sizeof(float));
+        memcpy(k + t * nk, qkv + t * ld + nq, (size_t) nk * sizeof(float));
+        memcpy(v + t * nv, qkv + t * ld + nq + nk, (size_t) nv * sizeof(float));
+    });
 }
 
 /* ---- the cache ---------------------------------------------------------------------------- */

@@ -248,9 +248,14 @@ class DecodeCost:
         else:
             self._t[k] = t
             bisect.insort(self._sizes, k)
-        for j in [j for j in self._sizes if self._count - self._when[j] >= min(self.horizon, self.TRUST * self._seen[j])]:
+        for j in [j for j in self._sizes if self._expired(j)]:
             del self._t[j]
             self._sizes.remove(j)
+
+    def _expired(self, n: int) -> bool:
+        """Size n's mean is past trusting: not seen for TRUST observations per time it was seen (at
+        most `horizon`)."""
+        return self._count - self._when[n] >= min(self.horizon, self.TRUST * self._seen[n])
 
     @property
     def known(self) -> bool:
