@@ -1951,7 +1951,11 @@ static LX_TGT_AMX void amx_configure(int kq) {
         }
         c.rows[6] = c.rows[7] = 0, c.colsb[6] = c.colsb[7] = 0;
     }
-    _tile_loadconfig(&c);
+    /* ldtilecfg with the whole struct as its operand: GCC's _tile_loadconfig (12 at least) declares only
+     * its first 8 bytes read, so the shapes' stores above are dead to the optimizer; where it drops them
+     * (seen with this function not inlined) the tiles stay unconfigured and the first tile
+     * instruction faults (SIGILL) */
+    __asm__ volatile("ldtilecfg %0" : : "m"(c));
 }
 
 /* the 16 tokens' outputs from t0 (those below n_tok), the rows of keep, into y[t][o0 ..] */
