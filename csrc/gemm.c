@@ -15,6 +15,7 @@
 #include "gemm.h"
 #include "cpu.h"
 #include "simd.h"
+#include "team.h"
 
 #include <assert.h>
 #include <math.h>
@@ -556,26 +557,6 @@ static void prefetch_tile(const void *w, size_t wrb, int64_t o0, int nr, int64_t
 #endif
 }
 
-/* TILE(i) for i in [0, n_tiles): over a team of n_threads, or on the calling thread alone for one
- * (a team of one, even through an if clause, costs ~0.65 us: several a layer of a decode step) */
-#ifdef _OPENMP
-#define LX_GEMM_TILES(n_tiles, n_threads, TILE)                                                                 \
-    do {                                                                                                       \
-        if ((n_threads) > 1) {                                                                                 \
-            _Pragma("omp parallel for num_threads(n_threads) schedule(static)")                                \
-            for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                               \
-        } else {                                                                                               \
-            for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                               \
-        }                                                                                                      \
-    } while (0)
-#else
-#define LX_GEMM_TILES(n_tiles, n_threads, TILE)                                                                 \
-    do {                                                                                                       \
-        (void) (n_threads);                                                                                    \
-        for (int64_t i_ = 0; i_ < (n_tiles); ++i_) TILE(i_);                                                   \
-    } while (0)
-#endif
-
 /* The few-token path (n_tok <= LX_GEMM_SMALL, AVX2 and up: rows in lanes) in its two halves, which
  * a team of threads already running may also call itself (lx_gemm_small_*, gemm.h): the tokens'
  * activations once, then output tiles of 8 rows in any split, each tile the same bits. */
@@ -641,9 +622,7 @@ static void gemm_small(const void *w, lx_type wt, const float *x, float *y, int6
     lx_gemm_small_prepare(wt, x, n_tok, n_in, work);
     const uint8_t *act = (const uint8_t *) (((uintptr_t) work + 63) & ~(uintptr_t) 63);
     const size_t wrb = lx_row_bytes(wt, n_in);
-#define LX_SMALL_TILE(i) small_out_tile(w, wt, r8, wrb, y, n_tok, n_in, n_out, act, i)
-    LX_GEMM_TILES(lx_gemm_small_tiles(n_out), n_threads, LX_SMALL_TILE);
-#undef LX_SMALL_TILE
+    LX_FOR_THREADS(i, lx_gemm_small_tiles(n_out), n_threads, 1, small_out_tile(w, wt, r8, wrb, y, n_tok, n_in, n_out, act, i));
 }
 #else
 void lx_gemm_small_prepare(lx_type wt, const float *x, int64_t n_tok, int64_t n_in, void *work) {

@@ -28,20 +28,6 @@
 
 #define ALIGN(n) (((size_t) (n) + 63) & ~(size_t) 63)
 
-/* for (int64_t i = 0; i < n; ++i) body, over nt threads when the caller's condition big holds, else on
- * this thread alone: an OpenMP if clause would still open a team (~0.65 us, many times a decode step) */
-#define ROWS_FOR(i, n, nt, big, body)                                          \
-    do {                                                                      \
-        const int nt_ = (nt);                                                 \
-        const int64_t n_ = (n);                                               \
-        if (nt_ > 1 && (big)) {                                               \
-            _Pragma("omp parallel for num_threads(nt_) schedule(static)")     \
-            for (int64_t i = 0; i < n_; ++i) body;                            \
-        } else {                                                              \
-            for (int64_t i = 0; i < n_; ++i) body;                            \
-        }                                                                     \
-    } while (0)
-
 /* a prompt's row steps of memory traffic only (copies, sums, scales) run over the threads from this many rows */
 #define LX_ROWS_PARALLEL 64
 
@@ -222,7 +208,7 @@ void lx_rms_norm_grouped(const float *x, const float *g, float *y, int64_t n_row
                          float eps, int nt) {
     /* rows of gs values, their weights by group: the rows of lx_rms_norm */
     const int64_t gs = n / n_group, units = n_rows * n_group, n_c = (units + 7) / 8;
-    ROWS_FOR(c, n_c, nt, n_rows * n >= 65536, norm_units8(x, g, y, c, units, gs, n_group, eps));
+    LX_FOR_THREADS(c, n_c, nt, n_rows * n >= 65536, norm_units8(x, g, y, c, units, gs, n_group, eps));
 }
 
 void lx_rms_norm_ref(const float *x, const float *g, float *y, int64_t n_rows, int64_t n, float eps) {
@@ -243,15 +229,23 @@ static void norm_or_copy(const float *x, const float *g, float *y, int64_t n_row
     else memcpy(y, x, (size_t) (n_rows * n) * sizeof(float));
 }
 
-/* x [n_rows][n] times s (ggml_scale) */
-static void scale_rows(float *x, int64_t n_rows, int64_t n, float s, int nt) {
-    ROWS_FOR(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, for (int64_t i = 0; i < n; ++i) x[r * n + i] *= s);
+/* x [n] times s (ggml_scale) */
+static void scale_row(float *x, int64_t n, float s) {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
 }
 
-/* a block's output o [n_rows][n] into the residual x: o times the residual scale (ggml_scale), then added */
+/* x [n_rows][n] times s */
+static void scale_rows(float *x, int64_t n_rows, int64_t n, float s, int nt) {
+    LX_FOR_THREADS(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, scale_row(x + r * n, n, s));
+}
+
+/* a block's output o [n_rows][n] into the residual x: each row of o times the residual scale, then added
+ * (one pass over the rows) */
 static void add_block(float *x, float *o, int64_t n_rows, int64_t n, float scale, int nt) {
-    if (scale != 1.0f) scale_rows(o, n_rows, n, scale, nt);
-    ROWS_FOR(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, add_rows(x + r * n, o + r * n, n));
+    LX_FOR_THREADS(r, n_rows, nt, n_rows >= LX_ROWS_PARALLEL, {
+        if (scale != 1.0f) scale_row(o + r * n, n, scale);
+        add_rows(x + r * n, o + r * n, n);
+    });
 }
 
 /* the f16 GELU table at the gate's f16 rounding (0 at or below -10, g at or above 10) */
@@ -310,7 +304,7 @@ static void gated_row(lx_layer_act kind, const float *gelu_table, const float *g
 
 void lx_gated(lx_layer_act kind, const float *gelu_table, const float *gu, float *act, int64_t n_rows,
               int64_t f, int nt) {
-    ROWS_FOR(r, n_rows, nt, n_rows * f >= 65536, gated_row(kind, gelu_table, gu, act, r, f));
+    LX_FOR_THREADS(r, n_rows, nt, n_rows * f >= 65536, gated_row(kind, gelu_table, gu, act, r, f));
 }
 
 /* one part: product.h's engine for its type and layout */
@@ -348,7 +342,7 @@ static void add_bias(float *qkv, const float *b, int64_t n, int64_t cols) {
 static void split_qkv(const float *qkv, int64_t nq, int64_t nk, int64_t nv, float *q, float *k, float *v, int64_t n,
                       int nt) {
     const int64_t ld = nq + nk + nv;
-    ROWS_FOR(t, n, nt, n >= LX_ROWS_PARALLEL, {
+    LX_FOR_THREADS(t, n, nt, n >= LX_ROWS_PARALLEL, {
         memcpy(q + t * nq, qkv + t * ld, (size_t) nq * sizeof(float));
         memcpy(k + t * nk, qkv + t * ld + nq, (size_t) nk * sizeof(float));
         memcpy(v + t * nv, qkv + t * ld + nq + nk, (size_t) nv * sizeof(float));
